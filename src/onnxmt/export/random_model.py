@@ -1,0 +1,192 @@
+"""Randomly initialised MarianMT models with a working tokenizer, built offline.
+
+Real weights cannot be downloaded on our machines, so tests and benchmarks build models here: a sentencepiece model
+trained on generated text, a Marian `vocab.json`, a `MarianConfig` and a generation config shaped like opus-mt's.
+`MarianTokenizer.from_pretrained(path)` and `MarianMTModel.from_pretrained(path)` load the result.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+# Words for the English side; enough variety for a unigram model of a few hundred pieces.
+_WORDS = (
+    "the a an of to in and is was for on that with as by at from it this be are have has had not but or which "
+    "one all were we they when there can more if no out so what up about into than them only other new some time "
+    "could these two may first then do any like my now over such our man me even most made after also did many "
+    "before must through back years where much your way well down should because each just those people how too "
+    "little state good very make world still own see men work long get here between both life being under never "
+    "day same another know while last might us great old year off come since against go came right used take "
+    "three house water city music river mountain story paper school market doctor garden window morning evening "
+    "hello translate model engine fast small quiet bright heavy green yellow number letter friend family"
+).split()
+
+# Common CJK characters for the Chinese side.
+_HANZI = (
+    "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可她里后小么心多"
+    "天而能好都然没日于起还发成事只作当想看文无开手十用主行方又如前所本见经头面公同三已老从动两长知民样现分将外但"
+    "身些与高意进把法此实回二理美点月明其种声全工己话儿者向情部正名定女问力机给等几很业最间新什打便位因重被走电四"
+)
+
+SPECIAL_PIECES = ("</s>", "<unk>")
+
+
+@dataclass(frozen=True)
+class RandomMarianSpec:
+    """Architecture and tokenizer of a random model. The defaults are a tiny model for tests."""
+
+    d_model: int = 32
+    encoder_layers: int = 2
+    decoder_layers: int = 2
+    attention_heads: int = 4
+    ffn_dim: int = 64
+    max_position_embeddings: int = 64
+    vocab_size: int | None = None  # None: exactly the tokenizer's pieces; larger pads vocab.json with dummy tokens
+    source_pieces: int = 180
+    target_pieces: int = 180
+    target_languages: tuple[str, ...] = ()  # e.g. ("cmn_Hans", "yue_Hant") for a multi-target model
+    init_std: float = 0.3
+    eos_bias: float = 0.0  # added to the eos logit, so short sentences can finish before the length limit
+    num_beams: int = 4
+    seed: int = 0
+
+
+OPUS_MT_EN_ZH = RandomMarianSpec(
+    d_model=512,
+    encoder_layers=6,
+    decoder_layers=6,
+    attention_heads=8,
+    ffn_dim=2048,
+    max_position_embeddings=512,
+    vocab_size=65001,
+    source_pieces=2000,
+    target_pieces=2000,
+    target_languages=("cmn_Hans", "cmn_Hant", "yue_Hans", "yue_Hant"),
+    init_std=0.02,
+)
+
+
+def generate_corpus(seed: int, lines: int = 3000) -> tuple[list[str], list[str]]:
+    """Deterministic English-like and Chinese-like sentences for training the sentencepiece models."""
+    rng = random.Random(seed)
+    english, chinese = [], []
+    for _ in range(lines):
+        words = rng.choices(_WORDS, k=rng.randint(3, 18))
+        sentence = " ".join(words).capitalize() + rng.choice([".", ".", "?", "!", ","])
+        english.append(sentence)
+        chinese.append("".join(rng.choices(_HANZI, k=rng.randint(4, 30))) + rng.choice(["。", "？", "！"]))
+    return english, chinese
+
+
+def _train_spm(lines: list[str], vocab_size: int) -> bytes:
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    return model.getvalue()
+
+
+def _pieces(model: bytes) -> list[str]:
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i) and not sp.is_unknown(i)]
+
+
+def build_vocab(source_pieces: list[str], target_pieces: list[str], languages: tuple[str, ...], size: int | None) -> dict[str, int]:
+    """A shared Marian vocab laid out like opus-mt's: </s>=0, <unk>=1, language tokens, pieces, <pad> last."""
+    tokens = list(SPECIAL_PIECES) + [f">>{lang}<<" for lang in languages]
+    seen = set(tokens)
+    for piece in source_pieces + target_pieces:
+        if piece not in seen:
+            seen.add(piece)
+            tokens.append(piece)
+    if size is not None:
+        if size - 1 < len(tokens):
+            raise ValueError(f"vocab_size {size} is smaller than the {len(tokens) + 1} tokens the tokenizer needs")
+        tokens += [f"<unused{i}>" for i in range(size - 1 - len(tokens))]
+    tokens.append("<pad>")
+    return {token: i for i, token in enumerate(tokens)}
+
+
+def build_random_marian(output_dir: str | Path, spec: RandomMarianSpec = RandomMarianSpec()) -> Path:
+    """Write a random MarianMT model directory (weights, configs, tokenizer files) and return its path."""
+    import torch
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    english, chinese = generate_corpus(spec.seed)
+    source_spm = _train_spm(english, spec.source_pieces)
+    target_spm = _train_spm(chinese, spec.target_pieces)
+    (out / "source.spm").write_bytes(source_spm)
+    (out / "target.spm").write_bytes(target_spm)
+    vocab = build_vocab(_pieces(source_spm), _pieces(target_spm), spec.target_languages, spec.vocab_size)
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
+    tokenizer_config = {
+        "source_lang": "en",
+        "target_lang": "zh",
+        "model_max_length": spec.max_position_embeddings,
+        "separate_vocabs": False,
+        "tokenizer_class": "MarianTokenizer",
+        "unk_token": "<unk>",
+        "eos_token": "</s>",
+        "pad_token": "<pad>",
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1), encoding="utf-8")
+
+    pad = len(vocab) - 1
+    config = MarianConfig(
+        vocab_size=len(vocab),
+        decoder_vocab_size=len(vocab),
+        d_model=spec.d_model,
+        encoder_layers=spec.encoder_layers,
+        decoder_layers=spec.decoder_layers,
+        encoder_attention_heads=spec.attention_heads,
+        decoder_attention_heads=spec.attention_heads,
+        encoder_ffn_dim=spec.ffn_dim,
+        decoder_ffn_dim=spec.ffn_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        activation_function="swish",
+        scale_embedding=True,
+        static_position_embeddings=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        pad_token_id=pad,
+        eos_token_id=0,
+        bos_token_id=0,
+        decoder_start_token_id=pad,
+        forced_eos_token_id=0,
+        init_std=spec.init_std,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+    )
+    torch.manual_seed(spec.seed)
+    model = MarianMTModel(config).eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, 0] += spec.eos_bias
+    model.generation_config = GenerationConfig(
+        bad_words_ids=[[pad]],
+        bos_token_id=0,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        max_length=spec.max_position_embeddings,
+        num_beams=spec.num_beams,
+        pad_token_id=pad,
+    )
+    model.save_pretrained(out)
+    return out

@@ -1,0 +1,176 @@
+"""The model directory contract: fixed file names and the `onnxmt.json` manifest.
+
+The manifest is written by `onnxmt export` (build side) and read by the runtime (run side). It is the only thing
+the two halves share, so this module imports neither torch nor onnxruntime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "onnxmt.json"
+ENCODER_FILE = "encoder.onnx"
+DECODER_FILE = "decoder.onnx"
+CONFIG_FILES = ("config.json", "generation_config.json")
+MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json")
+OPTIONAL_TOKENIZER_FILES = ("target_vocab.json", "special_tokens_map.json")
+
+# Generation settings copied from generation_config.json; anything else there is ignored.
+GENERATION_KEYS = (
+    "num_beams",
+    "max_length",
+    "max_new_tokens",
+    "min_length",
+    "min_new_tokens",
+    "length_penalty",
+    "early_stopping",
+    "no_repeat_ngram_size",
+    "repetition_penalty",
+    "num_return_sequences",
+    "forced_eos_token_id",
+    "bad_words_ids",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+)
+
+
+class ModelDirError(ValueError):
+    """A model directory is missing, incomplete or corrupted; the message names the file."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output: its name in the graph, its role for the runtime, dtype and symbolic shape."""
+
+    name: str
+    role: str
+    dtype: str
+    shape: list[str | int]
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    file: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+    def input_name(self, role: str) -> str:
+        return _by_role(self.inputs, role, self.file).name
+
+    def output_name(self, role: str) -> str:
+        return _by_role(self.outputs, role, self.file).name
+
+    def has_input(self, role: str) -> bool:
+        return any(t.role == role for t in self.inputs)
+
+    def has_output(self, role: str) -> bool:
+        return any(t.role == role for t in self.outputs)
+
+
+def _by_role(specs: list[TensorSpec], role: str, file: str) -> TensorSpec:
+    for spec in specs:
+        if spec.role == role:
+            return spec
+    raise ModelDirError(f"{file}: no tensor with role {role!r} (has {[s.role for s in specs]})")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything the runtime needs to know about a model directory, read from `onnxmt.json`."""
+
+    architecture: str
+    layout: str  # "onnxmt" (encoder.onnx + decoder.onnx) or "optimum-*"
+    files: dict[str, dict[str, Any]]  # file name -> {"sha256": ..., "bytes": ...}
+    graphs: dict[str, GraphSpec]  # "encoder", "decoder", optionally "decoder_with_past"
+    model: dict[str, Any]  # num_layers, num_heads, head_dim, d_model, vocab_size, max_positions
+    tokens: dict[str, Any]  # decoder_start, eos, pad, unk
+    generation: dict[str, Any]  # generation defaults from generation_config.json
+    languages: dict[str, Any]  # source, target, target_tokens {lang: token}, default_target
+    tokenizer: dict[str, Any]  # kind, files, model_max_length, separate_vocabs
+    provenance: dict[str, Any] = field(default_factory=dict)
+    quantization: dict[str, Any] | None = None
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        data = {"format": "onnxmt", **asdict(self)}
+        return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ModelDirError(f"{MANIFEST_NAME}: format_version {version!r} is not supported (expected {FORMAT_VERSION})")
+        graphs = {
+            key: GraphSpec(
+                file=g["file"],
+                inputs=[TensorSpec(**t) for t in g["inputs"]],
+                outputs=[TensorSpec(**t) for t in g["outputs"]],
+            )
+            for key, g in data["graphs"].items()
+        }
+        fields = {k: v for k, v in data.items() if k not in ("format", "graphs")}
+        return cls(graphs=graphs, **fields)
+
+    def save(self, directory: Path) -> Path:
+        path = Path(directory) / MANIFEST_NAME
+        path.write_text(self.to_json(), encoding="utf-8")
+        return path
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def describe_files(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """sha256 and size of each named file, for the manifest."""
+    directory = Path(directory)
+    return {name: {"sha256": sha256_file(directory / name), "bytes": (directory / name).stat().st_size} for name in names}
+
+
+def read_manifest(directory: str | Path) -> Manifest:
+    """Read `onnxmt.json` from a model directory; a clear ModelDirError when it is missing or malformed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ModelDirError(f"model directory not found: {directory}")
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise ModelDirError(f"{path}: no {MANIFEST_NAME} in this directory")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Manifest.from_dict(data)
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ModelDirError(f"{path}: malformed manifest ({e.__class__.__name__}: {e})") from e
+
+
+def verify_files(directory: str | Path, manifest: Manifest, *, check_hash: bool = True) -> None:
+    """Check every file the manifest lists: present, the recorded size, and (optionally) the recorded sha256."""
+    directory = Path(directory)
+    for name, info in manifest.files.items():
+        path = directory / name
+        if not path.is_file():
+            raise ModelDirError(f"{path}: file listed in {MANIFEST_NAME} is missing")
+        size = path.stat().st_size
+        if "bytes" in info and size != info["bytes"]:
+            raise ModelDirError(f"{path}: {size} bytes, the manifest says {info['bytes']} (truncated or replaced?)")
+        if check_hash and "sha256" in info and sha256_file(path) != info["sha256"]:
+            raise ModelDirError(f"{path}: sha256 does not match the manifest (the file is corrupted or was changed)")
+
+
+def generation_defaults(generation_config: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """Generation defaults as transformers resolves them: generation_config.json first, then config.json."""
+    out: dict[str, Any] = {}
+    for key in GENERATION_KEYS:
+        if key in generation_config and generation_config[key] is not None:
+            out[key] = generation_config[key]
+        elif key in config and config[key] is not None:
+            out[key] = config[key]
+    return out

@@ -1,0 +1,32 @@
+"""Shared fixtures: tiny random MarianMT models built offline, and their onnxmt exports.
+
+Building needs the export extra (torch, transformers); tests of the run side that need only an exported directory
+still get it from here, built once per session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from onnxmt.export.random_model import RandomMarianSpec
+
+TINY = RandomMarianSpec(eos_bias=2.0)
+TINY_MULTI = RandomMarianSpec(target_languages=("cmn_Hans", "yue_Hant"), eos_bias=2.0, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random MarianMT directory (single target language), as transformers saves it."""
+    from onnxmt.export.random_model import build_random_marian
+
+    return build_random_marian(tmp_path_factory.mktemp("tiny-hf"), TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny_multi_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random multi-target MarianMT directory (`>>cmn_Hans<<`, `>>yue_Hant<<` tokens in the vocab)."""
+    from onnxmt.export.random_model import build_random_marian
+
+    return build_random_marian(tmp_path_factory.mktemp("tiny-multi-hf"), TINY_MULTI)
