@@ -104,7 +104,9 @@ class Manifest:
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
         version = data.get("format_version")
         if version != FORMAT_VERSION:
-            raise ModelDirError(f"{MANIFEST_NAME}: format_version {version!r} is not supported (expected {FORMAT_VERSION})")
+            raise ModelDirError(
+                f"{MANIFEST_NAME}: format_version {version!r} is not supported (expected {FORMAT_VERSION})"
+            )
         graphs = {
             key: GraphSpec(
                 file=g["file"],
@@ -133,7 +135,9 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 def describe_files(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
     """sha256 and size of each named file, for the manifest."""
     directory = Path(directory)
-    return {name: {"sha256": sha256_file(directory / name), "bytes": (directory / name).stat().st_size} for name in names}
+    return {
+        name: {"sha256": sha256_file(directory / name), "bytes": (directory / name).stat().st_size} for name in names
+    }
 
 
 def read_manifest(directory: str | Path) -> Manifest:

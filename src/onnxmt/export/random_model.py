@@ -105,7 +105,9 @@ def _pieces(model: bytes) -> list[str]:
     return [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i) and not sp.is_unknown(i)]
 
 
-def build_vocab(source_pieces: list[str], target_pieces: list[str], languages: tuple[str, ...], size: int | None) -> dict[str, int]:
+def build_vocab(
+    source_pieces: list[str], target_pieces: list[str], languages: tuple[str, ...], size: int | None
+) -> dict[str, int]:
     """A shared Marian vocab laid out like opus-mt's: </s>=0, <unk>=1, language tokens, pieces, <pad> last."""
     tokens = list(SPECIAL_PIECES) + [f">>{lang}<<" for lang in languages]
     seen = set(tokens)

@@ -1,0 +1,267 @@
+"""`onnxmt export`: a HuggingFace seq2seq model to a self-contained onnxmt model directory."""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..manifest import (
+    CONFIG_FILES,
+    DECODER_FILE,
+    ENCODER_FILE,
+    Manifest,
+    describe_files,
+    generation_defaults,
+)
+from .architectures import Architecture, get_architecture
+from .graphs import cache_names, export_decoder, export_encoder, graph_spec
+from .hub import resolve_model
+
+# Largest export-time difference from PyTorch we accept in fp32; real exports measure ~1e-5.
+CHECK_TOLERANCE = 1e-3
+
+
+class ExportError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    opset: int = 17
+    revision: str | None = None
+    force: bool = False
+    default_target: str | None = None  # e.g. "cmn_Hans" for multi-target models
+    check: bool = True
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    encoder_max_abs_diff: float
+    first_step_logits_max_abs_diff: float
+    cached_step_logits_max_abs_diff: float
+
+    @property
+    def worst(self) -> float:
+        return max(
+            self.encoder_max_abs_diff,
+            self.first_step_logits_max_abs_diff,
+            self.cached_step_logits_max_abs_diff,
+        )
+
+
+Progress = Callable[[str], None]
+
+
+def export(
+    model: str, output_dir: str | Path, options: ExportOptions = ExportOptions(), progress: Progress = print
+) -> tuple[Manifest, CheckReport | None]:
+    """Export `model` (hub id or local directory) to `output_dir`. Nothing is left behind on failure."""
+    output = Path(output_dir)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not options.force:
+        raise ExportError(f"{output} exists and is not empty; pass --force to replace it")
+    progress(f"resolving {model}")
+    source, revision = resolve_model(model, options.revision)
+    config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    arch = get_architecture(config.get("model_type"))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        manifest, report = _export_into(staging, source, config, arch, model, revision, options, progress)
+        if output.exists():
+            shutil.rmtree(output) if output.is_dir() else output.unlink()
+        staging.rename(output)
+        output.chmod(0o755)  # mkdtemp made it private
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    progress(f"wrote {output}")
+    return manifest, report
+
+
+def _export_into(
+    staging: Path,
+    source: Path,
+    config: dict[str, Any],
+    arch: Architecture,
+    model_id: str,
+    revision: str | None,
+    options: ExportOptions,
+    progress: Progress,
+) -> tuple[Manifest, CheckReport | None]:
+    import torch
+
+    progress("loading the PyTorch model")
+    model = arch.load(str(source))
+    facts = arch.facts(config)
+    progress(f"exporting the encoder ({ENCODER_FILE})")
+    export_encoder(arch.encoder(model), staging / ENCODER_FILE, facts["num_layers"], options.opset)
+    progress(f"exporting the decoder ({DECODER_FILE})")
+    export_decoder(arch.decoder(model), staging / DECODER_FILE, facts, options.opset)
+    copied = _copy_side_files(source, staging, arch)
+    manifest = _build_manifest(staging, source, config, arch, facts, copied, model_id, revision, options)
+    report = None
+    if options.check:
+        progress("checking the ONNX graphs against PyTorch")
+        report = check_against_pytorch(model, staging, manifest)
+        if report.worst > CHECK_TOLERANCE:
+            raise ExportError(f"exported graphs disagree with PyTorch: {report} (tolerance {CHECK_TOLERANCE})")
+        manifest = _with_provenance(manifest, check=report.__dict__)
+    manifest.save(staging)
+    del torch  # imported only to fail early, before any file is written, when the export extra is missing
+    return manifest, report
+
+
+def _copy_side_files(source: Path, staging: Path, arch: Architecture) -> list[str]:
+    copied = []
+    for name in (*arch.tokenizer_files, *CONFIG_FILES):
+        if not (source / name).is_file():
+            if name == "generation_config.json":
+                continue  # older checkpoints keep generation settings in config.json
+            raise ExportError(
+                f"{source / name}: missing; a {arch.name} model directory needs {', '.join(arch.tokenizer_files)}"
+            )
+        shutil.copy2(source / name, staging / name)
+        copied.append(name)
+    for name in arch.optional_tokenizer_files:
+        if (source / name).is_file():
+            shutil.copy2(source / name, staging / name)
+            copied.append(name)
+    return copied
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _build_manifest(
+    staging: Path,
+    source: Path,
+    config: dict[str, Any],
+    arch: Architecture,
+    facts: dict[str, Any],
+    copied: list[str],
+    model_id: str,
+    revision: str | None,
+    options: ExportOptions,
+) -> Manifest:
+    generation_config = _read_json(source / "generation_config.json")
+    tokenizer_config = _read_json(source / "tokenizer_config.json")
+    vocab = _read_json(source / "vocab.json")
+    target_tokens = {t[2:-2]: t for t in vocab if t.startswith(">>") and t.endswith("<<")}
+    if options.default_target is not None and options.default_target not in target_tokens:
+        raise ExportError(
+            f"--default-target {options.default_target!r} is not a target language of this model; valid: {', '.join(sorted(target_tokens)) or 'none (single-target model)'}"
+        )
+
+    def pick(key: str) -> Any:
+        value = generation_config.get(key)
+        return config.get(key) if value is None else value
+
+    eos = pick("eos_token_id")
+    tokens = {
+        "decoder_start": pick("decoder_start_token_id"),
+        "eos": eos[0] if isinstance(eos, list) else eos,
+        "eos_ids": eos if isinstance(eos, list) else [eos],
+        "pad": pick("pad_token_id"),
+        "unk": vocab.get(tokenizer_config.get("unk_token", "<unk>")),
+    }
+    if tokens["decoder_start"] is None:
+        raise ExportError("the model config has no decoder_start_token_id")
+    files = [ENCODER_FILE, DECODER_FILE, *copied]
+    return Manifest(
+        architecture=arch.name,
+        layout="onnxmt",
+        files=describe_files(staging, files),
+        graphs={
+            "encoder": graph_spec(staging / ENCODER_FILE, ENCODER_FILE),
+            "decoder": graph_spec(staging / DECODER_FILE, DECODER_FILE),
+        },
+        model=facts,
+        tokens=tokens,
+        generation=generation_defaults(generation_config, config),
+        languages={
+            "source": tokenizer_config.get("source_lang"),
+            "target": tokenizer_config.get("target_lang"),
+            "target_tokens": target_tokens,
+            "default_target": options.default_target,
+        },
+        tokenizer={
+            "kind": arch.tokenizer_kind,
+            "files": [name for name in copied if name not in CONFIG_FILES],
+            "model_max_length": tokenizer_config.get("model_max_length", facts["max_positions"]),
+            "separate_vocabs": bool(tokenizer_config.get("separate_vocabs", False)),
+        },
+        provenance=_provenance(model_id, revision, options.opset),
+    )
+
+
+def _provenance(model_id: str, revision: str | None, opset: int) -> dict[str, Any]:
+    import onnx
+    import torch
+    import transformers
+
+    return {
+        "source_model": model_id,
+        "revision": revision,
+        "opset": opset,
+        "exporter": f"onnxmt {__version__}",
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "onnx": onnx.__version__,
+            "python": platform.python_version(),
+        },
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _with_provenance(manifest: Manifest, **extra: Any) -> Manifest:
+    from dataclasses import replace
+
+    return replace(manifest, provenance={**manifest.provenance, **extra})
+
+
+def check_against_pytorch(model: Any, directory: Path, manifest: Manifest) -> CheckReport:
+    """Encoder states, first-step logits and one cached step of the ONNX graphs against PyTorch, on a padded batch."""
+    import onnxruntime as ort
+    import torch
+
+    layers, heads, head_dim = (manifest.model[k] for k in ("num_layers", "num_heads", "head_dim"))
+    vocab = manifest.model["vocab_size"]
+    rng = np.random.default_rng(0)
+    ids = rng.integers(2, vocab - 1, size=(2, 7)).astype(np.int64)
+    ids[:, -1] = manifest.tokens["eos"]
+    mask = np.ones_like(ids)
+    mask[1, 4:] = 0
+    ids[1, 4:] = manifest.tokens["pad"]
+    encoder = ort.InferenceSession(str(directory / ENCODER_FILE), providers=["CPUExecutionProvider"])
+    decoder = ort.InferenceSession(str(directory / DECODER_FILE), providers=["CPUExecutionProvider"])
+    encoded = encoder.run(None, {"input_ids": ids, "attention_mask": mask})
+    start = np.full((2, 1), manifest.tokens["decoder_start"], dtype=np.int64)
+    feed = {"input_ids": start, "encoder_attention_mask": mask}
+    feed.update({name: np.zeros((2, heads, 0, head_dim), np.float32) for name in cache_names("past", layers)})
+    feed.update(dict(zip(cache_names("cross", layers), encoded[1:], strict=True)))
+    first = decoder.run(None, feed)
+    second_ids = np.array([[5], [6]], dtype=np.int64)
+    feed.update({"input_ids": second_ids, **dict(zip(cache_names("past", layers), first[1:], strict=True))})
+    second = decoder.run(None, feed)
+    with torch.no_grad():
+        t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
+        states = model.get_encoder()(input_ids=t_ids, attention_mask=t_mask).last_hidden_state.numpy()
+        decoder_ids = torch.from_numpy(np.concatenate([start, second_ids], axis=1))
+        logits = model(input_ids=t_ids, attention_mask=t_mask, decoder_input_ids=decoder_ids).logits.numpy()
+    valid = mask.astype(bool)  # padded encoder positions carry no meaning
+    return CheckReport(
+        encoder_max_abs_diff=float(np.abs(encoded[0] - states)[valid].max()),
+        first_step_logits_max_abs_diff=float(np.abs(first[0] - logits[:, 0]).max()),
+        cached_step_logits_max_abs_diff=float(np.abs(second[0] - logits[:, 1]).max()),
+    )

@@ -1,0 +1,139 @@
+"""Tracing the export modules to ONNX, and the graph surgery and bookkeeping around it."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..layout import role_of
+from ..manifest import GraphSpec, TensorSpec
+
+_DTYPES = {1: "float32", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64"}
+
+
+def cache_names(prefix: str, layers: int) -> list[str]:
+    return [f"{prefix}_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
+
+
+def export_encoder(module: Any, path: Path, layers: int, opset: int) -> None:
+    import torch
+
+    ids = torch.tensor([[5, 6, 7, 8, 0], [9, 10, 0, 1, 1]], dtype=torch.int64)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.int64)
+    outputs = ["encoder_hidden_states", *cache_names("cross", layers)]
+    axes = {"input_ids": {0: "batch", 1: "src_len"}, "attention_mask": {0: "batch", 1: "src_len"}}
+    axes["encoder_hidden_states"] = {0: "batch", 1: "src_len"}
+    axes.update({name: {0: "batch", 2: "src_len"} for name in outputs[1:]})
+    _export(module, (ids, mask), path, ["input_ids", "attention_mask"], outputs, axes, opset)
+
+
+def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -> None:
+    import torch
+
+    layers, heads, head_dim = facts["num_layers"], facts["num_heads"], facts["head_dim"]
+    batch, src_len, past_len = 2, 5, 3
+    ids = torch.tensor([[3], [4]], dtype=torch.int64)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.int64)
+    past = [torch.randn(batch, heads, past_len, head_dim) for _ in range(2 * layers)]
+    cross = [torch.randn(batch, heads, src_len, head_dim) for _ in range(2 * layers)]
+    inputs = [
+        "input_ids",
+        "encoder_attention_mask",
+        *cache_names("past", layers),
+        *cache_names("cross", layers),
+    ]
+    outputs = ["logits", *cache_names("present", layers)]
+    axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "batch", 1: "new_len"},
+        "encoder_attention_mask": {0: "batch", 1: "src_len"},
+        "logits": {0: "batch"},
+    }
+    axes.update({name: {0: "batch", 2: "past_len"} for name in cache_names("past", layers)})
+    axes.update({name: {0: "batch", 2: "src_len"} for name in cache_names("cross", layers)})
+    axes.update({name: {0: "batch", 2: "total_len"} for name in cache_names("present", layers)})
+    _export(module, (ids, mask, *past, *cross), path, inputs, outputs, axes, opset)
+    tie_transposed_weights(path)
+
+
+def _export(module, args, path, inputs, outputs, axes, opset) -> None:
+    import torch
+
+    with warnings.catch_warnings(), torch.no_grad():
+        # The TorchScript exporter warns about tracing and its own deprecation on every call; none is actionable.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            dynamo=False,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=opset,
+            do_constant_folding=True,
+        )
+
+
+def tie_transposed_weights(path: Path) -> int:
+    """Replace MatMul(x, W.T) by Gemm(x, W, transB=1) where W.T is a stored copy of another initializer W.
+
+    The exporter constant-folds the tied LM head `x @ embedding.T` into a second, transposed copy of the embedding
+    matrix (133 MB for opus-mt). Gemm reads the embedding itself. Returns the number of bytes saved.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    by_shape: dict[tuple[int, ...], list[str]] = {}
+    for name, init in inits.items():
+        by_shape.setdefault(tuple(init.dims), []).append(name)
+    saved = 0
+    for index, node in enumerate(list(graph.node)):
+        if node.op_type != "MatMul" or node.input[1] not in inits:
+            continue
+        weight = inits[node.input[1]]
+        if len(weight.dims) != 2:
+            continue
+        transposed = numpy_helper.to_array(weight).T
+        twin = next(
+            (
+                n
+                for n in by_shape.get(transposed.shape, [])
+                if np.array_equal(numpy_helper.to_array(inits[n]), transposed)
+            ),
+            None,
+        )
+        if twin is None:
+            continue
+        gemm = helper.make_node("Gemm", [node.input[0], twin], list(node.output), name=node.name + "_tied", transB=1)
+        graph.node.remove(node)
+        graph.node.insert(index, gemm)
+        if not any(weight.name in n.input for n in graph.node):
+            graph.initializer.remove(weight)
+            saved += transposed.nbytes
+    if saved:
+        onnx.save(model, str(path))
+    return saved
+
+
+def graph_spec(path: Path, file_name: str) -> GraphSpec:
+    """Input and output names, roles, dtypes and symbolic shapes of an ONNX file, read without its weights."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return GraphSpec(
+        file=file_name,
+        inputs=[_tensor_spec(v) for v in graph.input],
+        outputs=[_tensor_spec(v) for v in graph.output],
+    )
+
+
+def _tensor_spec(value: Any) -> TensorSpec:
+    tensor = value.type.tensor_type
+    shape: list[str | int] = [d.dim_param if d.dim_param else int(d.dim_value) for d in tensor.shape.dim]
+    return TensorSpec(name=value.name, role=role_of(value.name), dtype=_DTYPES.get(tensor.elem_type, "?"), shape=shape)

@@ -1,0 +1,1 @@
+"""Run side: tokenizer, sessions, decoding, translator. Never imports torch or transformers."""
