@@ -123,7 +123,7 @@ class MarianTokenizer:
             # Exactly what transformers sees for `tok(">>cmn_Hans<< " + text)`.
             text = f"{target_token} {text}"
         ids = [self._token_id(token) for token in self._tokenize(text)]
-        return self._truncate(ids) + [self.eos_id]
+        return [*self._truncate(ids), self.eos_id]
 
     def encode_batch(self, texts: list[str], target_token: str | None = None) -> list[list[int]]:
         return [self.encode(text, target_token) for text in texts]
@@ -188,7 +188,7 @@ class MarianTokenizer:
 
     def _join_pieces(self, tokens: list[str]) -> str:
         # Special tokens that survive skipping (e.g. the unk fallback) are kept verbatim, followed by a space.
-        out, pending = "", []
+        out, pending = "", list[str]()
         for token in tokens:
             if token in self._special_tokens:
                 out += self._decode_spm.decode_pieces(pending) + token + " "
@@ -250,7 +250,7 @@ def _token_text(value: Any) -> str | None:
 def _named(config: dict[str, Any], attribute: str) -> str:
     token = _token_text(config.get(attribute, _MARIAN_DEFAULTS.get(attribute)))
     if not token:
-        raise ModelDirError(f"tokenizer config: {attribute} is not set")
+        raise ModelDirError(f"tokenizer_config.json: {attribute} is not set")
     return token
 
 

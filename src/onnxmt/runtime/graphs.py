@@ -1,0 +1,185 @@
+"""ONNX Runtime sessions for the encoder and decoder graphs, behind one small interface.
+
+`encode(ids, mask)` returns a `Cache`; `step(tokens, cache)` runs one decoder call and returns the last-position
+logits and the grown cache. The decoding loop sees only that, whatever the directory's layout:
+
+- onnxmt's own: the encoder also returns every layer's cross-attention K/V; one decoder graph takes an empty or
+  filled self-attention cache.
+- Optimum's: `decoder_model.onnx` for the first step (it returns the cross-attention K/V), then
+  `decoder_with_past_model.onnx`; or `decoder_model_merged.onnx` with its `use_cache_branch` switch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from ..manifest import GraphSpec, Manifest, ModelDirError
+from .options import RuntimeOptions
+
+
+@dataclass(frozen=True)
+class Cache:
+    """Per-row decoder state; row r of every array belongs to the same hypothesis."""
+
+    mask: np.ndarray  # (rows, src_len) encoder attention mask
+    self_kv: tuple[np.ndarray, ...]  # per layer key, value: (rows, heads, past_len, head_dim)
+    cross_kv: tuple[np.ndarray, ...] | None  # per layer key, value: (rows, heads, src_len, head_dim)
+    encoder_states: np.ndarray | None = None  # (rows, src_len, d_model); only Optimum's first step needs it
+
+    @property
+    def rows(self) -> int:
+        return int(self.mask.shape[0])
+
+    def select(self, rows: np.ndarray) -> Cache:
+        """The cache of the given rows, in that order (drops finished rows, reorders and expands beams)."""
+
+        def take(arrays: tuple[np.ndarray, ...] | None) -> tuple[np.ndarray, ...] | None:
+            return None if arrays is None else tuple(a[rows] for a in arrays)
+
+        return Cache(
+            mask=self.mask[rows],
+            self_kv=take(self.self_kv) or (),
+            cross_kv=take(self.cross_kv),
+            encoder_states=None if self.encoder_states is None else self.encoder_states[rows],
+        )
+
+
+def session_options(options: RuntimeOptions):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = options.threads or os.cpu_count() or 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.spinning else "0")
+    return so
+
+
+def load_session(path: Path, options: RuntimeOptions):
+    import onnxruntime as ort
+
+    if not path.is_file():
+        raise ModelDirError(f"{path}: graph file is missing")
+    try:
+        return ort.InferenceSession(str(path), sess_options=session_options(options), providers=list(options.providers))
+    except Exception as e:  # ORT raises its own exception types for truncated or invalid protobufs
+        raise ModelDirError(f"{path}: ONNX Runtime cannot load this graph ({e.__class__.__name__}: {e})") from e
+
+
+class Graphs:
+    """Common part: names by role from the manifest, empty caches of the right shape."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.layers = int(manifest.model["num_layers"])
+        self.heads = int(manifest.model["num_heads"])
+        self.head_dim = int(manifest.model["head_dim"])
+
+    def _empty_self_kv(self, rows: int) -> tuple[np.ndarray, ...]:
+        empty = np.zeros((rows, self.heads, 0, self.head_dim), dtype=np.float32)
+        return tuple(empty for _ in range(2 * self.layers))
+
+    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Cache:
+        raise NotImplementedError
+
+    def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
+        raise NotImplementedError
+
+
+def _kv_roles(prefix: str, layers: int) -> list[str]:
+    return [f"{prefix}_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
+
+
+class OnnxmtGraphs(Graphs):
+    def __init__(self, directory: Path, manifest: Manifest, options: RuntimeOptions) -> None:
+        super().__init__(manifest)
+        enc, dec = manifest.graphs["encoder"], manifest.graphs["decoder"]
+        self.encoder = load_session(directory / enc.file, options)
+        self.decoder = load_session(directory / dec.file, options)
+        self.enc_in = (enc.input_name("input_ids"), enc.input_name("attention_mask"))
+        self.enc_out = [enc.output_name(r) for r in _kv_roles("cross", self.layers)]
+        self.dec_ids, self.dec_mask = dec.input_name("input_ids"), dec.input_name("encoder_attention_mask")
+        self.dec_past = [dec.input_name(r) for r in _kv_roles("past", self.layers)]
+        self.dec_cross = [dec.input_name(r) for r in _kv_roles("cross", self.layers)]
+        self.dec_out = [dec.output_name("logits")] + [dec.output_name(r) for r in _kv_roles("present", self.layers)]
+
+    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Cache:
+        cross = self.encoder.run(self.enc_out, dict(zip(self.enc_in, (input_ids, attention_mask), strict=True)))
+        return Cache(mask=attention_mask, self_kv=self._empty_self_kv(len(input_ids)), cross_kv=tuple(cross))
+
+    def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
+        assert cache.cross_kv is not None
+        feed = {self.dec_ids: tokens, self.dec_mask: cache.mask}
+        feed.update(zip(self.dec_past, cache.self_kv, strict=True))
+        feed.update(zip(self.dec_cross, cache.cross_kv, strict=True))
+        logits, *present = self.decoder.run(self.dec_out, feed)
+        return logits, replace(cache, self_kv=tuple(present))  # logits: (rows, vocab)
+
+
+class OptimumGraphs(Graphs):
+    """Optimum's files: the first step computes the cross-attention K/V, later steps reuse them."""
+
+    def __init__(self, directory: Path, manifest: Manifest, options: RuntimeOptions) -> None:
+        super().__init__(manifest)
+        self.specs = manifest.graphs
+        self.encoder = load_session(directory / self.specs["encoder"].file, options)
+        self.merged = "decoder_merged" in self.specs
+        if self.merged:
+            session = load_session(directory / self.specs["decoder_merged"].file, options)
+            self.first = self.later = session
+        else:
+            self.first = load_session(directory / self.specs["decoder"].file, options)
+            self.later = load_session(directory / self.specs["decoder_with_past"].file, options)
+
+    def _spec(self, first: bool) -> GraphSpec:
+        if self.merged:
+            return self.specs["decoder_merged"]
+        return self.specs["decoder" if first else "decoder_with_past"]
+
+    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Cache:
+        spec = self.specs["encoder"]
+        feed = {spec.input_name("input_ids"): input_ids, spec.input_name("attention_mask"): attention_mask}
+        (states,) = self.encoder.run([spec.output_name("encoder_hidden_states")], feed)
+        return Cache(mask=attention_mask, self_kv=(), cross_kv=None, encoder_states=states)
+
+    def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
+        first = cache.cross_kv is None
+        spec = self._spec(first)
+        feed: dict[str, np.ndarray] = {spec.input_name("input_ids"): tokens}
+        if spec.has_input("encoder_attention_mask"):
+            feed[spec.input_name("encoder_attention_mask")] = cache.mask
+        if spec.has_input("encoder_hidden_states"):
+            assert cache.encoder_states is not None
+            feed[spec.input_name("encoder_hidden_states")] = cache.encoder_states
+        if spec.has_input("use_cache_branch"):
+            feed[spec.input_name("use_cache_branch")] = np.array([not first])
+        if spec.has_input("past_key.0"):
+            rows = len(tokens)
+            self_kv = self._empty_self_kv(rows) if first else cache.self_kv
+            cross_kv = self._placeholder_cross(rows) if first else cache.cross_kv
+            feed.update(zip((spec.input_name(r) for r in _kv_roles("past", self.layers)), self_kv, strict=True))
+            assert cross_kv is not None
+            feed.update(zip((spec.input_name(r) for r in _kv_roles("cross", self.layers)), cross_kv, strict=True))
+        wanted = ["logits", *_kv_roles("present", self.layers)]
+        if first:
+            wanted += _kv_roles("cross", self.layers)
+        outputs = (self.first if first else self.later).run([spec.output_name(r) for r in wanted], feed)
+        logits = outputs[0][:, -1, :]  # Optimum's graphs return every position: (rows, new_len, vocab)
+        present = tuple(outputs[1 : 1 + 2 * self.layers])
+        cross = tuple(outputs[1 + 2 * self.layers :]) if first else cache.cross_kv
+        # The encoder states are not needed once the cross-attention K/V exist.
+        return np.ascontiguousarray(logits), Cache(mask=cache.mask, self_kv=present, cross_kv=cross)
+
+    def _placeholder_cross(self, rows: int) -> tuple[np.ndarray, ...]:
+        # The merged graph's first-step branch ignores its past inputs, but they must be fed.
+        return self._empty_self_kv(rows)
+
+
+def open_graphs(directory: Path, manifest: Manifest, options: RuntimeOptions) -> Graphs:
+    if manifest.layout == "onnxmt":
+        return OnnxmtGraphs(directory, manifest, options)
+    return OptimumGraphs(directory, manifest, options)

@@ -1,0 +1,141 @@
+"""Opening a model directory: onnxmt's own (with `onnxmt.json`) or one exported by Optimum.
+
+For an Optimum directory the manifest is written in memory from its config files and its graphs' input and output
+names, so the rest of the runtime sees one kind of directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..layout import find_optimum_files, role_of
+from ..manifest import (
+    CONFIG_FILES,
+    MANIFEST_NAME,
+    MARIAN_TOKENIZER_FILES,
+    OPTIONAL_TOKENIZER_FILES,
+    GraphSpec,
+    Manifest,
+    ModelDirError,
+    TensorSpec,
+    generation_defaults,
+    read_manifest,
+    verify_files,
+)
+
+_ORT_DTYPES = {
+    "tensor(float)": "float32",
+    "tensor(int64)": "int64",
+    "tensor(bool)": "bool",
+    "tensor(float16)": "float16",
+}
+
+
+def load_manifest(directory: str | Path, *, verify: bool = True) -> Manifest:
+    """The manifest of an onnxmt directory (files checked), or one built for an Optimum directory."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ModelDirError(f"model directory not found: {directory}")
+    if (directory / MANIFEST_NAME).is_file():
+        manifest = read_manifest(directory)
+        verify_files(directory, manifest, check_hash=verify)
+        return manifest
+    if find_optimum_files(directory):
+        return optimum_manifest(directory)
+    raise ModelDirError(
+        f"{directory}: neither an onnxmt model directory ({MANIFEST_NAME}) nor an Optimum export "
+        "(encoder_model.onnx, decoder_model*.onnx); create one with `onnxmt export MODEL DIR`"
+    )
+
+
+def _json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ModelDirError(f"{path}: not valid JSON ({e})") from e
+
+
+def optimum_manifest(directory: Path) -> Manifest:
+    files = find_optimum_files(directory)
+    parts = set(files)
+    if "encoder" not in parts or not ({"decoder", "decoder_with_past"} <= parts or "decoder_merged" in parts):
+        raise ModelDirError(
+            f"{directory}: incomplete Optimum export; found {sorted(files.values())}, need encoder_model.onnx and "
+            "decoder_model.onnx + decoder_with_past_model.onnx, or decoder_model_merged.onnx"
+        )
+    if "decoder_merged" in parts:
+        files = {p: f for p, f in files.items() if p in ("encoder", "decoder_merged")}
+    else:
+        files.pop("decoder_merged", None)
+    config = _json(directory / "config.json")
+    if not config:
+        raise ModelDirError(f"{directory / 'config.json'}: missing; an Optimum directory needs the model's config.json")
+    if config.get("model_type") != "marian":
+        raise ModelDirError(f"{directory}: model_type {config.get('model_type')!r} is not supported; supported: marian")
+    generation_config = _json(directory / "generation_config.json")
+    tokenizer_config = _json(directory / "tokenizer_config.json")
+    vocab = _json(directory / "vocab.json")
+    heads = config["decoder_attention_heads"]
+
+    def pick(key: str) -> Any:
+        value = generation_config.get(key)
+        return config.get(key) if value is None else value
+
+    eos = pick("eos_token_id")
+    tokenizer_files = [n for n in (*MARIAN_TOKENIZER_FILES, *OPTIONAL_TOKENIZER_FILES) if (directory / n).is_file()]
+    return Manifest(
+        architecture="marian",
+        layout="optimum-merged" if "decoder_merged" in files else "optimum",
+        files={name: {} for name in (*files.values(), *tokenizer_files, *CONFIG_FILES) if (directory / name).is_file()},
+        graphs={part: _graph_spec_from_session(directory / name, name) for part, name in files.items()},
+        model={
+            "d_model": config["d_model"],
+            "encoder_layers": config["encoder_layers"],
+            "num_layers": config["decoder_layers"],
+            "num_heads": heads,
+            "head_dim": config["d_model"] // heads,
+            "vocab_size": config.get("decoder_vocab_size") or config["vocab_size"],
+            "max_positions": config["max_position_embeddings"],
+        },
+        tokens={
+            "decoder_start": pick("decoder_start_token_id"),
+            "eos": eos[0] if isinstance(eos, list) else eos,
+            "eos_ids": eos if isinstance(eos, list) else [eos],
+            "pad": pick("pad_token_id"),
+            "unk": vocab.get("<unk>"),
+        },
+        generation=generation_defaults(generation_config, config),
+        languages={
+            "source": tokenizer_config.get("source_lang"),
+            "target": tokenizer_config.get("target_lang"),
+            "target_tokens": {t[2:-2]: t for t in vocab if t.startswith(">>") and t.endswith("<<")},
+            "default_target": None,
+        },
+        tokenizer={
+            "kind": "marian",
+            "files": tokenizer_files,
+            "model_max_length": tokenizer_config.get("model_max_length", config["max_position_embeddings"]),
+            "separate_vocabs": bool(tokenizer_config.get("separate_vocabs", False)),
+        },
+        provenance={"source_model": str(directory), "exporter": "optimum"},
+    )
+
+
+def _graph_spec_from_session(path: Path, name: str) -> GraphSpec:
+    """Input and output names of a graph, read through ONNX Runtime (the run side has no `onnx` package)."""
+    from .graphs import load_session
+    from .options import RuntimeOptions
+
+    session = load_session(path, RuntimeOptions(threads=1))
+
+    def spec(arg: Any) -> TensorSpec:
+        shape = [d if isinstance(d, int) else str(d) for d in arg.shape]
+        return TensorSpec(name=arg.name, role=role_of(arg.name), dtype=_ORT_DTYPES.get(arg.type, arg.type), shape=shape)
+
+    return GraphSpec(
+        file=name, inputs=[spec(a) for a in session.get_inputs()], outputs=[spec(a) for a in session.get_outputs()]
+    )

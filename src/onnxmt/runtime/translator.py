@@ -1,0 +1,181 @@
+"""`Translator`: the library API on top of the tokenizer, the graphs and the decoding loop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..manifest import Manifest
+from .decoding import DEFAULT_MAX_NEW_TOKENS, Settings, decode
+from .graphs import Graphs, open_graphs
+from .modeldir import load_manifest
+from .options import DecodeOptions, RuntimeOptions
+from .tokenizer import MarianTokenizer
+
+# How many texts the streaming variant reads ahead: enough to sort into full batches of similar length.
+STREAM_WINDOW_BATCHES = 8
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One translated text. `alternatives` holds hypotheses 2..n when num_return_sequences > 1."""
+
+    text: str
+    token_ids: list[int]
+    score: float
+    alternatives: tuple[Translation, ...] = field(default=())
+
+
+class Translator:
+    """Translate with an exported model directory (onnxmt's or Optimum's), on ONNX Runtime, without torch.
+
+    >>> translator = Translator("opus-mt-en-zh-onnx")           # doctest: +SKIP
+    >>> translator.translate(["Hello world"])[0].text            # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        runtime: RuntimeOptions = RuntimeOptions(),
+        decoding: DecodeOptions = DecodeOptions(),
+    ) -> None:
+        self.directory = Path(model_dir)
+        self.manifest: Manifest = load_manifest(self.directory, verify=runtime.verify)
+        self.runtime = runtime
+        self.decoding = decoding
+        self.tokenizer = MarianTokenizer.from_dir(self.directory)
+        self.graphs: Graphs = open_graphs(self.directory, self.manifest, runtime)
+        if decoding.target_lang is not None:
+            self.target_token(decoding.target_lang)  # fail at construction, not at the first request
+
+    @property
+    def target_languages(self) -> list[str]:
+        return sorted(self.manifest.languages.get("target_tokens", {}))
+
+    def target_token(self, target_lang: str | None) -> str | None:
+        """The language token for `target_lang` (a language or a `>>lang<<` token); ValueError naming valid ones."""
+        tokens: dict[str, str] = self.manifest.languages.get("target_tokens", {})
+        lang = target_lang if target_lang is not None else self.manifest.languages.get("default_target")
+        if lang is None:
+            return None
+        if not tokens:
+            raise ValueError(f"this model has a single target language; target_lang {lang!r} cannot be chosen")
+        if lang in tokens.values():
+            return lang
+        if lang not in tokens:
+            raise ValueError(f"unknown target language {lang!r}; valid: {', '.join(sorted(tokens))}")
+        return tokens[lang]
+
+    def translate(self, texts: Sequence[str], **overrides: Any) -> list[Translation]:
+        """Translate `texts` (a list of strings); keyword arguments (beams, max_new_tokens, batch_size,
+        target_lang, ...) override this translator's DecodeOptions for this call. Empty texts give empty
+        translations; the order of the input is kept."""
+        _check_texts(texts)
+        options = self.decoding.merged(**overrides)
+        return self._translate_list(list(texts), options)
+
+    def translate_iter(self, texts: Iterable[str], **overrides: Any) -> Iterator[Translation]:
+        """Streaming variant: reads `texts` lazily, yields translations in input order."""
+        options = self.decoding.merged(**overrides)
+        iterator = iter(texts)
+        window = max(1, options.batch_size) * STREAM_WINDOW_BATCHES
+        while chunk := list(islice(iterator, window)):
+            _check_texts(chunk)
+            yield from self._translate_list(chunk, options)
+
+    def _translate_list(self, texts: list[str], options: DecodeOptions) -> list[Translation]:
+        if options.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {options.batch_size}")
+        settings = resolve_settings(self.manifest, options)
+        token = self.target_token(options.target_lang)
+        results: list[Translation | None] = [None] * len(texts)
+        encoded = {i: self.tokenizer.encode(t, target_token=token) for i, t in enumerate(texts) if t.strip()}
+        for i, text in enumerate(texts):
+            if not text.strip():
+                results[i] = Translation(text="", token_ids=[], score=0.0)
+        # Sorting by length keeps padding, and so wasted work, small.
+        order = sorted(encoded, key=lambda i: len(encoded[i]))
+        for start in range(0, len(order), options.batch_size):
+            batch = order[start : start + options.batch_size]
+            for i, hyps in zip(batch, self._decode_batch([encoded[i] for i in batch], settings), strict=True):
+                results[i] = hyps
+        return [r for r in results if r is not None]
+
+    def _decode_batch(self, ids: list[list[int]], settings: Settings) -> list[Translation]:
+        pad = self.manifest.tokens["pad"]
+        width = max(len(x) for x in ids)
+        input_ids = np.full((len(ids), width), pad, dtype=np.int64)
+        mask = np.zeros((len(ids), width), dtype=np.int64)
+        for row, x in enumerate(ids):
+            input_ids[row, : len(x)] = x
+            mask[row, : len(x)] = 1
+        out = []
+        for hyps in decode(self.graphs, input_ids, mask, settings):
+            first, *rest = (Translation(self.tokenizer.decode(h.tokens), h.tokens, h.score) for h in hyps)
+            out.append(Translation(first.text, first.token_ids, first.score, tuple(rest)))
+        return out
+
+
+def _check_texts(texts: object) -> None:
+    if isinstance(texts, (str, bytes)):
+        raise TypeError("texts must be a list of strings, not a single string; for one text use translate([text])")
+    if not isinstance(texts, Sequence):
+        raise TypeError(f"texts must be a list of strings, got {type(texts).__name__}")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
+
+
+def resolve_settings(manifest: Manifest, options: DecodeOptions) -> Settings:
+    """Options first, then the model's generation defaults, then transformers' defaults."""
+    gen, tokens = manifest.generation, manifest.tokens
+
+    def pick(option: Any, key: str, default: Any) -> Any:
+        if option is not None:
+            return option
+        return gen[key] if gen.get(key) is not None else default
+
+    beams = int(pick(options.beams, "num_beams", 1))
+    if beams < 1:
+        raise ValueError(f"beams must be at least 1, got {beams}")
+    if options.num_return_sequences > beams:
+        raise ValueError(f"num_return_sequences ({options.num_return_sequences}) cannot exceed beams ({beams})")
+    max_positions = int(manifest.model["max_positions"])
+    max_new = options.max_new_tokens
+    if max_new is not None:
+        if max_new < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new}")
+        max_length = max_new + 1
+    elif options.max_length is not None or gen.get("max_length") is not None:
+        max_length = int(pick(options.max_length, "max_length", None))
+    elif gen.get("max_new_tokens") is not None:
+        max_length = int(gen["max_new_tokens"]) + 1
+    else:
+        max_length = min(DEFAULT_MAX_NEW_TOKENS + 1, max_positions)
+    if max_length > max_positions + 1:
+        raise ValueError(f"at most {max_positions} tokens can be generated by this model (max_length {max_length})")
+    min_new = pick(options.min_new_tokens, "min_new_tokens", None)
+    min_length = int(min_new) + 1 if min_new is not None else int(pick(options.min_length, "min_length", 0))
+    eos_ids = tuple(int(t) for t in tokens.get("eos_ids", [tokens["eos"]]))
+    return Settings(
+        num_beams=beams,
+        max_length=max_length,
+        min_length=min_length,
+        length_penalty=float(pick(options.length_penalty, "length_penalty", 1.0)),
+        early_stopping=pick(options.early_stopping, "early_stopping", False),
+        num_return_sequences=options.num_return_sequences,
+        decoder_start=int(tokens["decoder_start"]),
+        eos_ids=eos_ids,
+        pad=int(tokens["pad"]) if tokens.get("pad") is not None else eos_ids[0],
+        bad_words=tuple(tuple(w) for w in gen.get("bad_words_ids") or ()),
+        suppress=tuple(gen.get("suppress_tokens") or ()),
+        begin_suppress=tuple(gen.get("begin_suppress_tokens") or ()),
+        forced_eos=gen.get("forced_eos_token_id"),
+        no_repeat_ngram_size=int(pick(options.no_repeat_ngram_size, "no_repeat_ngram_size", 0)),
+        repetition_penalty=float(pick(options.repetition_penalty, "repetition_penalty", 1.0)),
+    )
