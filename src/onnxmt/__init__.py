@@ -1,6 +1,15 @@
-"""onnxmt: HuggingFace translation models on ONNX Runtime, without torch."""
+"""onnxmt: HuggingFace translation models on ONNX Runtime, without torch.
+
+from onnxmt import Translator
+translator = Translator("opus-mt-en-zh-onnx")
+print(translator.translate(["Hello world"])[0].text)
+"""
 
 from __future__ import annotations
 
+from .manifest import Manifest, ModelDirError
+from .runtime.options import DecodeOptions, RuntimeOptions
+from .runtime.translator import Translation, Translator
+
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+__all__ = ["DecodeOptions", "Manifest", "ModelDirError", "RuntimeOptions", "Translation", "Translator", "__version__"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
+from torch.nn import functional as F
 
 
 def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:

@@ -1,0 +1,56 @@
+"""Finding a runnable model directory for a `--model` argument.
+
+A directory that onnxmt or Optimum exported is used as it is. A hub id (default: Helsinki-NLP/opus-mt-en-zh) is
+exported once into the cache (`ONNXMT_CACHE`, default ~/.cache/onnxmt) on first use, which needs the export
+extra; after that the run side needs neither torch nor the hub.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from .layout import find_optimum_files
+from .manifest import MANIFEST_NAME, ModelDirError
+
+DEFAULT_MODEL = "Helsinki-NLP/opus-mt-en-zh"
+# Multi-target models need a language token; these are the defaults onnxmt picks for well-known hub models.
+DEFAULT_TARGETS = {"Helsinki-NLP/opus-mt-en-zh": "cmn_Hans"}
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ONNXMT_CACHE", Path.home() / ".cache" / "onnxmt")).expanduser()
+
+
+def is_model_dir(path: Path) -> bool:
+    return path.is_dir() and ((path / MANIFEST_NAME).is_file() or bool(find_optimum_files(path)))
+
+
+def resolve_model_dir(model: str | None, progress: Callable[[str], None] = print) -> Path:
+    """A model directory for `model` (a directory or a hub id), exporting a hub model on first use."""
+    model = model or os.environ.get("ONNXMT_MODEL") or DEFAULT_MODEL
+    path = Path(model).expanduser()
+    if is_model_dir(path):
+        return path
+    if path.is_dir() and (path / "config.json").is_file():
+        raise ModelDirError(
+            f"{path} is a PyTorch model directory, not an exported one; run `onnxmt export {path} OUT_DIR` first"
+        )
+    if path.exists() or not _HUB_ID.match(model):
+        raise ModelDirError(f"model directory not found: {model}")
+    cached = cache_dir() / "models" / model.replace("/", "--")
+    if is_model_dir(cached):
+        return cached
+    try:
+        from .export.exporter import ExportOptions, export
+    except ImportError as e:
+        raise ImportError(
+            f"{model!r} is not exported yet and exporting needs torch: pip install 'onnxmt[export]' "
+            "(or pass --model DIR with an exported directory)"
+        ) from e
+    progress(f"first use of {model}: exporting it to {cached} (once)")
+    export(model, cached, ExportOptions(default_target=DEFAULT_TARGETS.get(model), force=True), progress=progress)
+    return cached
