@@ -30,3 +30,23 @@ def tiny_multi_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from onnxmt.export.random_model import build_random_marian
 
     return build_random_marian(tmp_path_factory.mktemp("tiny-multi-hf"), TINY_MULTI)
+
+
+@pytest.fixture(scope="session")
+def tiny_onnx_dir(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_hf_dir` exported by onnxmt (fp32). Treat as read-only: copy it before changing anything."""
+    from onnxmt.export.exporter import export
+
+    out = tmp_path_factory.mktemp("tiny-onnx") / "model"
+    export(str(tiny_hf_dir), out, progress=lambda _: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_multi_onnx_dir(tiny_multi_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_multi_hf_dir` exported by onnxmt (no default target language). Read-only."""
+    from onnxmt.export.exporter import export
+
+    out = tmp_path_factory.mktemp("tiny-multi-onnx") / "model"
+    export(str(tiny_multi_hf_dir), out, progress=lambda _: None)
+    return out
