@@ -12,8 +12,8 @@ import pytest
 
 from onnxmt.export.random_model import RandomMarianSpec
 
-TINY = RandomMarianSpec(eos_bias=2.0)
-TINY_MULTI = RandomMarianSpec(target_languages=("cmn_Hans", "yue_Hant"), eos_bias=2.0, seed=1)
+TINY = RandomMarianSpec(eos_bias=3.0)
+TINY_MULTI = RandomMarianSpec(target_languages=("cmn_Hans", "yue_Hant"), eos_bias=3.0, seed=1)
 
 
 @pytest.fixture(scope="session")
