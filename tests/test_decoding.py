@@ -1,0 +1,201 @@
+"""Parity of the decoding loop with transformers' generate(), token by token, on tiny random models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnxmt.runtime.decoding import Settings, build_processors, log_softmax, topk
+from onnxmt.runtime.translator import Translator
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+# Very different lengths, including one that the tokenizer truncates (the fixture's max length is 64).
+SENTENCES = [
+    "Hello world.",
+    "The river is long and the mountain is high",
+    "a",
+    "Could these two may first then do any like my now over such our man me even most made after also did many "
+    "before must through back years where much your way well down should because each just those people how too",
+    "Good morning!",
+    "What is this?",
+    "music",
+    "He came from the city with three friends and a green paper for the school market.",
+]
+
+
+def reference(model_dir: Path, texts: list[str], target_token: str | None = None, **generate_kwargs) -> list[list[int]]:
+    """transformers' generate() token ids: decoder start dropped, trailing padding dropped, eos kept."""
+    tokenizer = transformers.MarianTokenizer.from_pretrained(model_dir)
+    model = transformers.MarianMTModel.from_pretrained(model_dir).eval()
+    if target_token:
+        texts = [f"{target_token} {t}" for t in texts]
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True)
+    with torch.no_grad():
+        out = model.generate(**encoded, **generate_kwargs)
+    pad = model.generation_config.pad_token_id
+    rows = []
+    for row in out.tolist():
+        row = row[1:]
+        while row and row[-1] == pad:
+            row.pop()
+        rows.append(row)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_onnx_dir: Path) -> Translator:
+    return Translator(tiny_onnx_dir)
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_batch_of_eight_matches_transformers(translator: Translator, tiny_hf_dir: Path, beams: int) -> None:
+    expected = reference(tiny_hf_dir, SENTENCES, num_beams=beams)
+    got = [t.token_ids for t in translator.translate(SENTENCES, beams=beams, batch_size=8)]
+    assert got == expected
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_batch_size_one_matches_transformers(translator: Translator, tiny_hf_dir: Path, beams: int) -> None:
+    texts = SENTENCES[:4]
+    expected = [reference(tiny_hf_dir, [t], num_beams=beams)[0] for t in texts]
+    assert [t.token_ids for t in translator.translate(texts, beams=beams, batch_size=1)] == expected
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_max_new_tokens_reached_and_not_reached(translator: Translator, tiny_hf_dir: Path, beams: int) -> None:
+    limit = 20
+    expected = reference(tiny_hf_dir, SENTENCES, num_beams=beams, max_new_tokens=limit)
+    got = [t.token_ids for t in translator.translate(SENTENCES, beams=beams, max_new_tokens=limit)]
+    assert got == expected
+    lengths = {len(ids) for ids in got}
+    # Both cases occur: some sentences stop at eos before the limit, others are cut at it (forced eos).
+    assert limit in lengths and min(lengths) < limit
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_target_language_token_matches_transformers(tiny_multi_onnx_dir: Path, tiny_multi_hf_dir: Path, beams: int) -> None:
+    translator = Translator(tiny_multi_onnx_dir)
+    for lang in ("cmn_Hans", "yue_Hant"):
+        expected = reference(tiny_multi_hf_dir, SENTENCES, target_token=f">>{lang}<<", num_beams=beams, max_new_tokens=16)
+        got = translator.translate(SENTENCES, beams=beams, target_lang=lang, max_new_tokens=16)
+        assert [t.token_ids for t in got] == expected
+    # Without a token the model sees the bare text, as transformers does.
+    expected = reference(tiny_multi_hf_dir, SENTENCES, num_beams=beams, max_new_tokens=16)
+    assert [t.token_ids for t in translator.translate(SENTENCES, beams=beams, max_new_tokens=16)] == expected
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"length_penalty": 0.5, "no_repeat_ngram_size": 2},
+        {"repetition_penalty": 1.3},
+        {"length_penalty": 2.0, "early_stopping": True},
+        {"early_stopping": "never"},
+        {"min_new_tokens": 12, "max_new_tokens": 12},
+    ],
+)
+def test_generation_options_match_transformers(translator: Translator, tiny_hf_dir: Path, kwargs: dict) -> None:
+    for beams in (1, 4):
+        if beams == 1 and "early_stopping" in kwargs:
+            continue
+        expected = reference(tiny_hf_dir, SENTENCES, num_beams=beams, **kwargs)
+        got = translator.translate(SENTENCES, beams=beams, **kwargs)
+        assert [t.token_ids for t in got] == expected, (beams, kwargs)
+
+
+def test_num_return_sequences_match_transformers(translator: Translator, tiny_hf_dir: Path) -> None:
+    expected = reference(tiny_hf_dir, SENTENCES[:3], num_beams=4, num_return_sequences=3, max_new_tokens=8)
+    got = translator.translate(SENTENCES[:3], beams=4, num_return_sequences=3, max_new_tokens=8)
+    flat = [[t.token_ids, *[a.token_ids for a in t.alternatives]] for t in got]
+    assert [ids for group in flat for ids in group] == expected
+
+
+def test_beam_scores_match_transformers(translator: Translator, tiny_hf_dir: Path) -> None:
+    tokenizer = transformers.MarianTokenizer.from_pretrained(tiny_hf_dir)
+    model = transformers.MarianMTModel.from_pretrained(tiny_hf_dir).eval()
+    encoded = tokenizer(SENTENCES, return_tensors="pt", padding=True, truncation=True)
+    with torch.no_grad():
+        out = model.generate(**encoded, num_beams=4, output_scores=True, return_dict_in_generate=True)
+    got = [t.score for t in translator.translate(SENTENCES, beams=4)]
+    np.testing.assert_allclose(got, out.sequences_scores.numpy(), rtol=1e-4)
+
+
+def test_first_step_logits_within_1e4(translator: Translator, tiny_hf_dir: Path) -> None:
+    tokenizer = transformers.MarianTokenizer.from_pretrained(tiny_hf_dir)
+    model = transformers.MarianMTModel.from_pretrained(tiny_hf_dir).eval()
+    encoded = tokenizer(SENTENCES, return_tensors="np", padding=True, truncation=True)
+    start = model.config.decoder_start_token_id
+    cache = translator.graphs.encode(encoded["input_ids"].astype(np.int64), encoded["attention_mask"].astype(np.int64))
+    logits, _ = translator.graphs.step(np.full((len(SENTENCES), 1), start, dtype=np.int64), cache)
+    with torch.no_grad():
+        expected = model(
+            input_ids=torch.from_numpy(encoded["input_ids"]),
+            attention_mask=torch.from_numpy(encoded["attention_mask"]),
+            decoder_input_ids=torch.full((len(SENTENCES), 1), start),
+        ).logits[:, -1]
+    assert np.abs(logits - expected.numpy()).max() < 1e-4
+
+
+def test_logits_with_and_without_cache_agree(translator: Translator) -> None:
+    pad = translator.manifest.tokens["pad"]
+    ids = np.array([[5, 6, 7, 8, 0], [9, 10, 0, pad, pad]], dtype=np.int64)
+    mask = (ids != pad).astype(np.int64)
+    tokens = np.array([[pad, 20, 21, 22, 23, 24], [pad, 30, 31, 32, 33, 34]], dtype=np.int64)
+    cache = translator.graphs.encode(ids, mask)
+    step_logits = []
+    for t in range(tokens.shape[1]):
+        logits, cache = translator.graphs.step(tokens[:, t : t + 1], cache)
+        step_logits.append(logits)
+    # The same graph with an empty cache and the whole prefix at once gives the last position's logits.
+    for length in (1, 3, tokens.shape[1]):
+        full, _ = translator.graphs.step(tokens[:, :length], translator.graphs.encode(ids, mask))
+        np.testing.assert_allclose(full, step_logits[length - 1], atol=1e-5)
+
+
+def test_processors_edit_scores_like_transformers() -> None:
+    from transformers.generation.logits_process import (
+        ForcedEOSTokenLogitsProcessor,
+        MinLengthLogitsProcessor,
+        NoBadWordsLogitsProcessor,
+        NoRepeatNGramLogitsProcessor,
+        RepetitionPenaltyLogitsProcessor,
+    )
+
+    rng = np.random.default_rng(0)
+    sequences = rng.integers(0, 12, size=(3, 7)).astype(np.int64)
+    scores = rng.normal(size=(3, 12)).astype(np.float32)
+    settings = Settings(
+        num_beams=1, max_length=8, min_length=9, length_penalty=1.0, early_stopping=False, num_return_sequences=1,
+        decoder_start=11, eos_ids=(0,), pad=11, bad_words=((11,), (3, 4)), forced_eos=0,
+        no_repeat_ngram_size=2, repetition_penalty=1.5,
+    )  # fmt: skip
+    ours = scores.copy()
+    for processor in build_processors(settings):
+        processor(sequences, ours)
+    theirs = torch.from_numpy(scores.copy())
+    ids = torch.from_numpy(sequences)
+    for processor in (
+        RepetitionPenaltyLogitsProcessor(1.5),
+        NoRepeatNGramLogitsProcessor(2),
+        NoBadWordsLogitsProcessor([[11], [3, 4]], eos_token_id=0),
+        MinLengthLogitsProcessor(9, eos_token_id=0),
+        ForcedEOSTokenLogitsProcessor(8, eos_token_id=0),
+    ):
+        theirs = processor(ids, theirs)
+    np.testing.assert_array_equal(ours, theirs.numpy())
+
+
+def test_topk_orders_largest_first_with_stable_ties() -> None:
+    x = np.array([[1.0, 5.0, 5.0, -np.inf, 3.0]], dtype=np.float32)
+    assert topk(x, 3).tolist() == [[1, 2, 4]]
+
+
+def test_log_softmax_handles_minus_infinity() -> None:
+    x = np.array([[0.0, -np.inf, 1.0]], dtype=np.float32)
+    out = log_softmax(x)
+    assert out[0, 1] == -np.inf
+    np.testing.assert_allclose(np.exp(out).sum(), 1.0, rtol=1e-6)
