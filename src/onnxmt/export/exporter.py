@@ -103,7 +103,7 @@ def _export_into(
     model = arch.load(str(source))
     facts = arch.facts(config)
     progress(f"exporting the encoder ({ENCODER_FILE})")
-    export_encoder(arch.encoder(model), staging / ENCODER_FILE, facts["num_layers"], options.opset)
+    export_encoder(arch.encoder(model), staging / ENCODER_FILE, facts, options.opset)
     progress(f"exporting the decoder ({DECODER_FILE})")
     export_decoder(arch.decoder(model), staging / DECODER_FILE, facts, options.opset)
     copied = _copy_side_files(source, staging, arch)

@@ -18,8 +18,10 @@ def cache_names(prefix: str, layers: int) -> list[str]:
     return [f"{prefix}_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
 
 
-def export_encoder(module: Any, path: Path, layers: int, opset: int) -> None:
+def export_encoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -> None:
     import torch
+
+    layers = facts["num_layers"]
 
     ids = torch.tensor([[5, 6, 7, 8, 0], [9, 10, 0, 1, 1]], dtype=torch.int64)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.int64)
@@ -28,6 +30,7 @@ def export_encoder(module: Any, path: Path, layers: int, opset: int) -> None:
     axes["encoder_hidden_states"] = {0: "batch", 1: "src_len"}
     axes.update({name: {0: "batch", 2: "src_len"} for name in outputs[1:]})
     _export(module, (ids, mask), path, ["input_ids", "attention_mask"], outputs, axes, opset)
+    fix_static_dims(path, facts)
 
 
 def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -> None:
@@ -56,6 +59,34 @@ def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -
     axes.update({name: {0: "batch", 2: "total_len"} for name in cache_names("present", layers)})
     _export(module, (ids, mask, *past, *cross), path, inputs, outputs, axes, opset)
     tie_transposed_weights(path)
+    fix_static_dims(path, facts)
+
+
+def fix_static_dims(path: Path, facts: dict[str, Any]) -> None:
+    """Write heads, head_dim, d_model and vocab as numbers in the graph's inputs and outputs.
+
+    The tracer names every dimension it cannot prove constant (`Transposecross_key.0_dim_1`); the manifest and
+    `onnxmt inspect` should show what the runtime can rely on.
+    """
+    import onnx
+
+    model = onnx.load(str(path))
+    known = {1: facts["num_heads"], 3: facts["head_dim"]}
+    for value in [*model.graph.input, *model.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        role = role_of(value.name)
+        if role.startswith(("past_", "present_", "cross_")):
+            fixed = known
+        elif role == "encoder_hidden_states":
+            fixed = {2: facts["d_model"]}
+        elif role == "logits":
+            fixed = {1: facts["vocab_size"]}
+        else:
+            continue
+        for axis, size in fixed.items():
+            dims[axis].Clear()
+            dims[axis].dim_value = size
+    onnx.save(model, str(path))
 
 
 def _export(module, args, path, inputs, outputs, axes, opset) -> None:

@@ -1,0 +1,137 @@
+"""`onnxmt export`: the model directory it writes, and its errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnxmt.manifest import DECODER_FILE, ENCODER_FILE, MANIFEST_NAME, read_manifest, sha256_file
+
+pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+
+from onnxmt.export.exporter import ExportError, ExportOptions, export  # noqa: E402
+from onnxmt.export.hub import ModelNotFoundError  # noqa: E402
+
+
+def test_manifest_lists_every_file_with_its_sha256(tiny_onnx_dir: Path) -> None:
+    manifest = read_manifest(tiny_onnx_dir)
+    on_disk = {p.name for p in tiny_onnx_dir.iterdir()} - {MANIFEST_NAME}
+    assert set(manifest.files) == on_disk
+    for name, info in manifest.files.items():
+        assert info["sha256"] == sha256_file(tiny_onnx_dir / name)
+        assert info["bytes"] == (tiny_onnx_dir / name).stat().st_size
+    for name in ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json", "config.json", "generation_config.json"):
+        assert name in manifest.files
+
+
+def test_manifest_describes_graphs_tokens_and_generation(tiny_onnx_dir: Path, tiny_hf_dir: Path) -> None:
+    manifest = read_manifest(tiny_onnx_dir)
+    config = json.loads((tiny_hf_dir / "config.json").read_text())
+    layers = config["decoder_layers"]
+    pad = config["pad_token_id"]
+    assert manifest.tokens == {"decoder_start": pad, "eos": 0, "eos_ids": [0], "pad": pad, "unk": 1}
+    assert manifest.generation == {"num_beams": 4, "max_length": 64, "forced_eos_token_id": 0, "bad_words_ids": [[pad]]}
+    assert manifest.model["num_layers"] == layers and manifest.model["vocab_size"] == config["vocab_size"]
+    encoder, decoder = manifest.graphs["encoder"], manifest.graphs["decoder"]
+    assert [t.role for t in encoder.inputs] == ["input_ids", "attention_mask"]
+    cross = [f"cross_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
+    assert [t.role for t in encoder.outputs] == ["encoder_hidden_states", *cross]
+    past = [f"past_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
+    assert [t.role for t in decoder.inputs] == ["input_ids", "encoder_attention_mask", *past, *cross]
+    assert decoder.outputs[0].role == "logits" and decoder.outputs[0].shape == ["batch", config["vocab_size"]]
+    # The names in the manifest are the graphs' own.
+    graph = onnx.load(str(tiny_onnx_dir / DECODER_FILE), load_external_data=False).graph
+    assert [i.name for i in graph.input] == [t.name for t in decoder.inputs]
+    assert manifest.provenance["source_model"] == str(tiny_hf_dir)
+    assert {"torch", "transformers", "onnx"} <= set(manifest.provenance["versions"])
+    assert manifest.provenance["check"]["first_step_logits_max_abs_diff"] < 1e-4
+
+
+def test_no_decoder_weight_is_stored_twice(tiny_onnx_dir: Path) -> None:
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(tiny_onnx_dir / DECODER_FILE)).graph
+    arrays = [numpy_helper.to_array(init) for init in graph.initializer if np.prod(init.dims) > 256]
+    for i, a in enumerate(arrays):
+        for b in arrays[i + 1 :]:
+            assert not (a.shape == b.shape and np.array_equal(a, b))
+            assert not (a.shape == b.T.shape and np.array_equal(a, b.T)), "a transposed copy is stored"
+    # The LM head reads the embedding matrix itself (Gemm with transB) rather than a transposed copy.
+    assert any(node.op_type == "Gemm" for node in graph.node)
+
+
+def test_one_decoder_graph_without_if_node(tiny_onnx_dir: Path) -> None:
+    graph = onnx.load(str(tiny_onnx_dir / DECODER_FILE), load_external_data=False).graph
+    assert "If" not in {node.op_type for node in graph.node}
+    assert sorted(p.name for p in tiny_onnx_dir.glob("*.onnx")) == [DECODER_FILE, ENCODER_FILE]
+
+
+def test_refuses_a_non_empty_output_unless_forced(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(ExportError, match="not empty; pass --force"):
+        export(str(tiny_hf_dir), out, progress=lambda _: None)
+    assert (out / "keep.txt").read_text() == "mine"
+    export(str(tiny_hf_dir), out, ExportOptions(force=True, check=False), progress=lambda _: None)
+    assert not (out / "keep.txt").exists() and (out / MANIFEST_NAME).is_file()
+
+
+def test_missing_directory_and_unknown_hub_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ModelNotFoundError, match="model directory not found"):
+        export(str(tmp_path / "nope" / "deeper"), tmp_path / "out", progress=lambda _: None)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelNotFoundError, match="unreachable|unknown model id"):
+        export("nobody-here/no-such-model", tmp_path / "out2", progress=lambda _: None)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+
+
+def test_unreachable_hub_says_how_to_go_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A closed port on loopback: the download fails at once, like a hub that cannot be reached.
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "2")
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "2")
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(ModelNotFoundError, match="local model directory|HF_ENDPOINT"):
+        export("Helsinki-NLP/opus-mt-en-zh", tmp_path / "out", progress=lambda _: None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unsupported_architecture_lists_supported(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "t5ish"
+    shutil.copytree(tiny_hf_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config["model_type"] = "t5"
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="'t5' is not supported yet; supported: marian"):
+        export(str(model), tmp_path / "out", progress=lambda _: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t5ish"]
+
+
+def test_missing_tokenizer_file_leaves_nothing_behind(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_hf_dir, model)
+    (model / "target.spm").unlink()
+    with pytest.raises(ExportError, match="target.spm: missing"):
+        export(str(model), tmp_path / "out", ExportOptions(check=False), progress=lambda _: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_default_target_must_be_a_language_of_the_model(tiny_multi_hf_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match="valid: cmn_Hans, yue_Hant"):
+        export(str(tiny_multi_hf_dir), tmp_path / "out", ExportOptions(default_target="fra"), progress=lambda _: None)
+    manifest, _ = export(
+        str(tiny_multi_hf_dir), tmp_path / "ok", ExportOptions(default_target="cmn_Hans", check=False), progress=lambda _: None
+    )
+    assert manifest.languages["default_target"] == "cmn_Hans"
+    assert manifest.languages["target_tokens"] == {"cmn_Hans": ">>cmn_Hans<<", "yue_Hant": ">>yue_Hant<<"}
+    assert read_manifest(tmp_path / "ok").languages["default_target"] == "cmn_Hans"

@@ -1,0 +1,169 @@
+"""`Translator`: the library API, its inputs and its errors (no torch needed beyond the fixtures)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onnxmt import DecodeOptions, ModelDirError, RuntimeOptions, Translation, Translator
+from onnxmt.manifest import DECODER_FILE, MANIFEST_NAME
+
+TEXTS = ["Hello world.", "", "The river is long and the mountain is high", "   ", "a", "What is this?"]
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_onnx_dir: Path) -> Translator:
+    return Translator(tiny_onnx_dir, decoding=DecodeOptions(max_new_tokens=8))
+
+
+def test_returns_dataclasses_in_input_order_with_empty_texts_kept(translator: Translator) -> None:
+    results = translator.translate(TEXTS)
+    assert len(results) == len(TEXTS)
+    assert all(isinstance(r, Translation) for r in results)
+    assert results[1] == Translation(text="", token_ids=[], score=0.0)
+    assert results[3].text == "" and results[3].token_ids == []
+    # Each non-empty text gets the translation it gets alone: sorting into batches does not mix them up.
+    for text, result in zip(TEXTS, results, strict=True):
+        if text.strip():
+            assert result.token_ids and result.token_ids == translator.translate([text])[0].token_ids
+            assert result.text == translator.tokenizer.decode(result.token_ids)
+
+
+def test_batch_size_does_not_change_results(translator: Translator) -> None:
+    one = translator.translate(TEXTS, batch_size=1, beams=4)
+    many = translator.translate(TEXTS, batch_size=3, beams=4)
+    assert [r.token_ids for r in one] == [r.token_ids for r in many]
+
+
+def test_streaming_variant_yields_the_same_in_order(translator: Translator) -> None:
+    texts = TEXTS * 7
+    streamed = list(translator.translate_iter(iter(texts), batch_size=2))
+    assert [r.token_ids for r in streamed] == [r.token_ids for r in translator.translate(texts)]
+
+
+def test_keyword_arguments_override_options(translator: Translator) -> None:
+    short = translator.translate(["The river is long and the mountain is high"], max_new_tokens=3)[0]
+    assert len(short.token_ids) == 3
+    with pytest.raises(TypeError, match="unknown decoding option"):
+        translator.translate(["x"], beam=2)
+
+
+@pytest.mark.parametrize(
+    ("texts", "message"),
+    [("hello", "not a single string"), ([1, "a"], r"texts\[0\] is int"), (None, "got NoneType"), (["a", None], r"texts\[1\]")],
+)
+def test_wrong_types_raise_type_error(translator: Translator, texts: object, message: str) -> None:
+    with pytest.raises(TypeError, match=message):
+        translator.translate(texts)  # type: ignore[arg-type]
+
+
+def test_invalid_settings_raise_value_error(translator: Translator) -> None:
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        translator.translate(["a"], beams=2, num_return_sequences=3)
+    with pytest.raises(ValueError, match="batch_size"):
+        translator.translate(["a"], batch_size=0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        translator.translate(["a"], max_new_tokens=0)
+    with pytest.raises(ValueError, match="at most 64 tokens"):
+        translator.translate(["a"], max_new_tokens=500)
+
+
+def test_target_language(tiny_multi_onnx_dir: Path, translator: Translator) -> None:
+    multi = Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(max_new_tokens=6))
+    assert multi.target_languages == ["cmn_Hans", "yue_Hant"]
+    by_name = multi.translate(["Hello world."], target_lang="yue_Hant")[0]
+    by_token = multi.translate(["Hello world."], target_lang=">>yue_Hant<<")[0]
+    assert by_name == by_token
+    assert by_name.token_ids != multi.translate(["Hello world."], target_lang="cmn_Hans")[0].token_ids
+    with pytest.raises(ValueError, match="unknown target language 'fra'; valid: cmn_Hans, yue_Hant"):
+        multi.translate(["Hello"], target_lang="fra")
+    with pytest.raises(ValueError, match="unknown target language"):
+        Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(target_lang="fra"))
+    with pytest.raises(ValueError, match="single target language"):
+        translator.translate(["Hello"], target_lang="cmn_Hans")
+
+
+def _copy(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "model"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_missing_file_is_named(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    model = _copy(tiny_onnx_dir, tmp_path)
+    (model / "target.spm").unlink()
+    with pytest.raises(ModelDirError, match="target.spm: file listed in onnxmt.json is missing"):
+        Translator(model)
+
+
+def test_truncated_graph_is_named(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    model = _copy(tiny_onnx_dir, tmp_path)
+    data = (model / DECODER_FILE).read_bytes()
+    (model / DECODER_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelDirError, match=r"decoder.onnx: \d+ bytes, the manifest says"):
+        Translator(model)
+    # Without the manifest's size and hash, ONNX Runtime's own error still names the file.
+    manifest = json.loads((model / MANIFEST_NAME).read_text())
+    del manifest["files"][DECODER_FILE]["bytes"]
+    (model / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(ModelDirError, match="decoder.onnx: ONNX Runtime cannot load"):
+        Translator(model, RuntimeOptions(verify=False))
+
+
+def test_corrupted_file_is_named(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    model = _copy(tiny_onnx_dir, tmp_path)
+    data = bytearray((model / DECODER_FILE).read_bytes())
+    data[-100] ^= 0xFF  # same size, one weight byte changed
+    (model / DECODER_FILE).write_bytes(bytes(data))
+    with pytest.raises(ModelDirError, match="decoder.onnx: sha256 does not match"):
+        Translator(model)
+
+
+def test_not_a_model_directory(tmp_path: Path) -> None:
+    with pytest.raises(ModelDirError, match="model directory not found"):
+        Translator(tmp_path / "absent")
+    with pytest.raises(ModelDirError, match="neither an onnxmt model directory"):
+        Translator(tmp_path)
+    (tmp_path / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(ModelDirError, match="malformed manifest"):
+        Translator(tmp_path)
+
+
+BLOCKER = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers", "optimum", "onnx"):
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+import onnxmt
+from onnxmt import Translator
+from onnxmt.cli import app
+from onnxmt.runtime import decoding, graphs, modeldir, tokenizer, translator
+t = Translator(sys.argv[1])
+print(repr(t.translate(["Hello world.", ""], max_new_tokens=4)[0].text))
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "onnx")))
+"""
+
+
+def test_run_side_never_imports_torch_or_transformers(tiny_onnx_dir: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", BLOCKER, str(tiny_onnx_dir)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "[]"
+
+
+def test_cli_translate_never_imports_torch(tiny_onnx_dir: Path) -> None:
+    script = BLOCKER.split("import onnxmt")[0] + "from onnxmt.cli import main\nsys.argv = ['onnxmt'] + sys.argv[1:]\nmain()\n"
+    out = subprocess.run(
+        [sys.executable, "-c", script, "translate", "--model", str(tiny_onnx_dir), "--max-new-tokens", "3", "Hello"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) == 1
