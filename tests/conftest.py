@@ -50,3 +50,39 @@ def tiny_multi_onnx_dir(tiny_multi_hf_dir: Path, tmp_path_factory: pytest.TempPa
     out = tmp_path_factory.mktemp("tiny-multi-onnx") / "model"
     export(str(tiny_multi_hf_dir), out, progress=lambda _: None)
     return out
+
+
+# Optimum exports of `tiny_hf_dir`. Optimum's exporter needs transformers < 4.58, so they are made in a venv of their
+# own (tests/optimum_env.py), created on first use and reused across runs.
+
+
+@pytest.fixture(scope="session")
+def optimum_python() -> Path:
+    """The Optimum venv's python. Skips when the venv cannot be created (no package registry), but fails in CI."""
+    import os
+
+    from optimum_env import OptimumEnvError, ensure_venv
+
+    try:
+        return ensure_venv()
+    except (OptimumEnvError, OSError) as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"cannot create the Optimum venv (it needs PyPI): {e}")
+
+
+@pytest.fixture(scope="session")
+def tiny_optimum_dir(tiny_hf_dir: Path, optimum_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_hf_dir` exported by Optimum: encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx."""
+    from optimum_env import export
+
+    return export(tiny_hf_dir, tmp_path_factory.mktemp("tiny-optimum") / "model", python=optimum_python)
+
+
+@pytest.fixture(scope="session")
+def tiny_optimum_merged_dir(tiny_hf_dir: Path, optimum_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Optimum's default export of `tiny_hf_dir`: the three files above plus decoder_model_merged.onnx."""
+    from optimum_env import export
+
+    out = tmp_path_factory.mktemp("tiny-optimum-merged") / "model"
+    return export(tiny_hf_dir, out, merged=True, python=optimum_python)

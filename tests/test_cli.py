@@ -16,10 +16,14 @@ runner = CliRunner()
 
 def test_translate_arguments_and_stdin(tiny_onnx_dir: Path) -> None:
     expected = [t.text for t in Translator(tiny_onnx_dir).translate(["Hello world.", "", "a"], max_new_tokens=5)]
-    result = runner.invoke(app, ["translate", "-m", str(tiny_onnx_dir), "--max-new-tokens", "5", "Hello world.", "", "a"])
+    result = runner.invoke(
+        app, ["translate", "-m", str(tiny_onnx_dir), "--max-new-tokens", "5", "Hello world.", "", "a"]
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.split("\n")[:3] == expected
-    piped = runner.invoke(app, ["translate", "-m", str(tiny_onnx_dir), "--max-new-tokens", "5"], input="Hello world.\n\na\n")
+    piped = runner.invoke(
+        app, ["translate", "-m", str(tiny_onnx_dir), "--max-new-tokens", "5"], input="Hello world.\n\na\n"
+    )
     assert piped.exit_code == 0, piped.output
     assert piped.stdout.split("\n")[:3] == expected
 

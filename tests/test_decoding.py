@@ -77,10 +77,14 @@ def test_max_new_tokens_reached_and_not_reached(translator: Translator, tiny_hf_
 
 
 @pytest.mark.parametrize("beams", [1, 4])
-def test_target_language_token_matches_transformers(tiny_multi_onnx_dir: Path, tiny_multi_hf_dir: Path, beams: int) -> None:
+def test_target_language_token_matches_transformers(
+    tiny_multi_onnx_dir: Path, tiny_multi_hf_dir: Path, beams: int
+) -> None:
     translator = Translator(tiny_multi_onnx_dir)
     for lang in ("cmn_Hans", "yue_Hant"):
-        expected = reference(tiny_multi_hf_dir, SENTENCES, target_token=f">>{lang}<<", num_beams=beams, max_new_tokens=16)
+        expected = reference(
+            tiny_multi_hf_dir, SENTENCES, target_token=f">>{lang}<<", num_beams=beams, max_new_tokens=16
+        )
         got = translator.translate(SENTENCES, beams=beams, target_lang=lang, max_new_tokens=16)
         assert [t.token_ids for t in got] == expected
     # Without a token the model sees the bare text, as transformers does.

@@ -25,7 +25,14 @@ def test_manifest_lists_every_file_with_its_sha256(tiny_onnx_dir: Path) -> None:
     for name, info in manifest.files.items():
         assert info["sha256"] == sha256_file(tiny_onnx_dir / name)
         assert info["bytes"] == (tiny_onnx_dir / name).stat().st_size
-    for name in ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json", "config.json", "generation_config.json"):
+    for name in (
+        "source.spm",
+        "target.spm",
+        "vocab.json",
+        "tokenizer_config.json",
+        "config.json",
+        "generation_config.json",
+    ):
         assert name in manifest.files
 
 
@@ -130,7 +137,10 @@ def test_default_target_must_be_a_language_of_the_model(tiny_multi_hf_dir: Path,
     with pytest.raises(ExportError, match="valid: cmn_Hans, yue_Hant"):
         export(str(tiny_multi_hf_dir), tmp_path / "out", ExportOptions(default_target="fra"), progress=lambda _: None)
     manifest, _ = export(
-        str(tiny_multi_hf_dir), tmp_path / "ok", ExportOptions(default_target="cmn_Hans", check=False), progress=lambda _: None
+        str(tiny_multi_hf_dir),
+        tmp_path / "ok",
+        ExportOptions(default_target="cmn_Hans", check=False),
+        progress=lambda _: None,
     )
     assert manifest.languages["default_target"] == "cmn_Hans"
     assert manifest.languages["target_tokens"] == {"cmn_Hans": ">>cmn_Hans<<", "yue_Hant": ">>yue_Hant<<"}

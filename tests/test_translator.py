@@ -55,7 +55,12 @@ def test_keyword_arguments_override_options(translator: Translator) -> None:
 
 @pytest.mark.parametrize(
     ("texts", "message"),
-    [("hello", "not a single string"), ([1, "a"], r"texts\[0\] is int"), (None, "got NoneType"), (["a", None], r"texts\[1\]")],
+    [
+        ("hello", "not a single string"),
+        ([1, "a"], r"texts\[0\] is int"),
+        (None, "got NoneType"),
+        (["a", None], r"texts\[1\]"),
+    ],
 )
 def test_wrong_types_raise_type_error(translator: Translator, texts: object, message: str) -> None:
     with pytest.raises(TypeError, match=message):
@@ -152,13 +157,18 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformer
 
 
 def test_run_side_never_imports_torch_or_transformers(tiny_onnx_dir: Path) -> None:
-    out = subprocess.run([sys.executable, "-c", BLOCKER, str(tiny_onnx_dir)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", BLOCKER, str(tiny_onnx_dir)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "[]"
 
 
 def test_cli_translate_never_imports_torch(tiny_onnx_dir: Path) -> None:
-    script = BLOCKER.split("import onnxmt")[0] + "from onnxmt.cli import main\nsys.argv = ['onnxmt'] + sys.argv[1:]\nmain()\n"
+    script = (
+        BLOCKER.split("import onnxmt")[0]
+        + "from onnxmt.cli import main\nsys.argv = ['onnxmt'] + sys.argv[1:]\nmain()\n"
+    )
     out = subprocess.run(
         [sys.executable, "-c", script, "translate", "--model", str(tiny_onnx_dir), "--max-new-tokens", "3", "Hello"],
         capture_output=True,

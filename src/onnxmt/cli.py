@@ -180,6 +180,89 @@ def _write(results: Iterator, output_file: Path | None, total: int | None, show_
             sink.close()
 
 
+@app.command()
+def serve(
+    model: Annotated[
+        str | None,
+        typer.Argument(envvar="ONNXMT_MODEL", help="Exported model directory (or a hub id exported on first use)."),
+    ] = None,
+    host: Annotated[str, typer.Option(envvar="ONNXMT_HOST", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="ONNXMT_PORT", help="Port to listen on.")] = 5000,
+    max_batch_size: Annotated[
+        int, typer.Option(envvar="ONNXMT_MAX_BATCH_SIZE", help="Most texts per decoder batch.")
+    ] = 16,
+    batch_window_ms: Annotated[
+        float, typer.Option(envvar="ONNXMT_BATCH_WINDOW_MS", help="How long a request waits for others to batch with.")
+    ] = 10.0,
+    max_queue: Annotated[
+        int, typer.Option(envvar="ONNXMT_MAX_QUEUE", help="Requests that may wait; more get 503 + Retry-After.")
+    ] = 256,
+    timeout: Annotated[
+        float, typer.Option(envvar="ONNXMT_TIMEOUT", help="Seconds a request may wait and run (0: no limit).")
+    ] = 60.0,
+    max_chars: Annotated[int, typer.Option(envvar="ONNXMT_MAX_CHARS", help="Most characters per text.")] = 5000,
+    max_texts: Annotated[int, typer.Option(envvar="ONNXMT_MAX_TEXTS", help="Most texts per request.")] = 64,
+    max_body_bytes: Annotated[
+        int, typer.Option(envvar="ONNXMT_MAX_BODY_BYTES", help="Largest request body; larger get 413.")
+    ] = 1 << 20,
+    max_beams: Annotated[int, typer.Option(envvar="ONNXMT_MAX_BEAMS", help="Largest beam a request may ask for.")] = 8,
+    api_keys: Annotated[
+        str | None,
+        typer.Option(envvar="ONNXMT_API_KEYS", help="Comma-separated API keys; when set, /translate needs one."),
+    ] = None,
+    cors_origins: Annotated[
+        str | None,
+        typer.Option(envvar="ONNXMT_CORS_ORIGINS", help="Comma-separated origins allowed from browsers, or *."),
+    ] = None,
+    beams: Annotated[
+        int | None, typer.Option(envvar="ONNXMT_BEAMS", help="Default beam size; 1 is greedy (default: the model's).")
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(envvar="ONNXMT_MAX_NEW_TOKENS", help="Default most tokens to generate per text.")
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option(envvar="ONNXMT_THREADS", help="ONNX Runtime intra-op threads (default: all cores).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(envvar="ONNXMT_LOG_LEVEL", help="debug, info, warning or error.")] = "info",
+    access_log: Annotated[bool, typer.Option(envvar="ONNXMT_ACCESS_LOG", help="Log every request.")] = True,
+) -> None:
+    """Serve a LibreTranslate-compatible HTTP API (needs onnxmt\\[serve]); every flag defaults from ONNXMT_*."""
+    from .models import resolve_model_dir
+    from .runtime.options import DecodeOptions, RuntimeOptions
+    from .serve.options import ServeOptions, split_list
+
+    try:
+        from .serve.server import ServeError, run
+    except ImportError as e:
+        fail(f"serve needs FastAPI and uvicorn: pip install 'onnxmt[serve]' ({e})")
+    try:
+        options = ServeOptions(
+            host=host,
+            port=port,
+            max_batch_size=max_batch_size,
+            batch_window_ms=batch_window_ms,
+            max_queue=max_queue,
+            timeout=timeout,
+            max_chars=max_chars,
+            max_texts=max_texts,
+            max_body_bytes=max_body_bytes,
+            max_beams=max_beams,
+            api_keys=split_list(api_keys),
+            cors_origins=split_list(cors_origins),
+            log_level=log_level.lower(),
+            access_log=access_log,
+        )
+        directory = resolve_model_dir(model, progress=lambda msg: err.print(msg))
+        run(
+            directory,
+            options,
+            RuntimeOptions(threads=threads),
+            DecodeOptions(beams=beams, max_new_tokens=max_new_tokens),
+        )
+    except (ModelDirError, ValueError, ImportError, OSError, ServeError) as e:
+        fail(str(e))
+
+
 def main() -> None:
     app()
 

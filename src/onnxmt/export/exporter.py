@@ -158,8 +158,9 @@ def _build_manifest(
     vocab = _read_json(source / "vocab.json")
     target_tokens = {t[2:-2]: t for t in vocab if t.startswith(">>") and t.endswith("<<")}
     if options.default_target is not None and options.default_target not in target_tokens:
+        valid = ", ".join(sorted(target_tokens)) or "none (single-target model)"
         raise ExportError(
-            f"--default-target {options.default_target!r} is not a target language of this model; valid: {', '.join(sorted(target_tokens)) or 'none (single-target model)'}"
+            f"--default-target {options.default_target!r} is not a target language of this model; valid: {valid}"
         )
 
     def pick(key: str) -> Any:

@@ -14,7 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Words for the English side; enough variety for a unigram model of a few hundred pieces.
-_WORDS = ["the", "a", "an", "of", "to", "in", "and", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "it", "this", "be", "are", "have", "has", "had", "not", "but", "or", "which", "one", "all", "were", "we", "they", "when", "there", "can", "more", "if", "no", "out", "so", "what", "up", "about", "into", "than", "them", "only", "other", "new", "some", "time", "could", "these", "two", "may", "first", "then", "do", "any", "like", "my", "now", "over", "such", "our", "man", "me", "even", "most", "made", "after", "also", "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down", "should", "because", "each", "just", "those", "people", "how", "too", "little", "state", "good", "very", "make", "world", "still", "own", "see", "men", "work", "long", "get", "here", "between", "both", "life", "being", "under", "never", "day", "same", "another", "know", "while", "last", "might", "us", "great", "old", "year", "off", "come", "since", "against", "go", "came", "right", "used", "take", "three", "house", "water", "city", "music", "river", "mountain", "story", "paper", "school", "market", "doctor", "garden", "window", "morning", "evening", "hello", "translate", "model", "engine", "fast", "small", "quiet", "bright", "heavy", "green", "yellow", "number", "letter", "friend", "family"]
+_WORDS = tuple(
+    (
+        "the a an of to in and is was for on that with as by at from it this be are have has had not but or "
+        "which one all were we they when there can more if no out so what up about into than them only other "
+        "new some time could these two may first then do any like my now over such our man me even most made "
+        "after also did many before must through back years where much your way well down should because each "
+        "just those people how too little state good very make world still own see men work long get here "
+        "between both life being under never day same another know while last might us great old year off "
+        "come since against go came right used take three house water city music river mountain story paper "
+        "school market doctor garden window morning evening hello translate model engine fast small quiet "
+        "bright heavy green yellow number letter friend family"
+    ).split()
+)
 
 # Common CJK characters for the Chinese side.
 _HANZI = (
@@ -154,7 +166,6 @@ def build_random_marian(output_dir: str | Path, spec: RandomMarianSpec = RandomM
         max_position_embeddings=spec.max_position_embeddings,
         activation_function="swish",
         scale_embedding=True,
-        static_position_embeddings=True,
         share_encoder_decoder_embeddings=True,
         tie_word_embeddings=True,
         pad_token_id=pad,

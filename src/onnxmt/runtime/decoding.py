@@ -301,7 +301,7 @@ def _advance(
 def _update_finished(
     state: _Beams, candidates: np.ndarray, top_scores: np.ndarray, hits: np.ndarray, cur_len: int, s: Settings
 ) -> None:
-    n, k = state.finished_scores.shape
+    k = state.finished_scores.shape[1]
     # Only the top k of the kept continuations may become finished hypotheses.
     just_finished = hits & (np.arange(hits.shape[1]) < k)[None, :]
     normalised = top_scores / np.float32(cur_len**s.length_penalty)
@@ -317,10 +317,8 @@ def _update_finished(
 
 def _update_improvable(state: _Beams, cur_len: int, s: Settings) -> None:
     # transformers' heuristic: with early_stopping=False the best live beam is judged at its current length.
-    if s.early_stopping == "never" and s.length_penalty > 0.0:
-        best_length = s.max_length - 1
-    else:
-        best_length = cur_len - 1
+    never = s.early_stopping == "never" and s.length_penalty > 0.0
+    best_length = s.max_length - 1 if never else cur_len - 1
     best_live = state.running_scores[:, :1] / np.float32(best_length**s.length_penalty)
     worst_finished = np.where(state.is_finished, state.finished_scores.min(axis=1, keepdims=True), BEAM_FLOOR)
     state.improvable &= np.any(best_live > worst_finished, axis=1)
