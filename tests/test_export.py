@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onnxmt.manifest import DECODER_FILE, ENCODER_FILE, MANIFEST_NAME, read_manifest, sha256_file
+from onnxmt.manifest import DECODER_FILE, ENCODER_FILE, MANIFEST_NAME, SHARED_WEIGHTS_FILE, read_manifest, sha256_file
 
 pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
@@ -145,3 +145,21 @@ def test_default_target_must_be_a_language_of_the_model(tiny_multi_hf_dir: Path,
     assert manifest.languages["default_target"] == "cmn_Hans"
     assert manifest.languages["target_tokens"] == {"cmn_Hans": ">>cmn_Hans<<", "yue_Hant": ">>yue_Hant<<"}
     assert read_manifest(tmp_path / "ok").languages["default_target"] == "cmn_Hans"
+
+
+def test_encoder_and_decoder_share_the_embedding_on_disk(tiny_onnx_dir: Path) -> None:
+    from onnx import numpy_helper
+
+    manifest = read_manifest(tiny_onnx_dir)
+    assert SHARED_WEIGHTS_FILE in manifest.files
+    encoder = onnx.load(str(tiny_onnx_dir / ENCODER_FILE), load_external_data=False).graph
+    decoder = onnx.load(str(tiny_onnx_dir / DECODER_FILE), load_external_data=False).graph
+    external = [i for g in (encoder, decoder) for i in g.initializer if i.data_location == onnx.TensorProto.EXTERNAL]
+    assert {e.external_data[0].value for e in external} == {SHARED_WEIGHTS_FILE}
+    # The embedding and the sinusoidal position table, each referenced by both graphs.
+    model = manifest.model
+    embedding, positions = (model["vocab_size"], model["d_model"]), (model["max_positions"], model["d_model"])
+    assert sorted(tuple(e.dims) for e in external) == sorted(2 * [embedding, positions])
+    inline = [numpy_helper.to_array(i).tobytes() for g in (encoder, decoder) for i in g.initializer if i.raw_data]
+    big = [b for b in inline if len(b) >= 1 << 12]
+    assert len(big) == len(set(big)), "a weight is stored in both graph files"

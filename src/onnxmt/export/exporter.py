@@ -19,12 +19,13 @@ from ..manifest import (
     CONFIG_FILES,
     DECODER_FILE,
     ENCODER_FILE,
+    SHARED_WEIGHTS_FILE,
     Manifest,
     describe_files,
     generation_defaults,
 )
 from .architectures import Architecture, get_architecture
-from .graphs import cache_names, export_decoder, export_encoder, graph_spec
+from .graphs import cache_names, export_decoder, export_encoder, graph_spec, share_weights
 from .hub import resolve_model
 
 # Largest export-time difference from PyTorch we accept in fp32; real exports measure ~1e-5.
@@ -106,8 +107,10 @@ def _export_into(
     export_encoder(arch.encoder(model), staging / ENCODER_FILE, facts, options.opset)
     progress(f"exporting the decoder ({DECODER_FILE})")
     export_decoder(arch.decoder(model), staging / DECODER_FILE, facts, options.opset)
+    shared = share_weights([staging / ENCODER_FILE, staging / DECODER_FILE], SHARED_WEIGHTS_FILE)
+    graph_files = [ENCODER_FILE, DECODER_FILE] + ([SHARED_WEIGHTS_FILE] if shared else [])
     copied = _copy_side_files(source, staging, arch)
-    manifest = _build_manifest(staging, source, config, arch, facts, copied, model_id, revision, options)
+    manifest = _build_manifest(staging, source, config, arch, facts, graph_files + copied, model_id, revision, options)
     report = None
     if options.check:
         progress("checking the ONNX graphs against PyTorch")
@@ -148,7 +151,7 @@ def _build_manifest(
     config: dict[str, Any],
     arch: Architecture,
     facts: dict[str, Any],
-    copied: list[str],
+    files: list[str],
     model_id: str,
     revision: str | None,
     options: ExportOptions,
@@ -177,7 +180,6 @@ def _build_manifest(
     }
     if tokens["decoder_start"] is None:
         raise ExportError("the model config has no decoder_start_token_id")
-    files = [ENCODER_FILE, DECODER_FILE, *copied]
     return Manifest(
         architecture=arch.name,
         layout="onnxmt",
@@ -197,7 +199,7 @@ def _build_manifest(
         },
         tokenizer={
             "kind": arch.tokenizer_kind,
-            "files": [name for name in copied if name not in CONFIG_FILES],
+            "files": [name for name in files if name in (*arch.tokenizer_files, *arch.optional_tokenizer_files)],
             "model_max_length": tokenizer_config.get("model_max_length", facts["max_positions"]),
             "separate_vocabs": bool(tokenizer_config.get("separate_vocabs", False)),
         },

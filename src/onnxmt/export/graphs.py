@@ -168,3 +168,52 @@ def _tensor_spec(value: Any) -> TensorSpec:
     tensor = value.type.tensor_type
     shape: list[str | int] = [d.dim_param if d.dim_param else int(d.dim_value) for d in tensor.shape.dim]
     return TensorSpec(name=value.name, role=role_of(value.name), dtype=_DTYPES.get(tensor.elem_type, "?"), shape=shape)
+
+
+# Offsets in the shared weights file are multiples of this, so ONNX Runtime can memory-map each tensor.
+_ALIGN = 1 << 16
+_SHARE_MIN_BYTES = 1 << 12
+
+
+def share_weights(paths: list[Path], shared_file: str) -> list[str]:
+    """Store initializers that several graphs hold identically (the tied embedding matrix) once, in `shared_file`.
+
+    Each graph keeps a reference (ONNX external data) to the same bytes, so the file is valid on its own for any
+    ONNX tool. ONNX Runtime memory-maps aligned external data: the encoder's embedding lookup then reads only
+    the rows it needs instead of holding a private 133 MB copy (opus-mt). Returns the names of the shared tensors.
+    """
+    import onnx
+
+    models = [onnx.load(str(p)) for p in paths]
+    first, others = models[0], models[1:]
+    candidates = {init.raw_data: init for init in first.graph.initializer if len(init.raw_data) >= _SHARE_MIN_BYTES}
+    shared: dict[bytes, list[Any]] = {}
+    for data, init in candidates.items():
+        twins = [i for m in others for i in m.graph.initializer if i.data_type == init.data_type and i.raw_data == data]
+        if len(twins) == len(others):
+            shared[data] = [init, *twins]
+    if not shared:
+        return []
+    target = paths[0].parent / shared_file
+    names = []
+    with open(target, "wb") as f:
+        for data, inits in shared.items():
+            offset = f.seek(-(-f.tell() // _ALIGN) * _ALIGN)
+            f.write(data)
+            names.append(inits[0].name)
+            for init in inits:
+                _point_to(init, shared_file, offset, len(data))
+    for model, path in zip(models, paths, strict=True):
+        onnx.save(model, str(path))
+    return names
+
+
+def _point_to(tensor: Any, location: str, offset: int, length: int) -> None:
+    import onnx
+
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
