@@ -126,6 +126,7 @@ class OptimumGraphs(Graphs):
     def __init__(self, directory: Path, manifest: Manifest, options: RuntimeOptions) -> None:
         super().__init__(manifest)
         self.specs = manifest.graphs
+        self.d_model = int(manifest.model["d_model"])
         self.encoder = load_session(directory / self.specs["encoder"].file, options)
         self.merged = "decoder_merged" in self.specs
         if self.merged:
@@ -153,8 +154,9 @@ class OptimumGraphs(Graphs):
         if spec.has_input("encoder_attention_mask"):
             feed[spec.input_name("encoder_attention_mask")] = cache.mask
         if spec.has_input("encoder_hidden_states"):
-            assert cache.encoder_states is not None
-            feed[spec.input_name("encoder_hidden_states")] = cache.encoder_states
+            states = cache.encoder_states if first else self._placeholder_states(len(tokens))
+            assert states is not None
+            feed[spec.input_name("encoder_hidden_states")] = states
         if spec.has_input("use_cache_branch"):
             feed[spec.input_name("use_cache_branch")] = np.array([not first])
         if spec.has_input("past_key.0"):
@@ -177,6 +179,11 @@ class OptimumGraphs(Graphs):
     def _placeholder_cross(self, rows: int) -> tuple[np.ndarray, ...]:
         # The merged graph's first-step branch ignores its past inputs, but they must be fed.
         return self._empty_self_kv(rows)
+
+    def _placeholder_states(self, rows: int) -> np.ndarray:
+        # Likewise its later-step branch ignores the encoder states (it has the cross-attention K/V): an empty
+        # array instead of carrying (rows, src_len, d_model) through every step.
+        return np.zeros((rows, 0, self.d_model), dtype=np.float32)
 
 
 def open_graphs(directory: Path, manifest: Manifest, options: RuntimeOptions) -> Graphs:
