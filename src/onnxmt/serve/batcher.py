@@ -1,0 +1,198 @@
+"""Micro-batching: requests that arrive together share one decoder batch.
+
+Requests queue in arrival order. The batch loop takes the oldest request, waits until it is `window` seconds old
+or enough texts with the same decoding settings are queued, and hands those requests' texts to the translator as
+one call on the single inference thread; the event loop stays free to accept and reject requests meanwhile.
+Requests whose settings differ (beams, max new tokens, target language...) are never mixed: a batch runs one
+`DecodeOptions`, and the others wait for their own batch, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from ..runtime.options import DecodeOptions
+from ..runtime.translator import Translation
+
+log = logging.getLogger("onnxmt.serve")
+
+# The translator call the batcher runs on the inference thread: texts and settings in, translations out.
+TranslateFn = Callable[[list[str], DecodeOptions], list[Translation]]
+
+
+class QueueFull(Exception):
+    """The bounded queue is full: the caller answers 503 with Retry-After."""
+
+
+@dataclass(eq=False)
+class _Job:
+    texts: list[str]
+    options: DecodeOptions
+    arrived: float
+    future: asyncio.Future[list[Translation]] = field(repr=False)
+
+
+@dataclass
+class BatchStats:
+    """What one batch did, for metrics."""
+
+    requests: int
+    decoder_batches: list[int]  # texts per decoder call
+    seconds: float
+    generated_tokens: int
+
+
+class MicroBatcher:
+    """Collects concurrent requests into decoder batches; `translate()` is the only call request handlers make."""
+
+    def __init__(
+        self,
+        translate: TranslateFn,
+        executor: Executor,
+        *,
+        max_batch_size: int,
+        window: float,
+        max_queue: int,
+        on_queue: Callable[[int], None] = lambda depth: None,
+        on_batch: Callable[[BatchStats], None] = lambda stats: None,
+    ) -> None:
+        self._translate = translate
+        self._executor = executor
+        self.max_batch_size = max_batch_size
+        self.window = window
+        self.max_queue = max_queue
+        self._on_queue = on_queue
+        self._on_batch = on_batch
+        self._pending: deque[_Job] = deque()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def depth(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="onnxmt-batcher")
+
+    async def stop(self) -> None:
+        """Stop the batch loop. Requests still queued get an error; the server has drained in-flight ones first."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        while self._pending:
+            job = self._pending.popleft()
+            if not job.future.done():
+                job.future.set_exception(RuntimeError("the service is shutting down"))
+        self._on_queue(0)
+
+    async def translate(self, texts: list[str], options: DecodeOptions, timeout: float | None) -> list[Translation]:
+        """Queue `texts` and wait for their translations; QueueFull at once when the queue is full,
+        TimeoutError after `timeout` seconds."""
+        if len(self._pending) >= self.max_queue:
+            raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)")
+        loop = asyncio.get_running_loop()
+        job = _Job(texts, options, loop.time(), loop.create_future())
+        self._pending.append(job)
+        self._on_queue(len(self._pending))
+        self._wakeup.set()
+        try:
+            return await asyncio.wait_for(job.future, timeout)
+        finally:
+            # A request that timed out or was cancelled while queued gives its place back at once.
+            if job in self._pending:
+                self._pending.remove(job)
+                self._on_queue(len(self._pending))
+
+    async def _loop(self) -> None:
+        while True:
+            while not self._pending:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            head = self._pending[0]
+            if not await self._collect(head):
+                continue  # the oldest request timed out or was cancelled while waiting: start over
+            jobs = self._take(head.options)
+            self._on_queue(len(self._pending))
+            if jobs:
+                await self._run(jobs)
+
+    async def _collect(self, head: _Job) -> bool:
+        """Wait until `head` is `window` old or a full batch of its settings is queued; False if `head` left."""
+        loop = asyncio.get_running_loop()
+        deadline = head.arrived + self.window
+        while self._queued_texts(head.options) < self.max_batch_size and loop.time() < deadline:
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), deadline - loop.time())
+            except asyncio.TimeoutError:
+                break
+            if not self._pending or self._pending[0] is not head:
+                return False
+        return True
+
+    def _queued_texts(self, options: DecodeOptions) -> int:
+        return sum(len(job.texts) for job in self._pending if job.options == options)
+
+    def _take(self, options: DecodeOptions) -> list[_Job]:
+        """Remove and return the oldest requests with these settings, up to a full batch (at least one request,
+        however many texts it has: the translator splits it into decoder batches)."""
+        taken: list[_Job] = []
+        count = 0
+        for job in list(self._pending):
+            if job.options != options or job.future.done():
+                continue
+            if taken and count + len(job.texts) > self.max_batch_size:
+                break
+            taken.append(job)
+            count += len(job.texts)
+            self._pending.remove(job)
+        return taken
+
+    async def _run(self, jobs: list[_Job]) -> None:
+        loop = asyncio.get_running_loop()
+        texts = [text for job in jobs for text in job.texts]
+        started = loop.time()
+        try:
+            results = await loop.run_in_executor(self._executor, self._translate, texts, jobs[0].options)
+        except Exception as e:
+            await self._run_alone(jobs, e)
+            return
+        self._on_batch(
+            BatchStats(
+                requests=len(jobs),
+                decoder_batches=_decoder_batches(len(texts), self.max_batch_size),
+                seconds=loop.time() - started,
+                generated_tokens=sum(len(r.token_ids) for r in results),
+            )
+        )
+        for job, part in zip(jobs, _split(results, [len(job.texts) for job in jobs]), strict=True):
+            if not job.future.done():
+                job.future.set_result(part)
+
+    async def _run_alone(self, jobs: list[_Job], error: Exception) -> None:
+        """A batch failed: run its requests one by one, so only the request that causes the error gets it."""
+        if len(jobs) == 1:
+            if not jobs[0].future.done():
+                jobs[0].future.set_exception(error)
+            return
+        log.warning("a batch of %d requests failed (%s); running them one by one", len(jobs), error)
+        for job in jobs:
+            await self._run([job])
+
+
+def _decoder_batches(texts: int, max_batch_size: int) -> list[int]:
+    full, rest = divmod(texts, max_batch_size)
+    return [max_batch_size] * full + ([rest] if rest else [])
+
+
+def _split(results: Sequence[Translation], sizes: list[int]) -> list[list[Translation]]:
+    parts, start = [], 0
+    for size in sizes:
+        parts.append(list(results[start : start + size]))
+        start += size
+    return parts

@@ -1,0 +1,50 @@
+"""`ServeOptions`: the service's settings, shared by the CLI (`onnxmt serve`, flags default from `ONNXMT_*`) and
+the app factory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How the service listens, batches and limits.
+
+    max_batch_size: most texts per decoder batch. batch_window_ms: how long the first request of a batch waits for
+    others to join it; a short window trades a little latency at low load for much throughput at high load.
+    max_queue: requests waiting for the decoder beyond the running batch; one more gets 503 with Retry-After,
+    so memory and latency stay bounded under overload. timeout: seconds a request may wait and run (0: no limit).
+    max_chars / max_texts / max_body_bytes / max_beams: per-request limits. api_keys: when non-empty, /translate
+    needs one of them as `api_key`. cors_origins: origins allowed to call the API from a browser ("*" for any).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 5000  # LibreTranslate's default port, so clients' defaults work
+    max_batch_size: int = 16
+    batch_window_ms: float = 10.0
+    max_queue: int = 256
+    timeout: float = 60.0
+    max_chars: int = 5000
+    max_texts: int = 64
+    max_body_bytes: int = 1 << 20
+    max_beams: int = 8
+    api_keys: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    log_level: str = "info"
+    access_log: bool = True
+
+    def __post_init__(self) -> None:
+        positive = ("max_batch_size", "max_queue", "max_chars", "max_texts", "max_body_bytes", "max_beams")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("batch_window_ms", "timeout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0..65535, got {self.port}")
+
+
+def split_list(value: str | None) -> tuple[str, ...]:
+    """`"a, b,,c"` -> `("a", "b", "c")`: how list settings (API keys, CORS origins) arrive from the environment."""
+    return tuple(item.strip() for item in (value or "").split(",") if item.strip())

@@ -1,0 +1,165 @@
+"""LibreTranslate's API shapes: reading a /translate body, naming languages, the `{"error": ...}` answer.
+
+Existing LibreTranslate clients send `q` (a string, or a list for a batch), `source`, `target`, `format`,
+`api_key` and optionally `alternatives`, as JSON or as a form. onnxmt adds `beams` and `max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..manifest import Manifest
+from .options import ServeOptions
+
+# Names for the codes opus-mt models use most; other codes are shown as they are.
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "de": "German", "en": "English", "es": "Spanish", "fi": "Finnish", "fr": "French",
+    "hi": "Hindi", "it": "Italian", "ja": "Japanese", "ko": "Korean", "nl": "Dutch", "pl": "Polish",
+    "pt": "Portuguese", "ru": "Russian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "vi": "Vietnamese",
+    "zh": "Chinese", "cmn_Hans": "Mandarin (Simplified)", "cmn_Hant": "Mandarin (Traditional)",
+    "yue_Hans": "Cantonese (Simplified)", "yue_Hant": "Cantonese (Traditional)",
+}  # fmt: skip
+
+
+class ApiError(Exception):
+    """An answer other than 200, sent as `{"error": message}` with `status` (and `headers`)."""
+
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+@dataclass(frozen=True)
+class TranslateRequest:
+    texts: list[str]
+    batch: bool  # q was a list: answer with a list
+    source: str | None
+    target: str | None
+    api_key: str | None
+    alternatives: int
+    beams: int | None
+    max_new_tokens: int | None
+
+
+def parse_translate(data: Mapping[str, Any], limits: ServeOptions, *, form: bool) -> TranslateRequest:
+    """Check a /translate body against the protocol and the limits; ApiError 400 naming the problem.
+    `form`: the values came from a form, so numbers arrive as strings."""
+    q = data.get("q")
+    if q is None:
+        raise ApiError(400, "Invalid request: missing q parameter")
+    batch = isinstance(q, list)
+    texts = q if batch else [q]
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            where = f"q[{i}]" if batch else "q"
+            raise ApiError(400, f"Invalid request: {where} must be a string, got {_type_name(text)}")
+    if len(texts) > limits.max_texts:
+        raise ApiError(400, f"Invalid request: {len(texts)} texts exceed the limit of {limits.max_texts} per request")
+    for i, text in enumerate(texts):
+        if len(text) > limits.max_chars:
+            where = f"q[{i}]" if batch else "q"
+            raise ApiError(400, f"Invalid request: {where} has {len(text)} characters, the limit is {limits.max_chars}")
+    text_format = _string(data, "format") or "text"
+    if text_format != "text":
+        raise ApiError(400, f"Invalid request: format {text_format!r} is not supported; valid: text")
+    alternatives = _integer(data, "alternatives", form, low=0) or 0
+    beams = _integer(data, "beams", form, low=1)
+    if beams is not None and beams > limits.max_beams:
+        raise ApiError(400, f"Invalid request: beams {beams} exceeds the limit of {limits.max_beams}")
+    if alternatives + 1 > limits.max_beams:
+        raise ApiError(
+            400, f"Invalid request: alternatives {alternatives} needs more beams than the limit {limits.max_beams}"
+        )
+    return TranslateRequest(
+        texts=texts,
+        batch=batch,
+        source=_string(data, "source"),
+        target=_string(data, "target"),
+        api_key=_string(data, "api_key"),
+        alternatives=alternatives,
+        beams=beams,
+        max_new_tokens=_integer(data, "max_new_tokens", form, low=1),
+    )
+
+
+def _type_name(value: object) -> str:
+    names = {
+        type(None): "null",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        list: "a list",
+        dict: "an object",
+    }
+    return names.get(type(value), type(value).__name__)
+
+
+def _string(data: Mapping[str, Any], name: str) -> str | None:
+    value = data.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    raise ApiError(400, f"Invalid request: {name} must be a string, got {_type_name(value)}")
+
+
+def _integer(data: Mapping[str, Any], name: str, form: bool, low: int) -> int | None:
+    value = data.get(name)
+    if value is None or (form and value == ""):
+        return None
+    if form and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    # bool is an int in Python, but `true` is not a number in JSON.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ApiError(400, f"Invalid request: {name} must be an integer, got {_type_name(value)}")
+    if value < low:
+        raise ApiError(400, f"Invalid request: {name} must be at least {low}, got {value}")
+    return value
+
+
+class Languages:
+    """The model's languages in LibreTranslate's terms. Targets a client may send: the model's target language
+    (e.g. "zh": the model's default language token, if any) and, for multi-target models, each language token's
+    language ("cmn_Hans") or the token itself (">>cmn_Hans<<")."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        langs = manifest.languages
+        self.source: str | None = langs.get("source")
+        self.target: str | None = langs.get("target")
+        self.tokens: dict[str, str] = dict(langs.get("target_tokens") or {})
+
+    @property
+    def targets(self) -> list[str]:
+        return [t for t in (self.target,) if t] + sorted(self.tokens)
+
+    def check_source(self, code: str | None) -> None:
+        if code in (None, "", "auto") or self.source is None or code == self.source:
+            return
+        raise ApiError(400, f"unknown source language {code!r}; this model translates from: auto, {self.source}")
+
+    def target_lang(self, code: str | None) -> str | None:
+        """The translator's `target_lang` for a request's `target`: None means the model's default."""
+        if code in (None, "") or code == self.target:
+            return None
+        if code in self.tokens:
+            return code
+        for lang, token in self.tokens.items():
+            if code == token:
+                return lang
+        if not self.targets:
+            return None  # the model does not say what it translates into: accept what the client says
+        raise ApiError(400, f"unknown target language {code!r}; valid: {', '.join(self.targets)}")
+
+    def libretranslate(self) -> list[dict[str, Any]]:
+        """`GET /languages`: each language with the languages it translates into."""
+        entries = []
+        if self.source:
+            entries.append(_language(self.source, self.targets))
+        entries.extend(_language(t, []) for t in self.targets if t != self.source)
+        return entries
+
+
+def _language(code: str, targets: list[str]) -> dict[str, Any]:
+    return {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": targets}

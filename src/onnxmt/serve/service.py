@@ -1,0 +1,206 @@
+"""The service's state between requests: the translator (loaded after start-up, off the event loop), the batcher
+and the metrics. Request handlers in `app.py` call into one `Service`; nothing here knows about HTTP routing."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..runtime.options import DecodeOptions, RuntimeOptions
+from ..runtime.translator import Translation, Translator, resolve_settings
+from .batcher import MicroBatcher, QueueFull
+from .metrics import Metrics
+from .options import ServeOptions
+from .protocol import ApiError, Languages, TranslateRequest
+
+log = logging.getLogger("onnxmt.serve")
+
+RETRY_AFTER = {"Retry-After": "1"}
+
+
+class Service:
+    def __init__(
+        self, model_dir: str | Path, options: ServeOptions, runtime: RuntimeOptions, decoding: DecodeOptions
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.options = options
+        self.runtime = runtime
+        # Decoder batches are the service's to size, whatever the library default.
+        self.decoding = decoding.merged(batch_size=options.max_batch_size)
+        self.metrics = Metrics()
+        self.translator: Translator | None = None
+        self.languages: Languages | None = None
+        self.error: str | None = None  # why the model could not be loaded
+        self.draining = False
+        # Called when the model cannot be loaded: the server stops and the command exits non-zero.
+        self.on_fatal: Callable[[str], None] = lambda message: None
+        self._executor: ThreadPoolExecutor | None = None
+        self._batcher: MicroBatcher | None = None
+        self._loading: asyncio.Task[None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.translator is not None and not self.draining
+
+    async def start(self) -> None:
+        """Start loading the model on the inference thread; the server answers /health meanwhile."""
+        # One inference thread: ONNX Runtime parallelises inside a batch; two batches at once would only compete
+        # for the same cores.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxmt-inference")
+        self._batcher = MicroBatcher(
+            self._translate,
+            self._executor,
+            max_batch_size=self.options.max_batch_size,
+            window=self.options.batch_window_ms / 1000,
+            max_queue=self.options.max_queue,
+            on_queue=self.metrics.queue_depth.set,
+            on_batch=self.metrics.observe_batch,
+        )
+        self._loading = asyncio.create_task(self._load(), name="onnxmt-load")
+
+    async def _load(self) -> None:
+        assert self._executor is not None and self._batcher is not None
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        try:
+            translator = await loop.run_in_executor(
+                self._executor, Translator, self.model_dir, self.runtime, self.decoding
+            )
+        except Exception as e:  # ModelDirError, ValueError, OSError, onnxruntime's own errors: all fatal here
+            self.error = f"cannot load the model from {self.model_dir}: {e}"
+            log.error(self.error)
+            self.on_fatal(self.error)
+            return
+        self.translator = translator
+        self.languages = Languages(translator.manifest)
+        self._batcher.start()
+        self.metrics.ready.set(1)
+        log.info("model %s loaded in %.1f s; ready", self.model_dir, time.perf_counter() - started)
+
+    async def stop(self) -> None:
+        """After the server has finished the requests in flight: stop the batch loop and the inference thread."""
+        self.draining = True
+        self.metrics.ready.set(0)
+        if self._loading is not None and not self._loading.done():
+            self._loading.cancel()
+        if self._batcher is not None:
+            await self._batcher.stop()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def check_key(self, api_key: object) -> None:
+        keys = self.options.api_keys
+        if not keys:
+            return
+        if not isinstance(api_key, str) or not api_key:
+            raise ApiError(403, "Invalid API key: this server needs an api_key")
+        # compare_digest on every key: the time taken does not reveal how much of a key matched.
+        if not any(hmac.compare_digest(api_key.encode(), key.encode()) for key in keys):
+            raise ApiError(403, "Invalid API key")
+
+    def _require_ready(self) -> tuple[Translator, Languages, MicroBatcher]:
+        if self.draining:
+            raise ApiError(503, "the service is shutting down", RETRY_AFTER)
+        if self.translator is None or self.languages is None or self._batcher is None:
+            raise ApiError(503, self.error or "the model is still loading", RETRY_AFTER)
+        return self.translator, self.languages, self._batcher
+
+    async def translate(self, request: TranslateRequest) -> dict[str, Any]:
+        """Answer a checked /translate request in LibreTranslate's shape."""
+        translator, languages, batcher = self._require_ready()
+        languages.check_source(request.source)
+        options = self._decode_options(translator, languages, request)
+        timeout = self.options.timeout or None
+        try:
+            results = await batcher.translate(request.texts, options, timeout)
+        except QueueFull as e:
+            raise ApiError(503, f"server busy: {e}; retry later", RETRY_AFTER) from e
+        except asyncio.TimeoutError as e:
+            raise ApiError(504, f"translation timed out after {self.options.timeout:g} s") from e
+        except ValueError as e:
+            raise ApiError(400, str(e)) from e
+        return _answer(request, results, languages.source)
+
+    def _decode_options(self, translator: Translator, languages: Languages, request: TranslateRequest) -> DecodeOptions:
+        """The request's decoding settings, checked before queueing so a bad value is a 400, not a failed batch."""
+        beams = request.beams
+        returned = request.alternatives + 1
+        if request.alternatives:
+            # LibreTranslate's alternatives are the runner-up beams: widen the beam when it is too narrow.
+            default_beams = self.decoding.beams or translator.manifest.generation.get("num_beams") or 1
+            beams = max(beams or default_beams, returned)
+        options = self.decoding.merged(
+            beams=beams,
+            max_new_tokens=request.max_new_tokens,
+            target_lang=languages.target_lang(request.target),
+            num_return_sequences=returned,
+        )
+        try:
+            resolve_settings(translator.manifest, options)
+            translator.target_token(options.target_lang)
+        except ValueError as e:
+            raise ApiError(400, str(e)) from e
+        return options
+
+    def _translate(self, texts: list[str], options: DecodeOptions) -> list[Translation]:
+        """Runs on the inference thread."""
+        assert self.translator is not None
+        return self.translator.translate(texts, **asdict(options))
+
+    def info(self) -> dict[str, Any]:
+        translator, languages, _ = self._require_ready()
+        manifest, o = translator.manifest, self.options
+        return {
+            "version": __version__,
+            "model": {
+                "directory": str(self.model_dir),
+                "architecture": manifest.architecture,
+                "layout": manifest.layout,
+                "source_model": manifest.provenance.get("source_model"),
+                "revision": manifest.provenance.get("revision"),
+                "quantization": manifest.quantization,
+                "bytes": sum(int(f.get("bytes") or 0) for f in manifest.files.values()),
+                "model": manifest.model,
+                "generation": manifest.generation,
+            },
+            "languages": {"source": languages.source, "targets": languages.targets, "default": languages.target},
+            "decoding": {k: v for k, v in vars(self.decoding).items() if v is not None},
+            "batching": {
+                "max_batch_size": o.max_batch_size,
+                "batch_window_ms": o.batch_window_ms,
+                "max_queue": o.max_queue,
+            },
+            "limits": {
+                "max_chars": o.max_chars,
+                "max_texts": o.max_texts,
+                "max_body_bytes": o.max_body_bytes,
+                "max_beams": o.max_beams,
+                "timeout": o.timeout,
+            },
+            "api_keys": bool(o.api_keys),
+        }
+
+    def libretranslate_languages(self) -> list[dict[str, Any]]:
+        _, languages, _ = self._require_ready()
+        return languages.libretranslate()
+
+
+def _answer(request: TranslateRequest, results: list[Translation], source: str | None) -> dict[str, Any]:
+    texts = [r.text for r in results]
+    body: dict[str, Any] = {"translatedText": texts if request.batch else texts[0]}
+    if request.alternatives:
+        alternatives = [[a.text for a in r.alternatives] for r in results]
+        body["alternatives"] = alternatives if request.batch else alternatives[0]
+    if request.source in (None, "", "auto") and source:
+        # The model has one source language: "detection" is certain.
+        detected = {"confidence": 100.0, "language": source}
+        body["detectedLanguage"] = [detected] * len(results) if request.batch else detected
+    return body

@@ -1,0 +1,466 @@
+"""The HTTP service, as a real `onnxmt serve` process on a free loopback port, talked to over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from onnxmt import DecodeOptions, Translator
+from onnxmt.export.random_model import generate_corpus
+from onnxmt.serve.options import ServeOptions
+
+TEXTS = generate_corpus(7, lines=64)[0]
+KEYS = ("key-one", "key-two")
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def logs(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise AssertionError(f"the server did not stop on SIGTERM:\n{self.logs()}") from None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(model_dir: Path, log_dir: Path, **settings: Any) -> Server:
+    """`onnxmt serve MODEL_DIR` with ONNXMT_* settings, once /ready answers 200."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONNXMT_")}
+    env.update({f"ONNXMT_{k.upper()}": str(v) for k, v in settings.items()})
+    env.setdefault("ONNXMT_ACCESS_LOG", "false")
+    log = log_dir / f"server-{port}.log"
+    command = [sys.executable, "-m", "onnxmt.cli", "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    with open(log, "wb") as sink:
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    server = Server(process, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited with {process.returncode}:\n{server.logs()}")
+        try:
+            if httpx.get(f"{server.url}/ready", timeout=2).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    server.stop()
+    raise AssertionError(f"the server was not ready within 60 s:\n{server.logs()}")
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_multi_onnx_dir: Path) -> Translator:
+    return Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(batch_size=16))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_multi_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The multi-target tiny model with small limits, so each limit is cheap to reach."""
+    running = start_server(
+        tiny_multi_onnx_dir,
+        tmp_path_factory.mktemp("serve"),
+        max_body_bytes=65536,
+        max_chars=2000,
+        max_texts=40,
+        max_batch_size=16,
+        batch_window_ms=20,
+    )
+    yield running
+    assert running.stop() == 0, running.logs()
+
+
+@pytest.fixture(scope="module")
+def strict_server(tiny_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """API keys, a queue of one request and one text per decoder batch."""
+    running = start_server(
+        tiny_onnx_dir,
+        tmp_path_factory.mktemp("serve-strict"),
+        api_keys=",".join(KEYS),
+        max_queue=1,
+        max_batch_size=1,
+        batch_window_ms=0,
+    )
+    yield running
+    assert running.stop() == 0, running.logs()
+
+
+def post(server: Server, body: Any = None, **kwargs: Any) -> httpx.Response:
+    if body is not None:
+        kwargs["json"] = body
+    return httpx.post(f"{server.url}/translate", timeout=60, **kwargs)
+
+
+def assert_error(response: httpx.Response, status: int) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"]
+    return str(body["error"])
+
+
+def assert_serving(server: Server) -> None:
+    response = post(server, {"q": TEXTS[0], "target": "cmn_Hans", "max_new_tokens": 5})
+    assert response.status_code == 200, response.text
+
+
+# --- translation -----------------------------------------------------------------------------------------------
+
+
+def test_single_text_equals_library(server: Server, translator: Translator) -> None:
+    for target, lang in (("cmn_Hans", "cmn_Hans"), (">>yue_Hant<<", "yue_Hant"), ("zh", None), (None, None)):
+        response = post(server, {"q": TEXTS[1], "source": "en", "target": target, "format": "text"})
+        assert response.status_code == 200, response.text
+        assert response.json() == {"translatedText": translator.translate([TEXTS[1]], target_lang=lang)[0].text}
+
+
+def test_batch_equals_library(server: Server, translator: Translator) -> None:
+    texts = [*TEXTS[:10], "", "  "]
+    response = post(server, {"q": texts, "source": "auto", "target": "yue_Hant", "beams": 2, "max_new_tokens": 30})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    expected = translator.translate(texts, target_lang="yue_Hant", beams=2, max_new_tokens=30)
+    assert body["translatedText"] == [t.text for t in expected]
+    assert body["translatedText"][-2:] == ["", ""]
+    assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * len(texts)
+
+
+def test_form_bodies(server: Server, translator: Translator) -> None:
+    expected = translator.translate(TEXTS[2:4], target_lang="cmn_Hans", beams=1)
+    urlencoded = post(server, data={"q": TEXTS[2:4], "target": "cmn_Hans", "beams": "1"})
+    assert urlencoded.status_code == 200, urlencoded.text
+    assert urlencoded.json()["translatedText"] == [t.text for t in expected]
+    multipart = post(server, files={"q": (None, TEXTS[2]), "target": (None, "cmn_Hans"), "beams": (None, "1")})
+    assert multipart.status_code == 200, multipart.text
+    assert multipart.json()["translatedText"] == expected[0].text
+
+
+def test_alternatives(server: Server, translator: Translator) -> None:
+    response = post(server, {"q": TEXTS[4], "target": "cmn_Hans", "alternatives": 2, "beams": 3})
+    assert response.status_code == 200, response.text
+    expected = translator.translate([TEXTS[4]], target_lang="cmn_Hans", beams=3, num_return_sequences=3)[0]
+    assert response.json()["translatedText"] == expected.text
+    assert response.json()["alternatives"] == [a.text for a in expected.alternatives]
+
+
+def test_concurrent_requests_are_batched_and_exact(server: Server, translator: Translator) -> None:
+    # Two targets and two beam sizes interleaved: settings that must never share a decoder batch.
+    settings = [(target, beams) for target in ("cmn_Hans", "yue_Hant") for beams in (1, 3)]
+    jobs = [(text, *settings[i % len(settings)]) for i, text in enumerate(TEXTS)]
+    before = _metric(server, "onnxmt_batch_size_count")
+
+    async def send_all() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=len(jobs))
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+            body = [{"q": text, "target": target, "beams": beams, "max_new_tokens": 20} for text, target, beams in jobs]
+            return await asyncio.gather(*(client.post("/translate", json=b) for b in body))
+
+    responses = asyncio.run(send_all())
+    assert [r.status_code for r in responses] == [200] * len(jobs)
+    for response, (text, target, beams) in zip(responses, jobs, strict=True):
+        expected = translator.translate([text], target_lang=target, beams=beams, max_new_tokens=20)[0].text
+        assert response.json()["translatedText"] == expected
+    batches = _metric(server, "onnxmt_batch_size_count") - before
+    assert batches < len(jobs), "no two requests shared a decoder batch"
+    assert _metric(server, "onnxmt_batch_requests_bucket", le="1.0") < _metric(server, "onnxmt_batch_requests_count")
+
+
+def _metric(server: Server, name: str, **labels: str) -> float:
+    return _sample(httpx.get(f"{server.url}/metrics", timeout=10).text, name, **labels)
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    """One sample of a /metrics page, by name and labels."""
+    want = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
+    for line in text.splitlines():
+        if line.startswith(f"{name}{want} "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name}{want} not in /metrics:\n{text}")
+
+
+# --- bad input -------------------------------------------------------------------------------------------------
+
+BAD_JSON = {
+    "malformed JSON": (b'{"q": "hello"', 400),
+    "not an object": (b'["hello"]', 400),
+    "not UTF-8": (b'{"q": "\xff"}', 400),
+}
+BAD_BODIES: dict[str, tuple[Any, int]] = {
+    "missing q": ({"target": "cmn_Hans"}, 400),
+    "q a number": ({"q": 3}, 400),
+    "q null in a list": ({"q": ["a", None]}, 400),
+    "q an object": ({"q": {"text": "a"}}, 400),
+    "too many texts": ({"q": ["a"] * 41}, 400),
+    "text too long": ({"q": "a" * 2001}, 400),
+    "unknown target": ({"q": "a", "target": "fr"}, 400),
+    "unknown source": ({"q": "a", "source": "de"}, 400),
+    "target a number": ({"q": "a", "target": 1}, 400),
+    "html format": ({"q": "a", "format": "html"}, 400),
+    "beams zero": ({"q": "a", "beams": 0}, 400),
+    "beams too large": ({"q": "a", "beams": 9}, 400),
+    "beams a string": ({"q": "a", "beams": "4"}, 400),
+    "beams a boolean": ({"q": "a", "beams": True}, 400),
+    "beams a float": ({"q": "a", "beams": 2.5}, 400),
+    "alternatives negative": ({"q": "a", "alternatives": -1}, 400),
+    "max_new_tokens beyond the model": ({"q": "a", "max_new_tokens": 1000}, 400),
+}
+
+
+@pytest.mark.parametrize("case", BAD_JSON)
+def test_malformed_body(server: Server, case: str) -> None:
+    content, status = BAD_JSON[case]
+    assert_error(post(server, content=content, headers={"Content-Type": "application/json"}), status)
+    assert_serving(server)
+
+
+@pytest.mark.parametrize("case", BAD_BODIES)
+def test_bad_request(server: Server, case: str) -> None:
+    body, status = BAD_BODIES[case]
+    assert_error(post(server, body), status)
+    assert_serving(server)
+
+
+def test_bad_form_and_content_type(server: Server) -> None:
+    assert_error(post(server, data={"q": "a", "beams": "many"}), 400)
+    assert_error(post(server, files={"q": ("q.txt", b"hello")}), 400)
+    assert_error(post(server, content=b"q=a", headers={"Content-Type": "text/plain"}), 400)
+    assert_serving(server)
+
+
+def test_body_too_large(server: Server) -> None:
+    body = json.dumps({"q": ["word " * 400] * 40}).encode()  # within the text limits, above the 64 KiB body limit
+    message = assert_error(post(server, content=body, headers={"Content-Type": "application/json"}), 413)
+    assert "65536" in message
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit is enforced while reading
+        for start in range(0, len(body), 8192):
+            yield body[start : start + 8192]
+
+    assert_error(post(server, content=chunks(), headers={"Content-Type": "application/json"}), 413)
+    assert_serving(server)
+
+
+def test_unknown_routes_and_methods(server: Server) -> None:
+    assert_error(httpx.get(f"{server.url}/translate"), 405)
+    assert_error(httpx.get(f"{server.url}/no/such/page"), 404)
+    assert_serving(server)
+
+
+# --- the other endpoints -----------------------------------------------------------------------------------------
+
+
+def test_health_ready_languages_info(server: Server) -> None:
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{server.url}/ready").json() == {"ready": True}
+    languages = httpx.get(f"{server.url}/languages").json()
+    assert languages[0] == {"code": "en", "name": "English", "targets": ["zh", "cmn_Hans", "yue_Hant"]}
+    assert {entry["code"] for entry in languages} == {"en", "zh", "cmn_Hans", "yue_Hant"}
+    info = httpx.get(f"{server.url}/info").json()
+    assert info["model"]["architecture"] == "marian"
+    assert info["limits"]["max_chars"] == 2000 and info["batching"]["max_batch_size"] == 16
+    assert info["api_keys"] is False
+
+
+def test_docs_and_page(server: Server) -> None:
+    schema = httpx.get(f"{server.url}/openapi.json").json()
+    assert {"/translate", "/languages", "/info", "/health", "/ready", "/metrics"} <= set(schema["paths"])
+    assert "application/x-www-form-urlencoded" in schema["paths"]["/translate"]["post"]["requestBody"]["content"]
+    assert httpx.get(f"{server.url}/docs").status_code == 200
+    page = httpx.get(f"{server.url}/")
+    assert page.status_code == 200 and 'id="translate"' in page.text
+
+
+def test_metrics(server: Server) -> None:
+    assert_serving(server)
+    text = httpx.get(f"{server.url}/metrics").text
+    for name in (
+        'onnxmt_requests_total{path="/translate",status="200"}',
+        "onnxmt_request_duration_seconds_bucket",
+        "onnxmt_batch_size_bucket",
+        "onnxmt_queue_depth",
+        "onnxmt_generated_tokens_total",
+        "onnxmt_ready 1.0",
+    ):
+        assert name in text
+
+
+# --- queue, keys, timeout, shutdown, start-up ------------------------------------------------------------------
+
+
+def test_api_keys(strict_server: Server) -> None:
+    body = {"q": TEXTS[0], "max_new_tokens": 5}
+    assert "api_key" in assert_error(post(strict_server, body), 403)
+    assert_error(post(strict_server, {**body, "api_key": "wrong"}), 403)
+    assert_error(post(strict_server, {**body, "api_key": 1}), 403)
+    assert post(strict_server, {**body, "api_key": KEYS[1]}).status_code == 200
+    assert post(strict_server, data={"q": TEXTS[0], "api_key": KEYS[0], "max_new_tokens": "5"}).status_code == 200
+    assert httpx.get(f"{strict_server.url}/health").status_code == 200
+    assert httpx.get(f"{strict_server.url}/info").json()["api_keys"] is True
+
+
+def test_queue_full_gives_503(strict_server: Server) -> None:
+    # Each request keeps the single inference thread busy for a while (8 texts, one per decoder batch, 4 beams).
+    body = {"q": TEXTS[:8], "beams": 4, "api_key": KEYS[0]}
+
+    async def send_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=strict_server.url, timeout=120) as client:
+            return await asyncio.gather(*(client.post("/translate", json=body) for _ in range(12)))
+
+    responses = asyncio.run(send_all())
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) == {200, 503}, statuses
+    for response in responses:
+        if response.status_code == 503:
+            assert "queue is full" in assert_error(response, 503)
+            assert response.headers["Retry-After"] == "1"
+    assert post(strict_server, {**body, "q": "a"}).status_code == 200
+
+
+def test_timeout_gives_504(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    server = start_server(tiny_onnx_dir, tmp_path, timeout=0.001, batch_window_ms=50)
+    try:
+        assert "timed out" in assert_error(post(server, {"q": TEXTS[0]}), 504)
+        assert httpx.get(f"{server.url}/health").status_code == 200
+    finally:
+        assert server.stop() == 0, server.logs()
+
+
+def test_sigterm_finishes_requests_in_flight(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    server = start_server(tiny_onnx_dir, tmp_path, max_batch_size=2, batch_window_ms=0)
+    body = {"q": TEXTS[:6], "beams": 4}
+    signalled = 0.0
+
+    async def send_and_stop() -> list[tuple[httpx.Response, float]]:
+        nonlocal signalled
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+
+            async def timed() -> tuple[httpx.Response, float]:
+                response = await client.post("/translate", json=body)
+                return response, time.monotonic()
+
+            tasks = [asyncio.create_task(timed()) for _ in range(8)]
+            # All 8 are in the server when 1 runs and the other 7 are queued or done (one request per batch here).
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                metrics = await client.get("/metrics")
+                if (
+                    _sample(metrics.text, "onnxmt_queue_depth") + _sample(metrics.text, "onnxmt_batch_requests_count")
+                    >= 7
+                ):
+                    break
+                await asyncio.sleep(0.01)
+            signalled = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            return await asyncio.gather(*tasks)
+
+    results = asyncio.run(send_and_stop())
+    code = server.process.wait(timeout=60)
+    assert code == 0, server.logs()
+    expected = Translator(tiny_onnx_dir).translate(TEXTS[:6], beams=4)
+    for response, _ in results:
+        assert response.status_code == 200, response.text
+        assert response.json()["translatedText"] == [t.text for t in expected]
+    assert any(done > signalled for _, done in results), "every request finished before SIGTERM: nothing was tested"
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{server.url}/health")
+
+
+def test_model_that_cannot_load_exits_2(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    missing = subprocess.run(
+        [sys.executable, "-m", "onnxmt.cli", "serve", str(tmp_path / "missing")], capture_output=True, text=True
+    )
+    assert missing.returncode == 2 and "not found" in missing.stderr
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_onnx_dir, broken)
+    (broken / "decoder.onnx").write_bytes(b"not a model")
+    port = str(free_port())
+    result = subprocess.run(
+        [sys.executable, "-m", "onnxmt.cli", "serve", str(broken), "--port", port],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "decoder.onnx" in result.stderr
+
+
+def test_cli_defaults_are_serve_options_defaults() -> None:
+    from onnxmt.cli import serve
+
+    parameters = inspect.signature(serve).parameters
+    for field in fields(ServeOptions):
+        if field.name in ("api_keys", "cors_origins"):
+            assert parameters[field.name].default is None
+        else:
+            assert parameters[field.name].default == field.default, field.name
+
+
+# --- the page in a real browser --------------------------------------------------------------------------------
+
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+)
+
+
+def test_page_translates_in_headless_chromium(server: Server, translator: Translator, tmp_path: Path) -> None:
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+    try:
+        browser.get(f"{server.url}/")
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#target option")) == 3)
+        Select(browser.find_element(By.ID, "target")).select_by_value("yue_Hant")
+        browser.find_element(By.ID, "text").send_keys(TEXTS[5])
+        browser.find_element(By.ID, "translate").click()
+        wait.until(lambda b: b.find_element(By.ID, "result").get_attribute("textContent"))
+        browser.save_screenshot(str(tmp_path / "page.png"))
+        shown = browser.find_element(By.ID, "result").get_attribute("textContent")
+        assert shown == translator.translate([TEXTS[5]], target_lang="yue_Hant")[0].text
+        assert browser.find_element(By.ID, "error").text == ""
+    finally:
+        browser.quit()
