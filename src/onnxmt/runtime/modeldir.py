@@ -90,7 +90,11 @@ def optimum_manifest(directory: Path) -> Manifest:
     return Manifest(
         architecture="marian",
         layout="optimum-merged" if "decoder_merged" in files else "optimum",
-        files={name: {} for name in (*files.values(), *tokenizer_files, *CONFIG_FILES) if (directory / name).is_file()},
+        files={
+            name: {"bytes": (directory / name).stat().st_size}
+            for name in (*files.values(), *tokenizer_files, *CONFIG_FILES)
+            if (directory / name).is_file()
+        },
         graphs={part: _graph_spec_from_session(directory / name, name) for part, name in files.items()},
         model={
             "d_model": config["d_model"],
