@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -261,6 +261,183 @@ def serve(
         )
     except (ModelDirError, ValueError, ImportError, OSError, ServeError) as e:
         fail(str(e))
+
+
+@app.command()
+def validate(
+    model_dir: Annotated[Path, typer.Argument(help="Exported model directory to check.")],
+    reference: Annotated[
+        str, typer.Option("--reference", "-r", help="The PyTorch model it came from: hub id or local directory.")
+    ],
+    input_file: Annotated[
+        Path | None, typer.Option("--input", "-i", help="Sentences, one per line (default: a built-in set).")
+    ] = None,
+    report: Annotated[Path, typer.Option(help="Report path without suffix: writes REPORT.md and REPORT.json.")] = Path(
+        "onnxmt-validate"
+    ),
+    min_identical: Annotated[
+        float, typer.Option(help="Exit 1 when the greedy or beam token-identical rate is below this.")
+    ] = 1.0,
+    beams: Annotated[int | None, typer.Option(help="Beam size of the beam pass (default: the model's).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate per sentence.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Sentences per batch, on both sides.")] = 1,
+    target_lang: Annotated[str | None, typer.Option(help="Target language of a multi-target model.")] = None,
+    threads: Annotated[int | None, typer.Option(help="Threads of ONNX Runtime and torch (default: all cores).")] = None,
+) -> None:
+    """Compare an exported directory with its PyTorch model: logits, token-identical rates, first differences."""
+    from rich.progress import Progress
+
+    try:
+        from .export.validate import ValidateOptions, read_corpus
+        from .export.validate import validate as run_validate
+    except ImportError as e:
+        fail(f"validate needs torch and transformers: pip install 'onnxmt[export]' ({e})")
+    if input_file is not None and not input_file.is_file():
+        fail(f"input file not found: {input_file}")
+    if batch_size < 1:
+        fail(f"--batch-size must be at least 1, got {batch_size}")
+    options = ValidateOptions(
+        beams=beams, max_new_tokens=max_new_tokens, batch_size=batch_size, target_lang=target_lang, threads=threads
+    )
+    try:
+        texts = read_corpus(input_file)
+        with Progress(console=err, transient=True) as progress:
+            task = progress.add_task("validating", total=3 * len(texts))
+            result = run_validate(model_dir, reference, texts, options, lambda n: progress.advance(task, n))
+    except (ModelDirError, ValueError, ImportError, OSError) as e:
+        fail(str(e))
+    markdown, json_path = report.with_name(report.name + ".md"), report.with_name(report.name + ".json")
+    report.parent.mkdir(parents=True, exist_ok=True)
+    markdown.write_text(result.to_markdown(), encoding="utf-8")
+    json_path.write_text(result.to_json(), encoding="utf-8")
+    Console().print(result.to_markdown(), markup=False, highlight=False, soft_wrap=True)
+    err.print(f"wrote {markdown} and {json_path}")
+    if result.identical_rate < min_identical:
+        err.print(
+            f"[red]token-identical rate {result.identical_rate:.1%} is below --min-identical {min_identical:.1%}[/red]"
+        )
+        raise typer.Exit(code=1)
+
+
+@app.command()
+def quantize(
+    model_dir: Annotated[Path, typer.Argument(help="Exported (fp32) model directory; it is not modified.")],
+    output_dir: Annotated[Path, typer.Argument(help="New directory to write (must be new or empty unless --force).")],
+    parts: Annotated[str, typer.Option(help="Graphs to quantize: encoder, decoder or all.")] = "all",
+    exclude: Annotated[
+        list[str] | None, typer.Option(help="Node name to keep in float; repeat, or separate names with commas.")
+    ] = None,
+    op_types: Annotated[str, typer.Option(help="Operators to quantize, comma-separated.")] = "MatMul,Gemm,Gather",
+    int4: Annotated[
+        bool, typer.Option("--int4", help="Weight-only int4 (MatMulNBits) instead of dynamic int8.")
+    ] = False,
+    per_channel: Annotated[bool, typer.Option(help="int8 scales per output channel (else per tensor).")] = True,
+    block_size: Annotated[int, typer.Option(help="int4: weights per scale (a power of two, at least 16).")] = 32,
+    force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUTPUT_DIR.")] = False,
+) -> None:
+    """Quantize a model directory into a new one (int8 dynamic, or int4 weight-only) and print sizes before/after."""
+    try:
+        from .export.quantize import QuantizeOptions
+        from .export.quantize import quantize as run_quantize
+    except ImportError as e:
+        fail(f"quantize needs onnx: pip install 'onnxmt[export]' ({e})")
+    names = tuple(n.strip() for item in exclude or [] for n in item.split(",") if n.strip())
+    options = QuantizeOptions(
+        parts=parts,
+        op_types=tuple(t.strip() for t in op_types.split(",") if t.strip()),
+        exclude=names,
+        per_channel=per_channel,
+        int4=int4,
+        block_size=block_size,
+        force=force,
+    )
+    with err.status("quantizing") as status:
+        try:
+            manifest, results = run_quantize(model_dir, output_dir, options, progress=lambda m: status.update(m))
+        except (ModelDirError, ValueError, OSError) as e:
+            fail(str(e))
+    table = Table(
+        title=f"{model_dir} -> {output_dir} ({manifest.quantization['method'] if manifest.quantization else ''})"
+    )
+    for column in ("file", "before", "after", "after/before", "nodes quantized"):
+        table.add_column(column, justify="left" if column == "file" else "right")
+    for r in results:
+        ratio = r.bytes_after / r.bytes_before
+        table.add_row(r.file, _size(r.bytes_before), _size(r.bytes_after), f"{ratio:.0%}", str(len(r.quantized_nodes)))
+    before, after = sum(r.bytes_before for r in results), sum(r.bytes_after for r in results)
+    table.add_row("total", _size(before), _size(after), f"{after / before:.0%}", "", style="bold")
+    Console().print(table)
+    err.print(f"[green]wrote {output_dir}[/green]")
+
+
+@app.command(name="eval")
+def evaluate(
+    model_dirs: Annotated[list[Path], typer.Argument(help="Model directories to compare.")],
+    src: Annotated[Path, typer.Option(help="Source sentences, one per line.")],
+    ref: Annotated[Path, typer.Option(help="Reference translations, line by line with --src.")],
+    limit: Annotated[int | None, typer.Option(help="Use the first N sentence pairs.")] = None,
+    reference: Annotated[
+        str | None, typer.Option(help="Add a row for this PyTorch model (hub id or directory; needs onnxmt[export]).")
+    ] = None,
+    beams: Annotated[int | None, typer.Option(help="Beam size (default: each model's).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate per sentence.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Batch size of the quality and throughput pass.")] = 16,
+    latency_sentences: Annotated[int, typer.Option(help="Sentences timed one at a time (batch 1).")] = 20,
+    threads: Annotated[int | None, typer.Option(help="Intra-op threads (default: all cores).")] = None,
+    target_lang: Annotated[str | None, typer.Option(help="Target language of a multi-target model.")] = None,
+    tokenize: Annotated[
+        str | None, typer.Option(help="sacrebleu tokenizer (default: zh for Chinese targets, else 13a).")
+    ] = None,
+    report: Annotated[Path, typer.Option(help="Report path without suffix: writes REPORT.md and REPORT.json.")] = Path(
+        "onnxmt-eval"
+    ),
+) -> None:
+    """BLEU, chrF, size, latency, throughput and peak memory of model directories, side by side."""
+    from rich.progress import Progress
+
+    from .eval import COLUMNS, EvalOptions
+    from .eval import evaluate as run_eval
+
+    for path in (src, ref):
+        if not path.is_file():
+            fail(f"file not found: {path}")
+    if batch_size < 1 or latency_sentences < 0:
+        fail("--batch-size must be at least 1 and --latency-sentences at least 0")
+    options = EvalOptions(
+        limit=limit,
+        beams=beams,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        latency_sentences=latency_sentences,
+        threads=threads,
+        target_lang=target_lang,
+        tokenize=tokenize,
+    )
+    try:
+        with Progress(console=err, transient=True) as progress:
+            tasks: dict[str, Any] = {}
+
+            def advance(name: str, done: int, total: int) -> None:
+                if name not in tasks:
+                    tasks[name] = progress.add_task(name, total=total)
+                progress.update(tasks[name], completed=done)
+
+            result = run_eval(model_dirs, src, ref, options, reference, advance)
+    except (ModelDirError, ValueError, ImportError, OSError, RuntimeError) as e:
+        fail(str(e))
+    table = Table(title=f"{result.sentences} sentences, BLEU tokenize={result.tokenize}")
+    for column in COLUMNS:
+        table.add_column(
+            column.replace("batch N", f"batch {batch_size}"), justify="left" if column == "model" else "right"
+        )
+    for row in result.rows:
+        table.add_row(*row.cells())
+    Console().print(table)
+    markdown, json_path = report.with_name(report.name + ".md"), report.with_name(report.name + ".json")
+    report.parent.mkdir(parents=True, exist_ok=True)
+    markdown.write_text(result.to_markdown(), encoding="utf-8")
+    json_path.write_text(result.to_json(), encoding="utf-8")
+    err.print(f"wrote {markdown} and {json_path}")
 
 
 def main() -> None:

@@ -1,0 +1,420 @@
+"""`onnxmt validate`: an exported model directory against its PyTorch reference, with numbers that explain.
+
+Both sides translate the same corpus with the same settings: onnxmt's `Translator` (its own tokenizer, ONNX
+Runtime, its decoding loop) and transformers' tokenizer + `generate()`. Reported:
+
+- logits: max and mean absolute difference, teacher-forced on the reference's greedy output;
+- the token-identical rate for greedy search and for beam search (the model's beam size);
+- for each output that differs, the first step where it differs, the two tokens, and the logit margin between
+  them at that step on both sides. A margin under the fp32 noise is a floating-point tie; a large one is a bug.
+
+Needs the export extra (torch, transformers); both are imported inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..runtime.options import DecodeOptions, RuntimeOptions
+from ..runtime.translator import Translator
+
+# A reference margin under this is a floating-point tie: fp32 exports differ from PyTorch by ~1e-5 in the logits.
+TIE_MARGIN = 1e-3
+
+# The default corpus: everyday short sentences and long ones (100+ characters), where errors accumulate.
+SHORT_SENTENCES = (
+    "Hello world.",
+    "How are you today?",
+    "The weather is nice.",
+    "I would like a cup of tea, please.",
+    "Where is the train station?",
+    "Thank you very much!",
+    "She reads a book every evening.",
+    "We will meet again tomorrow morning.",
+)
+LONG_SENTENCES = (
+    "The committee met on Tuesday to discuss the new budget, but after three hours of debate the members still "
+    "could not agree on how much money should go to schools.",
+    "When the river flooded last spring, hundreds of families in the small town had to leave their homes and stay "
+    "with relatives in the city for several weeks.",
+    "Researchers at the university have developed a new method for measuring air pollution that is cheaper, faster "
+    "and more accurate than the instruments used today.",
+    "If you want to travel from the airport to the city centre, the fastest way is to take the express train, which "
+    "leaves every fifteen minutes and takes about half an hour.",
+    "The museum, which was closed for two years while its old building was repaired, opened its doors again on "
+    "Sunday with an exhibition of paintings from the nineteenth century.",
+    "Although the company reported higher sales in the last quarter, its profits fell because the cost of energy "
+    "and raw materials rose faster than expected.",
+    "Doctors recommend that adults sleep at least seven hours a night, drink enough water and walk for thirty "
+    "minutes every day to stay healthy.",
+    "The new bridge across the bay will connect the two largest cities of the region and is expected to reduce the "
+    "travel time between them from two hours to forty minutes.",
+)
+DEFAULT_CORPUS = SHORT_SENTENCES + LONG_SENTENCES
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    """beams: the beam size of the beam-search pass (None: the model's num_beams). max_new_tokens: None keeps
+    the model's generation limit. batch_size: sentences per batch, on both sides. threads: intra-op threads of
+    ONNX Runtime and torch (None: their defaults)."""
+
+    beams: int | None = None
+    max_new_tokens: int | None = None
+    batch_size: int = 1
+    target_lang: str | None = None
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first step where the ONNX output differs from the reference output of one sentence."""
+
+    search: str  # "greedy" or "beam"
+    index: int  # the sentence's line in the corpus
+    text: str
+    step: int  # 0-based position in the generated tokens
+    reference_token: int | None  # None: that side had already ended
+    onnx_token: int | None
+    reference_piece: str | None
+    onnx_piece: str | None
+    reference_margin: float | None  # reference logit of its token minus that of the ONNX token, at this step
+    onnx_margin: float | None  # the same difference in the ONNX logits (negative when the choice flipped)
+    step_max_abs_logit_diff: float | None
+
+    @property
+    def verdict(self) -> str:
+        if self.reference_margin is None or self.step_max_abs_logit_diff is None:
+            return "one side ended"
+        if abs(self.reference_margin) < TIE_MARGIN:
+            return "floating-point tie"
+        if self.step_max_abs_logit_diff < TIE_MARGIN:
+            # Same logits at this step: beam search re-ranked on a near-tie of whole-hypothesis scores.
+            return "search tie (logits agree)"
+        return "logits differ"
+
+
+@dataclass
+class ValidationReport:
+    model_dir: str
+    reference: str
+    sentences: int
+    beams: int
+    max_abs_logit_diff: float
+    mean_abs_logit_diff: float
+    greedy_identical: int
+    beam_identical: int
+    tokenizer_identical: int
+    divergences: list[Divergence] = field(default_factory=list)
+    per_sentence: list[dict[str, Any]] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def greedy_rate(self) -> float:
+        return self.greedy_identical / self.sentences if self.sentences else 1.0
+
+    @property
+    def beam_rate(self) -> float:
+        return self.beam_identical / self.sentences if self.sentences else 1.0
+
+    @property
+    def identical_rate(self) -> float:
+        """The lower of the two rates: what `--min-identical` is compared with."""
+        return min(self.greedy_rate, self.beam_rate)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(greedy_rate=self.greedy_rate, beam_rate=self.beam_rate, identical_rate=self.identical_rate)
+        for d, source in zip(data["divergences"], self.divergences, strict=True):
+            d["verdict"] = source.verdict
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
+
+    def to_markdown(self) -> str:
+        lines = [
+            f"# Validation of `{self.model_dir}` against `{self.reference}`",
+            "",
+            "| measure | value |",
+            "| --- | --- |",
+            f"| sentences | {self.sentences} |",
+            f"| tokenizer identical | {self.tokenizer_identical}/{self.sentences} |",
+            f"| max abs logit diff (teacher-forced) | {self.max_abs_logit_diff:.3g} |",
+            f"| mean abs logit diff (teacher-forced) | {self.mean_abs_logit_diff:.3g} |",
+            f"| greedy token-identical | {self.greedy_identical}/{self.sentences} ({self.greedy_rate:.1%}) |",
+            f"| beam ({self.beams}) token-identical | {self.beam_identical}/{self.sentences} ({self.beam_rate:.1%}) |",
+            "",
+        ]
+        if self.divergences:
+            lines += [
+                "## First differences",
+                "",
+                "| search | line | step | reference token | onnx token | reference margin | onnx margin | verdict |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            ]
+            for d in self.divergences:
+                lines.append(
+                    f"| {d.search} | {d.index + 1} | {d.step} | {_token(d.reference_token, d.reference_piece)} | "
+                    f"{_token(d.onnx_token, d.onnx_piece)} | {_num(d.reference_margin)} | {_num(d.onnx_margin)} | "
+                    f"{d.verdict} |"
+                )
+            lines.append("")
+        versions = ", ".join(f"{k} {v}" for k, v in self.versions.items())
+        lines.append(
+            f"Versions: {versions}. Margins are logit differences at the first differing step; "
+            f"a reference margin under {TIE_MARGIN:g} is a floating-point tie."
+        )
+        return "\n".join(lines) + "\n"
+
+
+def _token(token: int | None, piece: str | None) -> str:
+    return "(ended)" if token is None else f"{token} `{piece}`"
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:.3g}"
+
+
+def read_corpus(path: Path | None) -> list[str]:
+    """Non-empty lines of `path`, or the built-in corpus."""
+    if path is None:
+        return list(DEFAULT_CORPUS)
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    texts = [line for line in lines if line]
+    if not texts:
+        raise ValueError(f"{path}: no sentences (one per line)")
+    return texts
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No weight-loading progress bar, and no notice that max_new_tokens overrides the config's max_length."""
+    from transformers.utils import logging
+
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
+class _Reference:
+    """transformers' side: tokenizer, model, generate() and teacher-forced logits."""
+
+    def __init__(self, reference: str, threads: int | None) -> None:
+        import torch
+        from transformers import AutoTokenizer
+
+        from .architectures import get_architecture
+        from .hub import resolve_model
+
+        source, _ = resolve_model(reference)
+        config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+        self.torch = torch
+        if threads:
+            torch.set_num_threads(threads)
+        with _quiet_transformers():
+            self.model = get_architecture(config.get("model_type")).load(str(source))
+            self.tokenizer = AutoTokenizer.from_pretrained(str(source))
+
+    def encode(self, texts: Sequence[str], target_token: str | None) -> Any:
+        if target_token:
+            texts = [f"{target_token} {t}" for t in texts]
+        return self.tokenizer(list(texts), return_tensors="pt", padding=True, truncation=True)
+
+    def generate(self, encoded: Any, **kwargs: Any) -> list[list[int]]:
+        with self.torch.no_grad(), _quiet_transformers():
+            out = self.model.generate(**encoded, **kwargs)
+        pad = self.model.generation_config.pad_token_id
+        rows = []
+        for row in out.tolist():
+            row = row[1:]  # the decoder start token
+            while row and row[-1] == pad:
+                row.pop()
+            rows.append(row)
+        return rows
+
+    def logits(self, ids: list[int], decoder_ids: list[int]) -> np.ndarray:
+        """(len(decoder_ids), vocab) logits for one sentence."""
+        t = self.torch
+        with t.no_grad():
+            out = self.model(
+                input_ids=t.tensor([ids]),
+                attention_mask=t.ones(1, len(ids), dtype=t.long),
+                decoder_input_ids=t.tensor([decoder_ids]),
+            )
+        return out.logits[0].numpy()
+
+
+def validate(
+    model_dir: str | Path,
+    reference: str,
+    texts: Sequence[str] = DEFAULT_CORPUS,
+    options: ValidateOptions = ValidateOptions(),
+    advance: Callable[[int], None] = lambda n: None,
+) -> ValidationReport:
+    """Compare `model_dir` with `reference` on `texts`. `advance(n)` reports progress: 3 units per sentence."""
+    translator = Translator(
+        model_dir, RuntimeOptions(threads=options.threads), DecodeOptions(target_lang=options.target_lang)
+    )
+    ref = _Reference(reference, options.threads)
+    beams = options.beams or int(translator.manifest.generation.get("num_beams") or 1)
+    token = translator.target_token(options.target_lang)
+    texts = list(texts)
+    outputs: dict[str, tuple[list[list[int]], list[list[int]]]] = {}
+    for search, b in (("greedy", 1), ("beam", beams)):
+        outputs[search] = _generate_both(translator, ref, texts, b, token, options, advance)
+    report = ValidationReport(
+        model_dir=str(model_dir),
+        reference=reference,
+        sentences=len(texts),
+        beams=beams,
+        max_abs_logit_diff=0.0,
+        mean_abs_logit_diff=0.0,
+        greedy_identical=sum(a == b for a, b in zip(*outputs["greedy"], strict=True)),
+        beam_identical=sum(a == b for a, b in zip(*outputs["beam"], strict=True)),
+        tokenizer_identical=0,
+        versions=_versions(),
+    )
+    total_abs, count = 0.0, 0
+    for i, text in enumerate(texts):
+        ids = ref.encode([text], token).input_ids[0].tolist()
+        same_ids = ids == translator.tokenizer.encode(text, target_token=token)
+        report.tokenizer_identical += same_ids
+        ref_greedy, onnx_greedy = outputs["greedy"][0][i], outputs["greedy"][1][i]
+        forced_ref, forced_onnx = _teacher_forced(translator, ref, ids, ref_greedy)
+        diff = np.abs(forced_ref - forced_onnx)  # (steps, vocab)
+        report.max_abs_logit_diff = max(report.max_abs_logit_diff, float(diff.max()))
+        total_abs, count = total_abs + float(diff.sum()), count + diff.size
+        report.per_sentence.append(
+            {
+                "index": i,
+                "chars": len(text),
+                "tokenizer_identical": same_ids,
+                "max_abs_logit_diff": float(diff.max()),
+                "greedy_identical": ref_greedy == onnx_greedy,
+                "beam_identical": outputs["beam"][0][i] == outputs["beam"][1][i],
+            }
+        )
+        for search in ("greedy", "beam"):
+            ref_out, onnx_out = outputs[search][0][i], outputs[search][1][i]
+            if ref_out != onnx_out:
+                report.divergences.append(_divergence(search, i, text, ids, ref_out, onnx_out, translator, ref))
+        advance(1)
+    report.mean_abs_logit_diff = total_abs / count if count else 0.0
+    return report
+
+
+def _generate_both(
+    translator: Translator,
+    ref: _Reference,
+    texts: list[str],
+    beams: int,
+    token: str | None,
+    options: ValidateOptions,
+    advance: Callable[[int], None],
+) -> tuple[list[list[int]], list[list[int]]]:
+    """(reference outputs, onnx outputs) for every text, in batches of the same sentences on both sides."""
+    ref_out: list[list[int]] = []
+    onnx_out: list[list[int]] = []
+    for start in range(0, len(texts), options.batch_size):
+        batch = texts[start : start + options.batch_size]
+        limit = {"max_new_tokens": options.max_new_tokens} if options.max_new_tokens else {}
+        ref_out += ref.generate(ref.encode(batch, token), num_beams=beams, **limit)
+        results = translator.translate(
+            batch, beams=beams, max_new_tokens=options.max_new_tokens, batch_size=options.batch_size
+        )
+        onnx_out += [r.token_ids for r in results]
+        advance(len(batch))
+    return ref_out, onnx_out
+
+
+def _onnx_logits(translator: Translator, ids: list[int], decoder_ids: list[int]) -> np.ndarray:
+    """(len(decoder_ids), vocab) logits from the ONNX graphs, one cached step per token as the runtime runs."""
+    source = np.array([ids], dtype=np.int64)
+    cache = translator.graphs.encode(source, np.ones_like(source))
+    rows = []
+    for token in decoder_ids:
+        logits, cache = translator.graphs.step(np.array([[token]], dtype=np.int64), cache)
+        rows.append(logits[0])
+    return np.stack(rows)
+
+
+def _teacher_forced(
+    translator: Translator, ref: _Reference, ids: list[int], target: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Both sides' logits for every step of `target` (the reference output), fed the same prefix."""
+    decoder_ids = [int(translator.manifest.tokens["decoder_start"]), *target[:-1]]
+    return ref.logits(ids, decoder_ids), _onnx_logits(translator, ids, decoder_ids)
+
+
+def _divergence(
+    search: str,
+    index: int,
+    text: str,
+    ids: list[int],
+    ref_out: list[int],
+    onnx_out: list[int],
+    translator: Translator,
+    ref: _Reference,
+) -> Divergence:
+    step = next(
+        (
+            t
+            for t in range(max(len(ref_out), len(onnx_out)))
+            if t >= len(ref_out) or t >= len(onnx_out) or ref_out[t] != onnx_out[t]
+        ),
+        0,
+    )
+    a = ref_out[step] if step < len(ref_out) else None
+    b = onnx_out[step] if step < len(onnx_out) else None
+    ref_margin = onnx_margin = step_diff = None
+    if a is not None and b is not None:
+        # The logits at this step, given the prefix both outputs share.
+        decoder_ids = [int(translator.manifest.tokens["decoder_start"]), *ref_out[:step]]
+        ref_row = ref.logits(ids, decoder_ids)[-1]
+        onnx_row = _onnx_logits(translator, ids, decoder_ids)[-1]
+        ref_margin = float(ref_row[a] - ref_row[b])
+        onnx_margin = float(onnx_row[a] - onnx_row[b])
+        step_diff = float(np.abs(ref_row - onnx_row).max())
+
+    def piece(t: int | None) -> str | None:
+        return None if t is None else translator.tokenizer.decode([t]) or f"<{t}>"
+
+    return Divergence(
+        search=search,
+        index=index,
+        text=text,
+        step=step,
+        reference_token=a,
+        onnx_token=b,
+        reference_piece=piece(a),
+        onnx_piece=piece(b),
+        reference_margin=ref_margin,
+        onnx_margin=onnx_margin,
+        step_max_abs_logit_diff=step_diff,
+    )
+
+
+def _versions() -> dict[str, str]:
+    import onnxruntime
+    import torch
+    import transformers
+
+    return {
+        "onnxruntime": onnxruntime.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
