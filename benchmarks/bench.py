@@ -1,0 +1,255 @@
+"""onnxmt against transformers, Optimum and CTranslate2, each engine in a fresh process with the same work.
+
+    python benchmarks/bench.py             # full run: opus-mt-en-zh architecture, ~30 min on 2 cores
+    python benchmarks/bench.py --quick     # tiny model, 2 sentences, seconds: checks the harness still works
+
+Builds (once, cached) a random model with opus-mt-en-zh's architecture and its conversions, runs every engine
+available here through benchmarks/worker.py, prints a Markdown table with ratios to onnxmt and writes
+results/<mode>.json, .md and .png. See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import machine
+import models
+import report
+
+HERE = Path(__file__).resolve().parent
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+INPUT_FILE = "flores200/devtest.eng_Latn"
+TOKENIZER_CORPUS = ("tatoeba/test-v2021-08-07.eng", INPUT_FILE)
+COLD_BATCH = 8
+# Engines the table must have: a run without them is a broken harness, not a missing optional package.
+REQUIRED = ("onnxmt-fp32", "transformers")
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    label: str
+    kind: str  # worker.ENGINES key
+    model_dir: Path
+    python: Path = Path(sys.executable)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def engines(art: models.Artifacts, quick: bool = False) -> list[Engine]:
+    """Every engine variant this machine can run, onnxmt fp32 first (the reference of the ratios). --quick keeps
+    one Optimum variant: each costs a torch + transformers import, the bulk of a quick run."""
+    found = [Engine("onnxmt-fp32", "onnxmt fp32", "onnxmt", art.onnxmt_fp32)]
+    if art.onnxmt_int8:
+        found.append(Engine("onnxmt-int8", "onnxmt int8", "onnxmt", art.onnxmt_int8))
+    found.append(Engine("transformers", "transformers PyTorch fp32", "transformers", art.hf))
+    if art.optimum_fp32 and art.optimum_python:
+        optimum = ("optimum", art.optimum_fp32, art.optimum_python)
+        if not quick:
+            found.append(Engine("optimum-fp32-default", "Optimum ORT fp32, default session options", *optimum))
+        found.append(Engine("optimum-fp32-nospin", "Optimum ORT fp32, spinning off", *optimum, {"spinning": False}))
+    for compute, path in (("float32", art.ct2_float32), ("int8", art.ct2_int8)):
+        if path:
+            options = {"compute_type": compute}
+            found.append(Engine(f"ct2-{compute}", f"CTranslate2 {compute}", "ctranslate2", path, options=options))
+    return found
+
+
+def source_lengths(model_dir: Path, texts: list[str]) -> list[int]:
+    from onnxmt.runtime.tokenizer import MarianTokenizer
+
+    tokenizer = MarianTokenizer.from_dir(model_dir)
+    return [len(tokenizer.encode(t, target_token=f">>{models.TARGET_LANG}<<")) for t in texts]
+
+
+def _child_env(engine: Engine, threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    if engine.python != Path(sys.executable):
+        # Another venv: our interpreter's settings must not leak into it.
+        env = {k: v for k, v in env.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    threads_s = str(threads)
+    env |= {
+        "OMP_NUM_THREADS": threads_s,
+        "MKL_NUM_THREADS": threads_s,
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    }
+    return env
+
+
+def run_engine(engine: Engine, config: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run worker.py for `engine` in a fresh process; the engine's entry for the result JSON."""
+    entry: dict[str, Any] = {
+        "name": engine.name,
+        "label": engine.label,
+        "model_dir": str(engine.model_dir),
+        "disk_bytes": sum(
+            f.stat().st_size for f in engine.model_dir.iterdir() if f.is_file() and f.name != models.KEY_FILE
+        ),
+        "status": "ok",
+    }
+    with tempfile.TemporaryDirectory(prefix="onnxmt-bench-") as tmp:
+        cfg_path, result_path = Path(tmp) / "config.json", Path(tmp) / "result.json"
+        command = [str(engine.python), str(HERE / "worker.py"), str(cfg_path), str(result_path)]
+        cfg = {**config, **engine.options, "engine": engine.kind, "model_dir": str(engine.model_dir)}
+        cfg["t0"] = time.time()  # cold start counts from here: process creation, imports, loading, first batch
+        cfg_path.write_text(json.dumps(cfg), encoding="utf-8")
+        try:
+            proc = subprocess.run(
+                command, env=_child_env(engine, config["threads"]), capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            return {**entry, "status": "failed", "error": f"timed out after {timeout:.0f} s"}
+        if proc.returncode != 0 or not result_path.is_file():
+            return {**entry, "status": "failed", "error": proc.stderr.strip()[-2000:]}
+        entry["result"] = json.loads(result_path.read_text(encoding="utf-8"))
+    return entry
+
+
+def mark_agreement(results: list[dict[str, Any]], n: int) -> None:
+    """How many greedy outputs of the cold batch equal onnxmt fp32's, on the first n - 1 tokens (the n-th is the
+    forced eos in transformers-style engines; CTranslate2 has no forced eos). fp32 engines running the same model
+    should agree everywhere; int8 ones may not."""
+    ref = results[0].get("result", {}).get("cold_batch_tokens")
+    for entry in results:
+        out = entry.get("result", {}).get("cold_batch_tokens")
+        if ref and out:
+            same = sum(a[: n - 1] == b[: n - 1] for a, b in zip(ref, out, strict=True))
+            entry["agreement"] = [same, len(ref)]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny model, 2 sentences, 5 tokens: seconds")
+    p.add_argument("--sentences", type=int, help="input lines for throughput (default 64; quick 2)")
+    p.add_argument("--latency-sentences", type=int, help="first lines timed one by one (default 20; quick 2)")
+    p.add_argument("--tokens", type=int, help="new tokens forced per sentence (default 30; quick 5)")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads for every engine (default 2)")
+    p.add_argument("--repeats", type=int, help="passes over the inputs per figure (default 3; quick 1)")
+    p.add_argument("--beams", default="1,4", help="beam sizes (default 1,4)")
+    p.add_argument("--batch-sizes", help="throughput batch sizes (default 8,32; quick 2)")
+    p.add_argument("--engines", help="comma-separated engine names to run (default: all available)")
+    p.add_argument("--no-optimum", action="store_true", help="skip Optimum (its venv takes minutes to create)")
+    p.add_argument("--envsize", action=argparse.BooleanOptionalAction, help="measure venv sizes (default: not quick)")
+    p.add_argument("--out", type=Path, default=HERE / "results", help="where <mode>.json/.md/.png go")
+    p.add_argument("--cache", type=Path, default=Path(os.environ.get("ONNXMT_BENCH_CACHE") or HERE / ".cache"))
+    p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (flores200/, tatoeba/)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per engine process")
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.sentences = args.sentences or (2 if quick else 64)
+    args.latency_sentences = min(args.latency_sentences or (2 if quick else 20), args.sentences)
+    args.tokens = args.tokens or (5 if quick else 30)
+    args.repeats = args.repeats or (1 if quick else 3)
+    args.beams = [int(b) for b in args.beams.split(",")]
+    args.batch_sizes = [int(b) for b in (args.batch_sizes or ("2" if quick else "8,32")).split(",")]
+    args.envsize = not quick if args.envsize is None else args.envsize
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    mode = "quick" if args.quick else "full"
+    log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    info = machine.describe()
+    if info["load_average"][0] > 0.5:
+        log(f"warning: load average {info['load_average'][0]:.2f} before the run; figures will be noisy")
+    texts = models.read_lines(args.data / INPUT_FILE, args.sentences)
+    corpus = [line for name in TOKENIZER_CORPUS for line in models.read_lines(args.data / name)]
+    spec = models.QUICK if args.quick else models.FULL
+    art = models.prepare(
+        args.cache,
+        spec,
+        corpus,
+        skip_optimum="--no-optimum" if args.no_optimum else None,
+        create_optimum_venv=not args.quick,  # creating it takes minutes; --quick uses it only if it exists
+        log=log,
+    )
+    lengths = source_lengths(art.onnxmt_fp32, texts)
+    settings = {
+        "sentences": len(texts),
+        "latency_sentences": args.latency_sentences,
+        "data_file": INPUT_FILE,
+        "source_tokens": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
+        "max_new_tokens": args.tokens,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "beams": args.beams,
+        "batch_sizes": args.batch_sizes,
+        "cold_batch": min(COLD_BATCH, len(texts)),
+        "model": asdict(spec),
+    }
+    config = {
+        "texts": texts,
+        "order": sorted(range(len(texts)), key=lambda i: lengths[i]),
+        "target_lang": models.TARGET_LANG,
+        "max_new_tokens": args.tokens,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "beams": args.beams,
+        "batch_sizes": args.batch_sizes,
+        "latency_texts": args.latency_sentences,
+        "cold_batch": COLD_BATCH,
+    }
+    selected = engines(art, args.quick)
+    if args.engines:
+        wanted = set(args.engines.split(","))
+        selected = [e for e in selected if e.name in wanted or e.name == "onnxmt-fp32"]
+    results = []
+    for engine in selected:
+        log(f"running {engine.label}")
+        start = time.monotonic()
+        entry = run_engine(engine, config, args.timeout)
+        log(
+            f"  {entry['status']} in {time.monotonic() - start:.0f} s"
+            + (f": {entry.get('error', '')[-500:]}" if entry["status"] != "ok" else "")
+        )
+        results.append(entry)
+    mark_agreement(results, args.tokens)
+    info["load_average_end"] = os.getloadavg()
+    result = {"mode": mode, "settings": settings, "machine": info, "engines": results, "skipped": art.skipped}
+    if args.envsize:
+        import envsize
+
+        result["env_sizes"] = envsize.measure(args.cache, log)
+    write(result, args.out / mode)
+    failed = [e["name"] for e in results if e["status"] != "ok"]
+    missing = [name for name in REQUIRED if name not in {e["name"] for e in results}]
+    if failed or (missing and not args.engines):
+        log(f"failed: {', '.join(failed + missing)}")
+        return 1
+    return 0
+
+
+def write(result: dict[str, Any], stem: Path) -> None:
+    """Print the table; write <stem>.json, .md and .png."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    text = report.table(result) + "\n\n" + report.legend(result) + "\n"
+    for name, reason in result["skipped"].items():
+        text += f"\nNot measured: {name} ({reason})."
+    if result.get("env_sizes"):
+        text += "\n" + report.env_table(result["env_sizes"]) + "\n"
+    m = result["machine"]
+    simd = " ".join(m["simd"])
+    text += (
+        f"\nMachine: {m['cpu']}, {m['cores']} cores, SIMD {simd}; load average {m['load_average'][0]:.2f} at start.\n"
+    )
+    print(text)
+    stem.with_suffix(".md").write_text(text, encoding="utf-8")
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    report.chart(result, stem.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""The models every engine runs, built once and cached: a random MarianMT with opus-mt-en-zh's architecture, and
+its onnxmt, CTranslate2 and Optimum conversions.
+
+Each artifact lives in its own directory under the cache with a `.bench-key` file written last; a directory whose
+key differs from what would be built now (another spec, another exporter source, another converter version) is
+rebuilt, so a cache never silently serves a stale model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from importlib import metadata
+from pathlib import Path
+
+from onnxmt.export.random_model import OPUS_MT_EN_ZH, RandomMarianSpec, build_vocab
+
+REPO = Path(__file__).resolve().parents[1]
+KEY_FILE = ".bench-key"
+OPTIMUM_ENV_SCRIPT = REPO / "tests" / "optimum_env.py"
+TARGET_LANG = "cmn_Hans"
+
+# The random builder trains its source tokenizer on generated word salad, which splits real English into ~2x the
+# tokens opus-mt's tokenizer would: encoder work, and so timings, would be off. The benchmark retrains the source
+# tokenizer on real English (Tatoeba plus FLORES devtest), giving ~1.5 tokens per word, close to opus-mt's.
+SOURCE_PIECES = 8000
+
+FULL = OPUS_MT_EN_ZH
+# --quick: same code paths, a model small enough that the whole run takes seconds.
+QUICK = replace(
+    RandomMarianSpec(), target_languages=OPUS_MT_EN_ZH.target_languages, vocab_size=9000, max_position_embeddings=256
+)
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """Model directories by engine variant; None where the tool to make it is not available."""
+
+    hf: Path
+    onnxmt_fp32: Path
+    onnxmt_int8: Path | None
+    ct2_float32: Path | None
+    ct2_int8: Path | None
+    optimum_fp32: Path | None
+    optimum_python: Path | None  # the Optimum venv's interpreter
+    skipped: dict[str, str]  # artifact -> why it is missing
+
+
+def _hash_files(*paths: Path) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cached(path: Path, key: dict, build: Callable[[Path], None], log: Log) -> Path:
+    """`path`, built by `build(tmp)` unless it already holds an artifact built with the same `key`."""
+    text = json.dumps(key, sort_keys=True)
+    if (path / KEY_FILE).is_file() and (path / KEY_FILE).read_text() == text:
+        return path
+    log(f"building {path.name}")
+    shutil.rmtree(path, ignore_errors=True)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    build(tmp)
+    (tmp / KEY_FILE).write_text(text)
+    tmp.rename(path)
+    return path
+
+
+def read_lines(path: Path, n: int | None = None) -> list[str]:
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return lines if n is None else lines[:n]
+
+
+def retrain_source_tokenizer(model_dir: Path, spec: RandomMarianSpec, corpus: list[str]) -> None:
+    """Replace source.spm with one trained on `corpus` and lay vocab.json out again (same size, same special ids);
+    the weights are random, so which piece gets which id does not matter."""
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus),
+        model_writer=model,
+        vocab_size=SOURCE_PIECES,
+        model_type="unigram",
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+
+    def pieces(proto: bytes) -> list[str]:
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+        return [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
+
+    source = model.getvalue()
+    target = (model_dir / "target.spm").read_bytes()
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    vocab = build_vocab(pieces(source), pieces(target), spec.target_languages, config["vocab_size"])
+    (model_dir / "source.spm").write_bytes(source)
+    (model_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
+
+
+def build_hf(out: Path, spec: RandomMarianSpec, corpus: list[str]) -> None:
+    from onnxmt.export.random_model import build_random_marian
+
+    build_random_marian(out, spec)
+    retrain_source_tokenizer(out, spec, corpus)
+
+
+def export_onnxmt(hf: Path, out: Path) -> None:
+    from onnxmt.export.exporter import ExportOptions, export
+
+    export(str(hf), out, ExportOptions(force=True), progress=lambda _: None)
+
+
+def quantize_available() -> bool:
+    """Whether this onnxmt has the `quantize` command (the int8 row is optional until it does)."""
+    result = subprocess.run([sys.executable, "-m", "onnxmt.cli", "quantize", "--help"], capture_output=True)
+    return result.returncode == 0
+
+
+def quantize_onnxmt(fp32: Path, out: Path) -> None:
+    command = [sys.executable, "-m", "onnxmt.cli", "quantize", str(fp32), str(out)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"`onnxmt quantize` failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+
+
+def convert_ct2(hf: Path, out: Path, quantization: str) -> None:
+    from ctranslate2.converters import TransformersConverter
+
+    TransformersConverter(str(hf)).convert(str(out), quantization=quantization, force=True)
+    # The benchmark tokenizes with sentencepiece directly, as a CTranslate2 deployment does.
+    for name in ("source.spm", "target.spm"):
+        shutil.copy2(hf / name, out / name)
+
+
+def export_optimum(hf: Path, out: Path) -> None:
+    _optimum_env().export(hf, out)
+
+
+def _optimum_env():
+    """tests/optimum_env.py, the venv helper the tests use, imported by path (tests/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("optimum_env", OPTIMUM_ENV_SCRIPT)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def optimum_python(create: bool, log: Log = print) -> Path | None:
+    """The Optimum venv's python; None when the helper is missing, or the venv is absent and `create` is False,
+    or it cannot be made."""
+    if not OPTIMUM_ENV_SCRIPT.is_file():
+        return None
+    env = _optimum_env()
+    venv = env.venv_path()
+    if not create and not (venv / env.STAMP).is_file():
+        return None
+    try:
+        return env.ensure_venv(log=log)
+    except env.OptimumEnvError as e:
+        log(f"no Optimum venv: {str(e)[-2000:]}")
+        return None
+
+
+def prepare(
+    cache: Path,
+    spec: RandomMarianSpec,
+    corpus: list[str],
+    *,
+    skip_ct2: str | None = None,
+    skip_optimum: str | None = None,
+    create_optimum_venv: bool = True,
+    log: Log = print,
+) -> Artifacts:
+    name = "quick" if spec == QUICK else "opus-mt-en-zh-random"
+    root = cache / name
+    hf_key = {
+        "spec": asdict(spec),
+        "corpus": hashlib.sha256("\n".join(corpus).encode()).hexdigest()[:16],
+        "pieces": SOURCE_PIECES,
+        "builder": _hash_files(REPO / "src" / "onnxmt" / "export" / "random_model.py"),
+    }
+    hf = cached(root / "hf", hf_key, lambda out: build_hf(out, spec, corpus), log)
+    onnxmt_key = {
+        **hf_key,
+        "exporter": _hash_files(REPO / "src" / "onnxmt" / "export", REPO / "src" / "onnxmt" / "manifest.py"),
+    }
+    fp32 = cached(root / "onnxmt-fp32", onnxmt_key, lambda out: export_onnxmt(hf, out), log)
+    skipped: dict[str, str] = {}
+
+    def optional(name: str, key: dict, build: Callable[[Path], None], reason: str | None) -> Path | None:
+        # Rows other than onnxmt fp32 and transformers depend on tools that may be missing or broken here:
+        # a failure drops the row and says why, it does not stop the benchmark.
+        if reason:
+            skipped[name] = reason
+            return None
+        try:
+            return cached(root / name, key, build, log)
+        except Exception as e:
+            skipped[name] = f"build failed: {e}"[-1000:]
+            log(f"{name}: {skipped[name]}")
+            return None
+
+    int8 = optional(
+        "onnxmt-int8",
+        onnxmt_key,
+        lambda out: quantize_onnxmt(fp32, out),
+        None if quantize_available() else "this onnxmt has no `quantize` command",
+    )
+    ct2_key = {**hf_key, "ctranslate2": _version("ctranslate2"), "transformers": _version("transformers")}
+    no_ct2 = None if _version("ctranslate2") else "ctranslate2 is not installed"
+    ct2 = {
+        q: optional(
+            f"ct2-{q}", {**ct2_key, "quantization": q}, lambda out, q=q: convert_ct2(hf, out, q), no_ct2 or skip_ct2
+        )
+        for q in ("float32", "int8")
+    }
+    optimum = None
+    if skip_optimum:
+        skipped["optimum-fp32"] = skip_optimum
+    elif (python := optimum_python(create_optimum_venv, log)) is None:
+        skipped["optimum-fp32"] = "no Optimum venv (tests/optimum_env.py missing, not created yet, or failed)"
+    else:
+        optimum_key = {**hf_key, "optimum_env": _hash_files(OPTIMUM_ENV_SCRIPT)}
+        optimum = optional("optimum-fp32", optimum_key, lambda out: export_optimum(hf, out), None)
+    return Artifacts(hf, fp32, int8, ct2["float32"], ct2["int8"], optimum, python if optimum else None, skipped)

@@ -1,0 +1,246 @@
+"""One engine, measured in a fresh process: `python worker.py CONFIG.json RESULT.json`.
+
+bench.py starts this script once per engine, with the interpreter of the environment the engine lives in (the
+Optimum rows run in a venv with transformers 4.57), so it imports nothing but the standard library at the top and
+the engine's own packages inside the adapter. Every engine gets the same texts, in the same batches, with decoding
+forced to exactly `max_new_tokens` steps, and `threads` intra-op threads.
+
+Order of work: import + load + translate the first `cold_batch` texts (greedy) -> cold start and peak RSS, as a user
+starting a process sees them; then batch-1 latency per sentence and batched throughput, after one warm-up call each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+# Translate a batch with `beams` beams (detokenizing, as a user would); return each text's generated token ids
+# (the best hypothesis, after the decoder start token, up to and including eos).
+TranslateFn = Callable[[Sequence[str], int], list[list[int]]]
+
+
+def _peak_rss_mb() -> float:
+    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over from the parent across fork + exec, so a
+    # worker started by a parent that holds torch and a model would report the parent's peak.
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: KiB on most systems
+
+
+def _versions(*names: str) -> dict[str, str]:
+    found = {}
+    for name in names:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            found[name] = metadata.version(name)
+    return found
+
+
+def load_onnxmt(cfg: dict[str, Any]) -> TranslateFn:
+    from onnxmt.runtime.options import DecodeOptions, RuntimeOptions
+    from onnxmt.runtime.translator import Translator
+
+    n = cfg["max_new_tokens"]
+    translator = Translator(
+        cfg["model_dir"],
+        RuntimeOptions(threads=cfg["threads"], spinning=bool(cfg.get("spinning"))),
+        DecodeOptions(max_new_tokens=n, min_new_tokens=n, target_lang=cfg["target_lang"]),
+    )
+
+    def translate(texts: Sequence[str], beams: int) -> list[list[int]]:
+        out = translator.translate(list(texts), beams=beams, batch_size=len(texts))
+        return [t.token_ids for t in out]
+
+    return translate
+
+
+def _hf_generate(model: Any, cfg: dict[str, Any]) -> TranslateFn:
+    """`generate()` of a transformers or Optimum model, with its MarianTokenizer."""
+    from transformers import MarianTokenizer
+
+    tokenizer = MarianTokenizer.from_pretrained(cfg["model_dir"])
+    prefix = f">>{cfg['target_lang']}<< " if cfg["target_lang"] else ""
+    n = cfg["max_new_tokens"]
+    eos = model.generation_config.eos_token_id
+
+    def translate(texts: Sequence[str], beams: int) -> list[list[int]]:
+        batch = tokenizer([prefix + t for t in texts], return_tensors="pt", padding=True)
+        out = model.generate(**batch, num_beams=beams, max_new_tokens=n, min_new_tokens=n)
+        tokenizer.batch_decode(out, skip_special_tokens=True)
+        rows = [row[1:] for row in out.tolist()]  # (batch, 1 + new tokens): drop the decoder start token
+        return [row[: row.index(eos) + 1] if eos in row else row for row in rows]
+
+    return translate
+
+
+def load_transformers(cfg: dict[str, Any]) -> TranslateFn:
+    import torch
+    from transformers import MarianMTModel
+
+    torch.set_num_threads(cfg["threads"])
+    torch.set_num_interop_threads(1)
+    torch.set_grad_enabled(False)
+    model = MarianMTModel.from_pretrained(cfg["model_dir"]).eval()
+    return _hf_generate(model, cfg)
+
+
+def load_optimum(cfg: dict[str, Any]) -> TranslateFn:
+    import onnxruntime as ort
+    import torch
+    from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+    torch.set_num_threads(cfg["threads"])  # Optimum's loop around ORT runs on torch tensors
+    torch.set_grad_enabled(False)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = cfg["threads"]
+    so.inter_op_num_threads = 1
+    if cfg.get("spinning") is False:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    model = ORTModelForSeq2SeqLM.from_pretrained(cfg["model_dir"], session_options=so, provider="CPUExecutionProvider")
+    return _hf_generate(model, cfg)
+
+
+def load_ctranslate2(cfg: dict[str, Any]) -> TranslateFn:
+    import ctranslate2
+    import sentencepiece as spm
+
+    translator = ctranslate2.Translator(
+        cfg["model_dir"],
+        device="cpu",
+        compute_type=cfg.get("compute_type") or "default",
+        intra_threads=cfg["threads"],
+        inter_threads=1,
+    )
+    source = spm.SentencePieceProcessor(model_file=str(Path(cfg["model_dir"]) / "source.spm"))
+    target = spm.SentencePieceProcessor(model_file=str(Path(cfg["model_dir"]) / "target.spm"))
+    vocab_file = Path(cfg["model_dir"]) / "shared_vocabulary.json"
+    ids = {token: i for i, token in enumerate(json.loads(vocab_file.read_text(encoding="utf-8")))}
+    prefix = [f">>{cfg['target_lang']}<<"] if cfg["target_lang"] else []
+    n = cfg["max_new_tokens"]
+
+    def translate(texts: Sequence[str], beams: int) -> list[list[int]]:
+        tokens = [[*prefix, *source.encode(t, out_type=str), "</s>"] for t in texts]
+        # CTranslate2 sorts and splits by itself with max_batch_size; 0 keeps the harness's batches as given.
+        results = translator.translate_batch(
+            tokens, beam_size=beams, max_decoding_length=n, min_decoding_length=n, max_batch_size=0
+        )
+        hyps = [r.hypotheses[0] for r in results]
+        target.decode_pieces(hyps)
+        return [[ids[t] for t in h] for h in hyps]
+
+    return translate
+
+
+ENGINES: dict[str, tuple[Callable[[dict[str, Any]], TranslateFn], tuple[str, ...]]] = {
+    "onnxmt": (load_onnxmt, ("onnxmt", "onnxruntime", "numpy", "sentencepiece")),
+    "transformers": (load_transformers, ("torch", "transformers", "sentencepiece")),
+    "optimum": (load_optimum, ("optimum", "optimum-onnx", "onnxruntime", "torch", "transformers")),
+    "ctranslate2": (load_ctranslate2, ("ctranslate2", "sentencepiece")),
+}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default), without numpy."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _count(outputs: list[list[int]], expected: int, where: str) -> int:
+    """Tokens generated; a run that stopped early would do less work than the others and look faster: refuse it."""
+    lengths = {len(ids) for ids in outputs}
+    if lengths != {expected}:
+        raise RuntimeError(f"{where}: generated {sorted(lengths)} tokens per text, expected exactly {expected}")
+    return expected * len(outputs)
+
+
+def measure_latency(translate: TranslateFn, texts: list[str], beams: int, repeats: int, n: int) -> dict[str, Any]:
+    translate(texts[:1], beams)  # warm-up
+    times = []
+    for _ in range(repeats):
+        for text in texts:
+            start = time.perf_counter()
+            outputs = translate([text], beams)
+            times.append(time.perf_counter() - start)
+            _count(outputs, n, f"batch 1, beams {beams}")
+    return {
+        "median_ms": statistics.median(times) * 1000,
+        "p90_ms": percentile(times, 90) * 1000,
+        "samples": len(times),
+    }
+
+
+def measure_throughput(
+    translate: TranslateFn, texts: list[str], beams: int, batch_size: int, repeats: int, n: int
+) -> dict[str, Any]:
+    batches = [texts[i : i + batch_size] for i in range(0, len(texts), batch_size)]
+    translate(batches[0], beams)  # warm-up: first use of this batch shape
+    rates = []
+    for _ in range(repeats):
+        tokens = 0
+        start = time.perf_counter()
+        for batch in batches:
+            tokens += _count(translate(batch, beams), n, f"batch {batch_size}, beams {beams}")
+        rates.append(tokens / (time.perf_counter() - start))
+    return {"tokens_per_s": statistics.median(rates), "runs": [round(r, 2) for r in rates], "texts": len(texts)}
+
+
+def run(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Everything one engine is measured on; `cfg["t0"]` is the wall-clock time the parent started this process."""
+    load, packages = ENGINES[cfg["engine"]]
+    texts: list[str] = cfg["texts"]  # the first N input lines, in file order
+    by_length = [texts[i] for i in cfg["order"]]  # sorted by source length, so batches hold similar lengths
+    n = cfg["max_new_tokens"]
+    start = time.perf_counter()
+    translate = load(cfg)
+    loaded = time.perf_counter()
+    first = translate(texts[: cfg["cold_batch"]], 1)
+    _count(first, n, "cold batch")
+    cold = {
+        "cold_start_s": time.time() - cfg["t0"],
+        "load_s": loaded - start,
+        "first_batch_s": time.perf_counter() - loaded,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+    latency = {
+        str(beams): measure_latency(translate, texts[: cfg["latency_texts"]], beams, cfg["repeats"], n)
+        for beams in cfg["beams"]
+    }
+    throughput = {
+        f"{beams}x{bs}": measure_throughput(translate, by_length, beams, bs, cfg["repeats"], n)
+        for beams in cfg["beams"]
+        for bs in cfg["batch_sizes"]
+    }
+    return {
+        **cold,
+        "latency": latency,
+        "throughput": throughput,
+        "peak_rss_end_mb": _peak_rss_mb(),
+        "cold_batch_tokens": first,  # greedy output of the first texts, to check that engines agree
+        "versions": {"python": platform.python_version(), **_versions(*packages)},
+        "executable": sys.executable,
+        "pid": os.getpid(),
+    }
+
+
+def main() -> None:
+    config_path, result_path = sys.argv[1:3]
+    cfg = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    result = run(cfg)
+    Path(result_path).write_text(json.dumps(result, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
