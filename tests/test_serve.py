@@ -26,6 +26,23 @@ from onnxmt.serve.options import ServeOptions
 
 TEXTS = generate_corpus(7, lines=64)[0]
 KEYS = ("key-one", "key-two")
+# `onnxmt serve ...` with torch, transformers and onnx unimportable: every server in these tests also proves that
+# the service needs none of them.
+ONNXMT = [
+    sys.executable,
+    "-c",
+    """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers", "onnx"):
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+from onnxmt.cli import main
+sys.argv = ["onnxmt", *sys.argv[1:]]
+main()
+""",
+]
 
 
 @dataclass
@@ -60,7 +77,7 @@ def start_server(model_dir: Path, log_dir: Path, **settings: Any) -> Server:
     env.update({f"ONNXMT_{k.upper()}": str(v) for k, v in settings.items()})
     env.setdefault("ONNXMT_ACCESS_LOG", "false")
     log = log_dir / f"server-{port}.log"
-    command = [sys.executable, "-m", "onnxmt.cli", "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    command = [*ONNXMT, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "wb") as sink:
         process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
     server = Server(process, f"http://127.0.0.1:{port}", log)
@@ -394,16 +411,14 @@ def test_sigterm_finishes_requests_in_flight(tiny_onnx_dir: Path, tmp_path: Path
 
 
 def test_model_that_cannot_load_exits_2(tiny_onnx_dir: Path, tmp_path: Path) -> None:
-    missing = subprocess.run(
-        [sys.executable, "-m", "onnxmt.cli", "serve", str(tmp_path / "missing")], capture_output=True, text=True
-    )
+    missing = subprocess.run([*ONNXMT, "serve", str(tmp_path / "missing")], capture_output=True, text=True)
     assert missing.returncode == 2 and "not found" in missing.stderr
     broken = tmp_path / "broken"
     shutil.copytree(tiny_onnx_dir, broken)
     (broken / "decoder.onnx").write_bytes(b"not a model")
     port = str(free_port())
     result = subprocess.run(
-        [sys.executable, "-m", "onnxmt.cli", "serve", str(broken), "--port", port],
+        [*ONNXMT, "serve", str(broken), "--port", port],
         capture_output=True,
         text=True,
         timeout=60,
@@ -464,3 +479,21 @@ def test_page_translates_in_headless_chromium(server: Server, translator: Transl
         assert browser.find_element(By.ID, "error").text == ""
     finally:
         browser.quit()
+
+
+# --- the load benchmark ----------------------------------------------------------------------------------------
+
+
+def test_load_script(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "load.py"
+    command = [sys.executable, str(script), str(tiny_onnx_dir), "--concurrency", "1", "4", "--requests", "8"]
+    command += ["--duration", "30", "--max-new-tokens", "5", "--name", "test", "--out", str(tmp_path)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "load-test.json").read_text())
+    assert [(level["concurrency"], level["ok"], level["errors"]) for level in result["levels"]] == [
+        (1, 8, 0),
+        (4, 8, 0),
+    ]
+    assert result["server_exit_code"] == 0 and result["server_rss_end_mb"]["rss_mb"] > 0
+    assert "| 4 | 8 | 0 |" in out.stdout

@@ -1,0 +1,228 @@
+"""Load test of `onnxmt serve`: throughput, latency percentiles, errors and server memory at a few concurrency levels.
+
+    python benchmarks/load.py MODEL_DIR                          # concurrency 1, 4, 16, 64; 200 requests each
+    python benchmarks/load.py MODEL_DIR --concurrency 1 8 --requests 100 --duration 30 --max-new-tokens 30
+
+Starts its own server (`onnxmt serve MODEL_DIR`) on a free port of 127.0.0.1 — traffic never leaves the machine —
+and stops it with SIGTERM at the end. Every level is bounded by `--requests` and by `--duration` seconds, whichever
+comes first. Server settings come from ONNXMT_* variables as usual (e.g. ONNXMT_MAX_BATCH_SIZE=32). Inputs are
+FLORES devtest sentences when ../shared/data is there, generated sentences otherwise. Prints a Markdown table and
+writes benchmarks/results/load-<name>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+import machine
+
+HERE = Path(__file__).resolve().parent
+FLORES = Path(__file__).resolve().parents[2] / "shared" / "data" / "flores200" / "devtest.eng_Latn"
+
+
+def sentences(n: int) -> list[str]:
+    if FLORES.is_file():
+        return FLORES.read_text(encoding="utf-8").splitlines()[:n]
+    from onnxmt.export.random_model import generate_corpus
+
+    return generate_corpus(0, lines=n)[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_mb(pid: int) -> dict[str, float]:
+    """Resident and peak resident memory of a process, from /proc (Linux)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out["rss_mb" if key == "VmRSS" else "peak_rss_mb"] = round(int(value.split()[0]) / 1024, 1)
+    return out
+
+
+def start_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "ONNXMT_ACCESS_LOG": os.environ.get("ONNXMT_ACCESS_LOG", "false")}
+    command = [sys.executable, "-m", "onnxmt.cli", "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    with open(log, "wb") as sink:
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"the server exited with {process.returncode}; see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    sys.exit(f"the server was not ready within 300 s; see {log}")
+
+
+async def run_level(url: str, body: dict[str, Any], texts: list[str], concurrency: int, requests: int, duration: float):
+    """`concurrency` clients sending requests back to back until `requests` are sent or `duration` has passed."""
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    sent = 0
+    deadline = time.monotonic() + duration
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        nonlocal sent
+        while sent < requests and time.monotonic() < deadline:
+            text = texts[sent % len(texts)]
+            sent += 1
+            started = time.perf_counter()
+            try:
+                response = await client.post("/translate", json={**body, "q": text})
+                status = str(response.status_code)
+            except httpx.HTTPError as e:
+                status = type(e).__name__
+            if status == "200":
+                latencies.append(time.perf_counter() - started)
+            else:
+                errors[status] = errors.get(status, 0) + 1
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return latencies, errors, elapsed
+
+
+def percentile(values: list[float], q: int) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def summarize(concurrency: int, latencies: list[float], errors: dict[str, int], elapsed: float) -> dict[str, Any]:
+    return {
+        "concurrency": concurrency,
+        "ok": len(latencies),
+        "errors": sum(errors.values()),
+        "errors_by_status": errors,
+        "seconds": round(elapsed, 3),
+        "requests_per_s": round(len(latencies) / elapsed, 2),
+        "p50_ms": round(percentile(latencies, 50) * 1000, 1),
+        "p95_ms": round(percentile(latencies, 95) * 1000, 1),
+        "p99_ms": round(percentile(latencies, 99) * 1000, 1),
+    }
+
+
+def batch_sizes(url: str) -> dict[str, float]:
+    """Mean texts per decoder batch and requests per batch so far, from /metrics."""
+    samples: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("onnxmt_batch_size_sum", "onnxmt_batch_size_count", "onnxmt_batch_requests_sum"):
+            samples[name] = float(value)
+    batches = samples.get("onnxmt_batch_size_count", 0)
+    return {
+        "batches": batches,
+        "texts": samples.get("onnxmt_batch_size_sum", 0),
+        "requests": samples.get("onnxmt_batch_requests_sum", 0),
+    }
+
+
+def table(levels: list[dict[str, Any]]) -> str:
+    head = "| concurrency | requests ok | errors | req/s | p50 ms | p95 ms | p99 ms | texts/batch | RSS MB after |"
+    rows = [head, "|" + " --- |" * 9]
+    for r in levels:
+        rows.append(
+            f"| {r['concurrency']} | {r['ok']} | {r['errors']} | {r['requests_per_s']:.1f} | {r['p50_ms']:.0f} | "
+            f"{r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {r['mean_batch_texts']:.1f} | {r['server']['rss_mb']:.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_dir", type=Path)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--requests", type=int, default=200, help="most requests per concurrency level")
+    p.add_argument("--duration", type=float, default=60.0, help="most seconds per concurrency level")
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--beams", type=int, default=None)
+    p.add_argument("--target", default=None, help="target language, e.g. cmn_Hans")
+    p.add_argument("--name", default=None, help="results file name: results/load-NAME.json (default: model dir)")
+    p.add_argument("--out", type=Path, default=HERE / "results")
+    args = p.parse_args()
+
+    texts = sentences(max(args.requests, 1))
+    fields = {"target": args.target, "beams": args.beams, "max_new_tokens": args.max_new_tokens}
+    body: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
+    keys = [k.strip() for k in os.environ.get("ONNXMT_API_KEYS", "").split(",") if k.strip()]
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = args.name or args.model_dir.name
+    port = free_port()
+    if keys:
+        body["api_key"] = keys[0]  # the server this script starts inherits ONNXMT_API_KEYS
+    url = f"http://127.0.0.1:{port}"
+    process = start_server(args.model_dir, port, Path(tempfile.gettempdir()) / f"onnxmt-load-{port}.log")
+    try:
+        httpx.post(f"{url}/translate", json={**body, "q": texts[0]}, timeout=120).raise_for_status()  # warm-up
+        server_start = rss_mb(process.pid)
+        print(f"server pid {process.pid} on {url}: RSS at start {server_start['rss_mb']} MB", file=sys.stderr)
+        levels = []
+        for concurrency in args.concurrency:
+            before = batch_sizes(url)
+            latencies, errors, elapsed = asyncio.run(
+                run_level(url, body, texts, concurrency, args.requests, args.duration)
+            )
+            after = batch_sizes(url)
+            level = summarize(concurrency, latencies, errors, elapsed)
+            batches = after["batches"] - before["batches"]
+            level["mean_batch_texts"] = round((after["texts"] - before["texts"]) / batches, 2) if batches else 0.0
+            level["mean_batch_requests"] = (
+                round((after["requests"] - before["requests"]) / batches, 2) if batches else 0.0
+            )
+            level["server"] = rss_mb(process.pid)
+            levels.append(level)
+            print(json.dumps(level), file=sys.stderr)
+        server_end = rss_mb(process.pid)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        exit_code = process.wait(timeout=120)
+    result = {
+        "model_dir": str(args.model_dir),
+        "settings": {**vars(args), "model_dir": str(args.model_dir), "out": str(args.out), "body": fields},
+        # The server's settings, less its API keys.
+        "server_env": {k: v for k, v in os.environ.items() if k.startswith("ONNXMT_") and k != "ONNXMT_API_KEYS"},
+        "server_rss_start_mb": server_start,
+        "server_rss_end_mb": server_end,
+        "server_exit_code": exit_code,
+        "levels": levels,
+        "machine": machine.describe(),
+    }
+    path = args.out / f"load-{name}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(table(levels))
+    print(
+        f"\nserver RSS: {server_start['rss_mb']} MB at start, {server_end['rss_mb']} MB at the end "
+        f"(peak {server_end['peak_rss_mb']} MB); exit code {exit_code} after SIGTERM; wrote {path}"
+    )
+
+
+if __name__ == "__main__":
+    main()
