@@ -11,8 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,8 @@ import pytest
 
 from onnxmt import DecodeOptions, Translator
 from onnxmt.export.random_model import generate_corpus
+from onnxmt.runtime.translator import Translation
+from onnxmt.serve.batcher import MicroBatcher, QueueFull
 from onnxmt.serve.options import ServeOptions
 
 TEXTS = generate_corpus(7, lines=64)[0]
@@ -168,6 +172,12 @@ def test_batch_equals_library(server: Server, translator: Translator) -> None:
     assert body["translatedText"] == [t.text for t in expected]
     assert body["translatedText"][-2:] == ["", ""]
     assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * len(texts)
+
+
+def test_empty_batch(server: Server) -> None:
+    response = post(server, {"q": [], "target": "cmn_Hans"})
+    assert response.status_code == 200, response.text
+    assert response.json()["translatedText"] == []
 
 
 def test_form_bodies(server: Server, translator: Translator) -> None:
@@ -436,6 +446,102 @@ def test_cli_defaults_are_serve_options_defaults() -> None:
             assert parameters[field.name].default is None
         else:
             assert parameters[field.name].default == field.default, field.name
+
+
+# --- in process: the batcher, and start-up ---------------------------------------------------------------------
+
+
+def _echo(texts: list[str], options: DecodeOptions) -> list[Translation]:
+    return [Translation(f"{options.beams}:{text}", [1], 0.0) for text in texts]
+
+
+def test_batcher_batches_but_never_mixes_settings() -> None:
+    calls: list[tuple[list[str], DecodeOptions]] = []
+
+    def translate(texts: list[str], options: DecodeOptions) -> list[Translation]:
+        calls.append((texts, options))
+        time.sleep(0.01)
+        return _echo(texts, options)
+
+    async def main() -> list[list[Translation]]:
+        with ThreadPoolExecutor(1) as executor:
+            batcher = MicroBatcher(translate, executor, max_batch_size=4, window=0.02, max_queue=100)
+            batcher.start()
+            settings = [DecodeOptions(beams=1), DecodeOptions(beams=2)]
+            results = await asyncio.gather(
+                *(batcher.translate([f"{i}"], settings[i % 2], timeout=10) for i in range(20))
+            )
+            await batcher.stop()
+            return results
+
+    results = asyncio.run(main())
+    assert results == [_echo([f"{i}"], DecodeOptions(beams=1 + i % 2)) for i in range(20)]
+    for texts, options in calls:
+        assert len(texts) <= 4
+        assert all(1 + int(text) % 2 == options.beams for text in texts)
+    assert max(len(texts) for texts, _ in calls) > 1
+
+
+def test_batcher_queue_full_and_timeout() -> None:
+    gate = threading.Event()
+
+    def blocked(texts: list[str], options: DecodeOptions) -> list[Translation]:
+        gate.wait(30)
+        return _echo(texts, options)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as executor:
+            batcher = MicroBatcher(blocked, executor, max_batch_size=1, window=0, max_queue=1)
+            batcher.start()
+            running = asyncio.create_task(batcher.translate(["a"], DecodeOptions(), None))
+            await asyncio.sleep(0.1)
+            waiting = asyncio.create_task(batcher.translate(["b"], DecodeOptions(), 0.2))
+            await asyncio.sleep(0.01)
+            with pytest.raises(QueueFull):
+                await batcher.translate(["c"], DecodeOptions(), None)
+            with pytest.raises(asyncio.TimeoutError):
+                await waiting
+            assert batcher.depth == 0  # the request that timed out gave its place back
+            queued = asyncio.create_task(batcher.translate(["d"], DecodeOptions(), None))
+            gate.set()
+            assert await running == _echo(["a"], DecodeOptions())
+            assert await queued == _echo(["d"], DecodeOptions())
+            await batcher.stop()
+
+    asyncio.run(main())
+
+
+def test_ready_only_once_the_model_is_loaded(tiny_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastapi.testclient import TestClient
+
+    from onnxmt.serve import service
+    from onnxmt.serve.app import create_app
+
+    gate = threading.Event()
+    load = service.Translator
+
+    def slow_load(*args: Any) -> Translator:
+        gate.wait(30)
+        return load(*args)
+
+    monkeypatch.setattr(service, "Translator", slow_load)
+    with TestClient(create_app(tiny_onnx_dir, ServeOptions())) as client:
+        assert client.get("/health").status_code == 200
+        assert "loading" in assert_error_body(client.get("/ready"), 503)
+        loading = client.post("/translate", json={"q": "a"})
+        assert "loading" in assert_error_body(loading, 503) and loading.headers["Retry-After"] == "1"
+        assert_error_body(client.get("/languages"), 503)
+        gate.set()
+        deadline = time.monotonic() + 30
+        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.post("/translate", json={"q": "a", "max_new_tokens": 3}).status_code == 200
+
+
+def assert_error_body(response: httpx.Response, status: int) -> str:
+    """Like assert_error, for answers that may carry more than the error (/ready says `ready: false` too)."""
+    assert response.status_code == status, response.text
+    return str(response.json()["error"])
 
 
 # --- the page in a real browser --------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ Every answer other than 200 is `{"error": "..."}` (LibreTranslate's shape) with 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from functools import cache
@@ -31,8 +30,6 @@ from .options import ServeOptions
 from .protocol import ApiError, parse_translate
 from .schemas import Language, TranslateAnswer, errors, request_body
 from .service import Service
-
-log = logging.getLogger("onnxmt.serve")
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
@@ -200,7 +197,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+    # Starlette re-raises the exception after this answer, and uvicorn logs it with its traceback.
     return _error(500, "internal server error")
 
 

@@ -119,6 +119,8 @@ class Service:
         languages.check_source(request.source)
         options = self._decode_options(translator, languages, request)
         timeout = self.options.timeout or None
+        if not request.texts:
+            return _answer(request, [], languages.source)
         try:
             results = await batcher.translate(request.texts, options, timeout)
         except QueueFull as e:
