@@ -362,8 +362,10 @@ def quantize(
     for column in ("file", "before", "after", "after/before", "nodes quantized"):
         table.add_column(column, justify="left" if column == "file" else "right")
     for r in results:
-        ratio = r.bytes_after / r.bytes_before
-        table.add_row(r.file, _size(r.bytes_before), _size(r.bytes_after), f"{ratio:.0%}", str(len(r.quantized_nodes)))
+        ratio = f"{r.bytes_after / r.bytes_before:.0%}" if r.bytes_before else ""
+        nodes = str(len(r.quantized_nodes)) if r.quantized_nodes else ""
+        sizes = [_size(n) if n else "none" for n in (r.bytes_before, r.bytes_after)]
+        table.add_row(r.file, *sizes, ratio, nodes)
     before, after = sum(r.bytes_before for r in results), sum(r.bytes_after for r in results)
     table.add_row("total", _size(before), _size(after), f"{after / before:.0%}", "", style="bold")
     Console().print(table)

@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..manifest import Manifest, describe_files, read_manifest, verify_files
+from ..manifest import SHARED_WEIGHTS_FILE, Manifest, describe_files, read_manifest, verify_files
+from .graphs import share_weights
 
 PARTS = ("encoder", "decoder", "all")
 OP_TYPES = ("MatMul", "Gemm", "Gather")
@@ -58,12 +59,14 @@ class QuantizeOptions:
 
 
 @dataclass(frozen=True)
-class GraphResult:
+class FileResult:
+    """One graph file, or the shared weights file (no nodes); 0 bytes where the file does not exist."""
+
     file: str
     bytes_before: int
     bytes_after: int
     quantized_nodes: list[str]
-    float_weight_bytes: int  # what is still float after quantization (layer norms, biases, excluded nodes)
+    float_weight_bytes: int  # float tensors a graph still reads (layer norms, biases, excluded nodes)
 
 
 def quantize(
@@ -71,7 +74,7 @@ def quantize(
     output_dir: str | Path,
     options: QuantizeOptions = QuantizeOptions(),
     progress: Progress = print,
-) -> tuple[Manifest, list[GraphResult]]:
+) -> tuple[Manifest, list[FileResult]]:
     """Quantize the graphs of `model_dir` into a new model directory `output_dir`; returns its manifest."""
     source, output = Path(model_dir), Path(output_dir)
     manifest = _check_request(source, output, options)
@@ -80,9 +83,12 @@ def quantize(
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         results = _quantize_into(staging, source, manifest, files, options, progress)
+        names = [name for name in manifest.files if (staging / name).is_file()]
+        if (staging / SHARED_WEIGHTS_FILE).is_file() and SHARED_WEIGHTS_FILE not in names:
+            names.insert(2, SHARED_WEIGHTS_FILE)
         new_manifest = replace(
             manifest,
-            files=describe_files(staging, list(manifest.files)),
+            files=describe_files(staging, names),
             quantization=_record(manifest, results, options),
             provenance={**manifest.provenance, "quantized_from": str(source.resolve())},
         )
@@ -126,12 +132,14 @@ def _graph_files(manifest: Manifest, parts: str) -> list[str]:
 
 def _quantize_into(
     staging: Path, source: Path, manifest: Manifest, files: list[str], options: QuantizeOptions, progress: Progress
-) -> list[GraphResult]:
+) -> list[FileResult]:
     import onnx
 
-    models = {name: onnx.load(str(source / name)) for name in files}
+    all_graphs = [manifest.graphs[key].file for key in ("encoder", "decoder")]
+    external = _external_locations(source, all_graphs)  # e.g. shared_weights.bin
+    models = {name: onnx.load(str(source / name)) for name in files}  # external data read in
     _check_exclude(models, options.exclude)
-    results = []
+    selected = {}
     for name, model in models.items():
         progress(f"quantizing {name} ({'int4 weight-only' if options.int4 else 'dynamic int8'})")
         nodes, kept_heads = _prepare(model, options)
@@ -144,11 +152,67 @@ def _quantize_into(
             _run_int8(model, out, nodes, options.per_channel)
         if kept_heads:
             _restore_heads(out, kept_heads)
-        results.append(_result(source / name, out, nodes))
+        selected[name] = nodes
     for name in manifest.files:
-        if name not in models:
+        if name not in models and (name not in external or len(models) < len(all_graphs)):
             shutil.copy2(source / name, staging / name)
+    if len(models) == len(all_graphs):
+        # Both graphs rewritten: what they still hold identically (the int8 embedding, positions) is stored once.
+        share_weights([staging / name for name in all_graphs], SHARED_WEIGHTS_FILE)
+    else:
+        # The untouched graph still reads the source's shared file; unchanged float tensors of the other one too.
+        for name in models:
+            _point_unchanged_to_shared(staging / name, source, all_graphs)
+    results = [_result(source / n, staging / n, selected[n]) for n in models]
+    for name in sorted(external | {SHARED_WEIGHTS_FILE}):
+        before, after = source / name, staging / name
+        if before.is_file() or after.is_file():
+            size_before = before.stat().st_size if before.is_file() else 0
+            size_after = after.stat().st_size if after.is_file() else 0
+            results.append(FileResult(name, size_before, size_after, [], 0))
     return results
+
+
+def _external_locations(directory: Path, graphs: list[str]) -> set[str]:
+    """Files the graphs keep tensors in (ONNX external data)."""
+    import onnx
+
+    locations: set[str] = set()
+    for name in graphs:
+        for init in onnx.load(str(directory / name), load_external_data=False).graph.initializer:
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                locations.update(e.value for e in init.external_data if e.key == "location")
+    return locations
+
+
+def _point_unchanged_to_shared(path: Path, source: Path, graphs: list[str]) -> None:
+    """Tensors of the rewritten graph `path` that the source kept in a shared file and that are unchanged (same
+    name, same bytes) point to that file again instead of being stored a second time inside the graph."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo
+
+    pointers = {}
+    for name in graphs:
+        for init in onnx.load(str(source / name), load_external_data=False).graph.initializer:
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                pointers[init.name] = init
+    model = onnx.load(str(path), load_external_data=False)
+    changed = False
+    for init in model.graph.initializer:
+        pointer = pointers.get(init.name)
+        if pointer is None or not init.raw_data or init.data_type != pointer.data_type:
+            continue
+        info = ExternalDataInfo(pointer)
+        with open(source / info.location, "rb") as f:
+            f.seek(info.offset or 0)
+            if f.read(info.length) != init.raw_data:
+                continue
+        init.ClearField("raw_data")
+        init.data_location = onnx.TensorProto.EXTERNAL
+        init.external_data.extend(pointer.external_data)
+        changed = True
+    if changed:
+        onnx.save(model, str(path))
 
 
 def _check_exclude(models: dict[str, Any], exclude: tuple[str, ...]) -> None:
@@ -326,21 +390,20 @@ def _run_int4(model: Any, out: Path, nodes: list[str], block_size: int) -> None:
         quantizer.model.save_model_to_file(str(out), use_external_data_format=False)
 
 
-def _result(before: Path, after: Path, nodes: list[str]) -> GraphResult:
+def _result(before: Path, after: Path, nodes: list[str]) -> FileResult:
     import onnx
 
-    graph = onnx.load(str(after)).graph
-    float_bytes = sum(len(i.raw_data) or 4 * len(i.float_data) for i in graph.initializer if i.data_type == 1)
-    return GraphResult(
-        file=after.name,
-        bytes_before=before.stat().st_size,
-        bytes_after=after.stat().st_size,
-        quantized_nodes=nodes,
-        float_weight_bytes=float_bytes,
-    )
+    graph = onnx.load(str(after), load_external_data=False).graph
+    float_bytes = sum(_stored_bytes(i) for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT)
+    return FileResult(after.name, before.stat().st_size, after.stat().st_size, nodes, float_bytes)
 
 
-def _record(manifest: Manifest, results: list[GraphResult], options: QuantizeOptions) -> dict[str, Any]:
+def _stored_bytes(init: Any) -> int:
+    length = next((int(e.value) for e in init.external_data if e.key == "length"), None)
+    return length if length is not None else len(init.raw_data) or 4 * len(init.float_data)
+
+
+def _record(manifest: Manifest, results: list[FileResult], options: QuantizeOptions) -> dict[str, Any]:
     import onnxruntime
 
     method = "weight-only int4" if options.int4 else "dynamic int8"
@@ -356,7 +419,7 @@ def _record(manifest: Manifest, results: list[GraphResult], options: QuantizeOpt
         "parts": options.parts,
         "excluded_nodes": list(options.exclude),
         "tool": f"onnxruntime {onnxruntime.__version__} {tool}",
-        "graphs": {
+        "files": {
             r.file: {
                 "quantized_nodes": len(r.quantized_nodes),
                 "bytes_before": r.bytes_before,
@@ -365,6 +428,6 @@ def _record(manifest: Manifest, results: list[GraphResult], options: QuantizeOpt
             }
             for r in results
         },
-        "source_sha256": {r.file: manifest.files[r.file]["sha256"] for r in results},
+        "source_sha256": {r.file: manifest.files[r.file]["sha256"] for r in results if r.file in manifest.files},
     }
     return record

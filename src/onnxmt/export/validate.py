@@ -290,31 +290,46 @@ def validate(
     )
     total_abs, count = 0.0, 0
     for i, text in enumerate(texts):
-        ids = ref.encode([text], token).input_ids[0].tolist()
-        same_ids = ids == translator.tokenizer.encode(text, target_token=token)
-        report.tokenizer_identical += same_ids
-        ref_greedy, onnx_greedy = outputs["greedy"][0][i], outputs["greedy"][1][i]
-        forced_ref, forced_onnx = _teacher_forced(translator, ref, ids, ref_greedy)
-        diff = np.abs(forced_ref - forced_onnx)  # (steps, vocab)
+        sentence, diff = _compare_sentence(
+            i, text, token, {k: (v[0][i], v[1][i]) for k, v in outputs.items()}, translator, ref, report
+        )
+        report.per_sentence.append(sentence)
         report.max_abs_logit_diff = max(report.max_abs_logit_diff, float(diff.max()))
         total_abs, count = total_abs + float(diff.sum()), count + diff.size
-        report.per_sentence.append(
-            {
-                "index": i,
-                "chars": len(text),
-                "tokenizer_identical": same_ids,
-                "max_abs_logit_diff": float(diff.max()),
-                "greedy_identical": ref_greedy == onnx_greedy,
-                "beam_identical": outputs["beam"][0][i] == outputs["beam"][1][i],
-            }
-        )
-        for search in ("greedy", "beam"):
-            ref_out, onnx_out = outputs[search][0][i], outputs[search][1][i]
-            if ref_out != onnx_out:
-                report.divergences.append(_divergence(search, i, text, ids, ref_out, onnx_out, translator, ref))
         advance(1)
     report.mean_abs_logit_diff = total_abs / count if count else 0.0
     return report
+
+
+def _compare_sentence(
+    index: int,
+    text: str,
+    token: str | None,
+    outputs: dict[str, tuple[list[int], list[int]]],
+    translator: Translator,
+    ref: _Reference,
+    report: ValidationReport,
+) -> tuple[dict[str, Any], np.ndarray]:
+    """One sentence: tokenizers, teacher-forced logits, first differences (added to `report`).
+    Returns its JSON record and its absolute logit differences (steps, vocab)."""
+    ids = ref.encode([text], token).input_ids[0].tolist()
+    same_ids = ids == translator.tokenizer.encode(text, target_token=token)
+    report.tokenizer_identical += same_ids
+    forced_ref, forced_onnx = _teacher_forced(translator, ref, ids, outputs["greedy"][0])
+    diff = np.abs(forced_ref - forced_onnx)
+    record: dict[str, Any] = {
+        "index": index,
+        "chars": len(text),
+        "tokenizer_identical": same_ids,
+        "max_abs_logit_diff": float(diff.max()),
+    }
+    for search, (ref_out, onnx_out) in outputs.items():
+        record.update(
+            {f"{search}_identical": ref_out == onnx_out, f"{search}_reference": ref_out, f"{search}_onnx": onnx_out}
+        )
+        if ref_out != onnx_out:
+            report.divergences.append(_divergence(search, index, text, ids, ref_out, onnx_out, translator, ref))
+    return record, diff
 
 
 def _generate_both(
