@@ -423,6 +423,10 @@ def test_sigterm_finishes_requests_in_flight(tiny_onnx_dir: Path, tmp_path: Path
 def test_model_that_cannot_load_exits_2(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     missing = subprocess.run([*ONNXMT, "serve", str(tmp_path / "missing")], capture_output=True, text=True)
     assert missing.returncode == 2 and "not found" in missing.stderr
+    bad_setting = subprocess.run(
+        [*ONNXMT, "serve", str(tiny_onnx_dir), "--max-queue", "0"], capture_output=True, text=True, timeout=60
+    )
+    assert bad_setting.returncode == 2 and "max_queue must be at least 1" in bad_setting.stderr
     broken = tmp_path / "broken"
     shutil.copytree(tiny_onnx_dir, broken)
     (broken / "decoder.onnx").write_bytes(b"not a model")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+
 
 @dataclass(frozen=True)
 class ServeOptions:
@@ -43,6 +45,8 @@ class ServeOptions:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0..65535, got {self.port}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"unknown log level {self.log_level!r}; valid: {', '.join(LOG_LEVELS)}")
 
 
 def split_list(value: str | None) -> tuple[str, ...]:
