@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -98,6 +101,19 @@ def test_rows_side_by_side_with_every_column(tiny_onnx_dir: Path, pair: tuple[Pa
     data = json.loads(report.to_json())
     assert set(data["rows"][0]) >= {"model", "bleu", "chrf", "size_bytes", "latency_ms", "peak_rss_bytes"}
     assert data["machine"]["cores"] >= 1 and "cpu_flags" in data["machine"]
+
+
+def test_onnx_worker_needs_neither_torch_nor_transformers(tiny_onnx_dir: Path, pair: tuple[Path, Path]) -> None:
+    job = {"kind": "onnx", "model": str(tiny_onnx_dir), "src_file": str(pair[0]), "options": asdict(FAST)}
+    code = (
+        "import json, sys\n"
+        "sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+        "from onnxmt.eval import run_worker\n"
+        f"print(json.dumps(run_worker({job!r})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(result["hypotheses"]) == len(SOURCES) and result["quantization"] == "fp32"
 
 
 def test_cli_with_a_pytorch_reference_row(

@@ -174,6 +174,15 @@ def test_excluded_lm_head_stays_a_gemm_sharing_the_float_embedding(tiny_onnx_dir
     assert Translator(out).translate(TEXTS, max_new_tokens=5)[0].token_ids
 
 
+@pytest.mark.parametrize("int4", [False, True])
+def test_lm_head_alias_excludes_the_tied_head(tiny_onnx_dir: Path, tmp_path: Path, int4: bool) -> None:
+    out = _quantize(tiny_onnx_dir, tmp_path / "alias", exclude=("lm_head",), int4=int4)
+    graph = _graph(out / DECODER_FILE)
+    assert [(n.name, n.input[1]) for n in graph.node if n.op_type == "Gemm"] == [(LM_HEAD, "embed_tokens.weight")]
+    assert [n.op_type for n in graph.node if "embed_tokens.weight" in n.input] == ["Gather", "Gemm"]
+    assert Translator(out).translate(TEXTS, max_new_tokens=5)[0].token_ids
+
+
 def test_op_types_matmul_only_keeps_embeddings_float(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     out = _quantize(tiny_onnx_dir, tmp_path / "mm", op_types=("MatMul",))
     floats = _float_matrices(out / DECODER_FILE)

@@ -325,7 +325,8 @@ def quantize(
     output_dir: Annotated[Path, typer.Argument(help="New directory to write (must be new or empty unless --force).")],
     parts: Annotated[str, typer.Option(help="Graphs to quantize: encoder, decoder or all.")] = "all",
     exclude: Annotated[
-        list[str] | None, typer.Option(help="Node name to keep in float; repeat, or separate names with commas.")
+        list[str] | None,
+        typer.Option(help="Node to keep in float (lm_head: the tied LM head); repeat, or separate with commas."),
     ] = None,
     op_types: Annotated[str, typer.Option(help="Operators to quantize, comma-separated.")] = "MatMul,Gemm,Gather",
     int4: Annotated[

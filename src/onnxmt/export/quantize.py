@@ -31,6 +31,7 @@ from ..manifest import SHARED_WEIGHTS_FILE, Manifest, describe_files, read_manif
 from .graphs import share_weights
 
 PARTS = ("encoder", "decoder", "all")
+LM_HEAD = "lm_head"  # an --exclude name for the tied LM head, whatever the exporter called its node
 OP_TYPES = ("MatMul", "Gemm", "Gather")
 # Element types of quantized weights: int8, uint8, int4, uint4.
 _QUANTIZED_DTYPES = {2, 3, 21, 22}
@@ -46,8 +47,8 @@ class QuantizeError(ValueError):
 class QuantizeOptions:
     """parts: which graphs to quantize. op_types: the weight-carrying operators to quantize (Gather: the
     embeddings, per-tensor uint8 in ONNX Runtime's dynamic mode; Gemm: the LM head). exclude: node names kept in
-    float. int4: weight-only 4-bit (MatMulNBits, GatherBlockQuantized) instead of dynamic int8. per_channel: int8
-    scales per output column rather than per matrix."""
+    float ("lm_head": the tied LM head). int4: weight-only 4-bit (MatMulNBits, GatherBlockQuantized) instead of
+    dynamic int8. per_channel: int8 scales per output column rather than per matrix."""
 
     parts: str = "all"
     op_types: tuple[str, ...] = OP_TYPES
@@ -216,7 +217,7 @@ def _point_unchanged_to_shared(path: Path, source: Path, graphs: list[str]) -> N
 
 
 def _check_exclude(models: dict[str, Any], exclude: tuple[str, ...]) -> None:
-    names = {node.name for model in models.values() for node in model.graph.node}
+    names = {node.name for model in models.values() for node in model.graph.node} | {LM_HEAD}
     for wanted in exclude:
         if wanted not in names:
             close = difflib.get_close_matches(wanted, sorted(names), n=3)
@@ -244,6 +245,8 @@ def _prepare(model: Any, options: QuantizeOptions) -> tuple[list[str], list[_Kep
         if not node.name:
             node.name = f"{node.op_type}_{i}"  # the quantizers select nodes by name
     excluded = set(options.exclude)
+    if LM_HEAD in excluded:
+        excluded |= _tied_heads(graph)
     kept: list[_KeptHead] = []
     untied = set()
     for node in [n for n in graph.node if n.op_type == "Gemm" and n.input[1] in inits and _plain_gemm(n)]:
@@ -268,6 +271,20 @@ def _prepare(model: Any, options: QuantizeOptions) -> tuple[list[str], list[_Kep
         return False
 
     return [node.name for node in graph.node if wanted(node)], kept
+
+
+def _tied_heads(graph: Any) -> set[str]:
+    """Names of the Gemm(transB=1) nodes whose weight a Gather reads too: the tied LM head."""
+    from onnx import helper
+
+    gathered = {n.input[0] for n in graph.node if n.op_type == "Gather"}
+    return {
+        n.name
+        for n in graph.node
+        if n.op_type == "Gemm"
+        and n.input[1] in gathered
+        and any(a.name == "transB" and helper.get_attribute_value(a) == 1 for a in n.attribute)
+    }
 
 
 def _plain_gemm(node: Any) -> bool:
@@ -376,13 +393,15 @@ def _run_int4(model: Any, out: Path, nodes: list[str], block_size: int) -> None:
     except ImportError as e:  # pragma: no cover - depends on the installed onnxruntime
         raise QuantizeError(f"int4 needs onnxruntime's MatMulNBitsQuantizer (onnxruntime >= 1.17): {e}") from e
 
+    chosen = set(nodes)
     with _quiet():
         quantizer = MatMulNBitsQuantizer(
             model,
             bits=4,
             block_size=block_size,
             is_symmetric=True,
-            nodes_to_include=nodes,
+            # Its nodes_to_include adds to op_types_to_quantize instead of narrowing it: exclude the rest.
+            nodes_to_exclude=[n.name for n in model.graph.node if n.name not in chosen],
             op_types_to_quantize=("MatMul", "Gather"),
             quant_axes=(("MatMul", 0), ("Gather", 1)),
         )
