@@ -253,8 +253,8 @@ def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Logi
         _apply(processors, flat, scores)
         vocab = scores.shape[-1]
         scores = (scores.reshape(n, k, vocab) + state.running_scores[:, :, None]).reshape(n, k * vocab)
-        source, cache_rows = _advance(state, scores, vocab, keep, cur_len, s)
-        cache = cache.select(cache_rows)
+        cache_rows = _advance(state, scores, vocab, keep, cur_len, s)
+        cache = cache.reorder_beams(cache_rows)
         # Sentences whose finished beams can no longer change leave the batch.
         frozen = ~state.improvable
         if s.early_stopping is True:
@@ -269,13 +269,12 @@ def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Logi
                 break
             state = state.take(live)
             cache = cache.select((live[:, None] * k + np.arange(k)).reshape(-1))
-        del source
     return [_hypotheses(results[b], s) for b in range(batch)]
 
 
 def _advance(
     state: _Beams, scores: np.ndarray, vocab: int, keep: int, cur_len: int, s: Settings
-) -> tuple[np.ndarray, np.ndarray]:
+) -> np.ndarray:
     """One beam-search step on `scores` (n, beams*vocab); updates `state`, returns the cache rows to keep."""
     n, k = state.running_scores.shape
     # Top continuations over all beams of a sentence.
@@ -295,7 +294,7 @@ def _advance(
 
     _update_finished(state, candidates, top_scores, hits, cur_len, s)
     _update_improvable(state, cur_len + 1, s)
-    return source, cache_rows
+    return cache_rows
 
 
 def _update_finished(

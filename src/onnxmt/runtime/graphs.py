@@ -47,6 +47,14 @@ class Cache:
             encoder_states=None if self.encoder_states is None else self.encoder_states[rows],
         )
 
+    def reorder_beams(self, rows: np.ndarray) -> Cache:
+        """Reorder the self-attention cache among the beams of each sentence.
+
+        The beams of one sentence share its mask and cross-attention K/V, so only the self-attention cache moves;
+        copying the cross-attention K/V every step would cost as much as the step's own cache.
+        """
+        return replace(self, self_kv=tuple(a[rows] for a in self.self_kv))
+
 
 def session_options(options: RuntimeOptions):
     import onnxruntime as ort
