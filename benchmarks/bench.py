@@ -248,7 +248,10 @@ def write(result: dict[str, Any], stem: Path) -> None:
     print(text)
     stem.with_suffix(".md").write_text(text, encoding="utf-8")
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    report.chart(result, stem.with_suffix(".png"))
+    try:
+        report.chart(result, stem.with_suffix(".png"))
+    except ImportError:
+        print("no chart: pip install matplotlib (or onnxmt[bench])", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ The tiny models are cached in benchmarks/.cache (gitignored) like the full run's
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -53,5 +54,6 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: Path) -> None:
             assert engines[name]["agreement"] == [2, 2], name
     assert "| onnxmt fp32 |" in proc.stdout and "×)" in proc.stdout
     assert (tmp_path / "quick.md").read_text().startswith("| engine |")
-    assert (tmp_path / "quick.png").stat().st_size > 10_000
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "quick.png").stat().st_size > 10_000
     assert set(result["machine"]) >= {"cpu", "simd", "versions", "load_average"}
