@@ -272,9 +272,7 @@ def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Logi
     return [_hypotheses(results[b], s) for b in range(batch)]
 
 
-def _advance(
-    state: _Beams, scores: np.ndarray, vocab: int, keep: int, cur_len: int, s: Settings
-) -> np.ndarray:
+def _advance(state: _Beams, scores: np.ndarray, vocab: int, keep: int, cur_len: int, s: Settings) -> np.ndarray:
     """One beam-search step on `scores` (n, beams*vocab); updates `state`, returns the cache rows to keep."""
     n, k = state.running_scores.shape
     # Top continuations over all beams of a sentence.
