@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     info = machine.describe()
     if info["load_average"][0] > 0.5:
         log(f"warning: load average {info['load_average'][0]:.2f} before the run; figures will be noisy")
+    if not (args.data / INPUT_FILE).is_file():
+        log(f"error: {args.data / INPUT_FILE} not found; pass --data with the shared data folder")
+        return 2
     texts = models.read_lines(args.data / INPUT_FILE, args.sentences)
     corpus = [line for name in TOKENIZER_CORPUS for line in models.read_lines(args.data / name)]
     spec = models.QUICK if args.quick else models.FULL

@@ -32,7 +32,11 @@ def test_count_refuses_runs_that_stopped_early() -> None:
         worker._count([[1, 2, 0], [3, 0]], 3, "x")
 
 
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
 @pytest.mark.timeout(300)
+@pytest.mark.skipif(not (DATA / "flores200").is_dir(), reason=f"shared benchmark data not found at {DATA}")
 def test_quick_run_writes_table_json_and_chart(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(BENCHMARKS / "bench.py"), "--quick", "--out", str(tmp_path)],
