@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onnxmt.runtime.decoding import Settings, build_processors, log_softmax, topk
+from onnxmt.runtime.decoding import Settings, build_processors, topk
+from onnxmt.runtime.graphs import VocabOps
+from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translator
 
 torch = pytest.importorskip("torch")
@@ -196,10 +198,20 @@ def test_processors_edit_scores_like_transformers() -> None:
 def test_topk_orders_largest_first_with_stable_ties() -> None:
     x = np.array([[1.0, 5.0, 5.0, -np.inf, 3.0]], dtype=np.float32)
     assert topk(x, 3).tolist() == [[1, 2, 4]]
+    assert topk(x, 2, tiebreak=np.array([[0, 9, 8, 0, 0]])).tolist() == [[2, 1]]
 
 
-def test_log_softmax_handles_minus_infinity() -> None:
-    x = np.array([[0.0, -np.inf, 1.0]], dtype=np.float32)
-    out = log_softmax(x)
-    assert out[0, 1] == -np.inf
-    np.testing.assert_allclose(np.exp(out).sum(), 1.0, rtol=1e-6)
+def test_vocab_ops_log_softmax_and_topk() -> None:
+    ops = VocabOps(RuntimeOptions(threads=2))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5, 1000)).astype(np.float32)
+    x[0, 3] = -np.inf
+    out = ops.log_softmax(x)
+    assert out[0, 3] == -np.inf
+    expected = torch.log_softmax(torch.from_numpy(x), dim=-1).numpy()
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+    x[1, 10] = x[1, 20] = 50.0  # a tie: the lower index comes first, as in numpy's fallback
+    values, indices = ops.topk(x, 8)
+    assert indices[1, :2].tolist() == [10, 20]
+    assert indices.tolist() == topk(x, 8).tolist()
+    np.testing.assert_array_equal(values, np.take_along_axis(x, indices, axis=1))

@@ -157,18 +157,12 @@ def _apply(processors: Sequence[LogitsProcessor], sequences: np.ndarray, scores:
         processor(sequences, scores)
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    shifted = x - x.max(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore"):
-        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
-def topk(x: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest entries of each row, largest first (ties: lower index first)."""
-    part = np.argpartition(-x, k - 1, axis=-1)[:, :k]
-    values = np.take_along_axis(x, part, axis=-1)
-    order = np.lexsort((part, -values), axis=-1)
-    return np.take_along_axis(part, order, axis=-1)
+def topk(x: np.ndarray, k: int, tiebreak: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the k largest entries of each row, largest first; ties go to the lower index, or to the lower
+    `tiebreak` value when given (same shape as x)."""
+    keys = np.broadcast_to(np.arange(x.shape[-1]), x.shape) if tiebreak is None else tiebreak
+    order = np.lexsort((keys, -x), axis=-1)
+    return order[:, :k]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -198,7 +192,7 @@ def greedy_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Lo
         _apply(processors, sequences[active, :cur_len], logits)
         # Greedy choice, and its log-probability for the score.
         chosen = logits.argmax(axis=-1)
-        totals[active] += np.take_along_axis(log_softmax(logits), chosen[:, None], axis=1)[:, 0]
+        totals[active] += np.take_along_axis(graphs.ops.log_softmax(logits), chosen[:, None], axis=1)[:, 0]
         sequences[active, cur_len] = chosen
         # Rows that produced eos, or reached the length limit, are done.
         done = np.isin(chosen, eos) | (cur_len + 1 >= s.max_length)
@@ -249,11 +243,15 @@ def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Logi
         n = len(state.ids)
         flat = state.running.reshape(n * k, -1)[:, :cur_len]  # (n*beams, cur_len)
         logits, cache = graphs.step(flat[:, -1:], cache)
-        scores = log_softmax(logits)  # (n*beams, vocab)
+        scores = graphs.ops.log_softmax(logits)  # (n*beams, vocab)
         _apply(processors, flat, scores)
+        # The best `keep` continuations of a sentence are among the best `keep` of each of its beams (a beam's
+        # score shifts its whole row), so only (n, beams*keep) candidates are compared across beams.
+        values, tokens = graphs.ops.topk(scores, keep)  # (n*beams, keep)
         vocab = scores.shape[-1]
-        scores = (scores.reshape(n, k, vocab) + state.running_scores[:, :, None]).reshape(n, k * vocab)
-        cache_rows = _advance(state, scores, vocab, keep, cur_len, s)
+        totals = (values.reshape(n, k, keep) + state.running_scores[:, :, None]).reshape(n, k * keep)
+        flat_ids = (np.arange(k)[None, :, None] * vocab + tokens.reshape(n, k, keep)).reshape(n, k * keep)
+        cache_rows = _advance(state, totals, flat_ids, vocab, keep, cur_len, s)
         cache = cache.reorder_beams(cache_rows)
         # Sentences whose finished beams can no longer change leave the batch.
         frozen = ~state.improvable
@@ -272,12 +270,16 @@ def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Logi
     return [_hypotheses(results[b], s) for b in range(batch)]
 
 
-def _advance(state: _Beams, scores: np.ndarray, vocab: int, keep: int, cur_len: int, s: Settings) -> np.ndarray:
-    """One beam-search step on `scores` (n, beams*vocab); updates `state`, returns the cache rows to keep."""
+def _advance(
+    state: _Beams, totals: np.ndarray, flat_ids: np.ndarray, vocab: int, keep: int, cur_len: int, s: Settings
+) -> np.ndarray:
+    """One beam-search step on the candidates' `totals` (n, c) at `flat_ids` (beam * vocab + token, (n, c));
+    updates `state`, returns the cache rows to keep."""
     n, k = state.running_scores.shape
-    # Top continuations over all beams of a sentence.
-    top = topk(scores, keep)  # (n, keep)
-    top_scores = np.take_along_axis(scores, top, axis=1)
+    # Top continuations over all beams of a sentence; ties go to the lower beam*vocab+token, as over the full row.
+    order = topk(totals, keep, tiebreak=flat_ids)  # (n, keep)
+    top = np.take_along_axis(flat_ids, order, axis=1)
+    top_scores = np.take_along_axis(totals, order, axis=1)
     source, token = top // vocab, top % vocab  # beam each continuation extends, and its new token
     candidates = np.take_along_axis(state.running, source[:, :, None], axis=1)  # (n, keep, max_length)
     candidates[:, :, cur_len] = token

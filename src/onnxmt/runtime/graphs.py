@@ -79,10 +79,33 @@ def load_session(path: Path, options: RuntimeOptions):
         raise ModelDirError(f"{path}: ONNX Runtime cannot load this graph ({e.__class__.__name__}: {e})") from e
 
 
-class Graphs:
-    """Common part: names by role from the manifest, empty caches of the right shape."""
+OPS_DIR = Path(__file__).resolve().parent / "ops"
 
-    def __init__(self, manifest: Manifest) -> None:
+
+class VocabOps:
+    """log-softmax and per-row top-k over (rows, vocab) matrices on ONNX Runtime's threads (`runtime/ops/`).
+
+    TopK follows the ONNX rule for ties (lower index first), the order the numpy fallbacks in decoding.py keep.
+    """
+
+    def __init__(self, options: RuntimeOptions) -> None:
+        self._log_softmax = load_session(OPS_DIR / "log_softmax.onnx", options)
+        self._topk = load_session(OPS_DIR / "topk.onnx", options)
+
+    def log_softmax(self, logits: np.ndarray) -> np.ndarray:
+        return self._log_softmax.run(None, {"logits": logits})[0]
+
+    def topk(self, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k largest entries of each row and their indices, largest first: ((rows, k), (rows, k))."""
+        values, indices = self._topk.run(None, {"scores": scores, "k": np.array([k], dtype=np.int64)})
+        return values, indices
+
+
+class Graphs:
+    """Common part: names by role from the manifest, empty caches of the right shape, the vocabulary ops."""
+
+    def __init__(self, manifest: Manifest, options: RuntimeOptions) -> None:
+        self.ops = VocabOps(options)
         self.layers = int(manifest.model["num_layers"])
         self.heads = int(manifest.model["num_heads"])
         self.head_dim = int(manifest.model["head_dim"])
@@ -104,7 +127,7 @@ def _kv_roles(prefix: str, layers: int) -> list[str]:
 
 class OnnxmtGraphs(Graphs):
     def __init__(self, directory: Path, manifest: Manifest, options: RuntimeOptions) -> None:
-        super().__init__(manifest)
+        super().__init__(manifest, options)
         enc, dec = manifest.graphs["encoder"], manifest.graphs["decoder"]
         self.encoder = load_session(directory / enc.file, options)
         self.decoder = load_session(directory / dec.file, options)
@@ -132,7 +155,7 @@ class OptimumGraphs(Graphs):
     """Optimum's files: the first step computes the cross-attention K/V, later steps reuse them."""
 
     def __init__(self, directory: Path, manifest: Manifest, options: RuntimeOptions) -> None:
-        super().__init__(manifest)
+        super().__init__(manifest, options)
         self.specs = manifest.graphs
         self.d_model = int(manifest.model["d_model"])
         self.encoder = load_session(directory / self.specs["encoder"].file, options)
