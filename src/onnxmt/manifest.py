@@ -171,6 +171,37 @@ def verify_files(directory: str | Path, manifest: Manifest, *, check_hash: bool 
             raise ModelDirError(f"{path}: sha256 does not match the manifest (the file is corrupted or was changed)")
 
 
+def model_facts(config: dict[str, Any]) -> dict[str, Any]:
+    """The sizes the runtime needs, from a Marian/BART-style config.json."""
+    heads = config["decoder_attention_heads"]
+    return {
+        "d_model": config["d_model"],
+        "encoder_layers": config["encoder_layers"],
+        "num_layers": config["decoder_layers"],
+        "num_heads": heads,
+        "head_dim": config["d_model"] // heads,
+        "vocab_size": config.get("decoder_vocab_size") or config["vocab_size"],
+        "max_positions": config["max_position_embeddings"],
+    }
+
+
+def special_tokens(config: dict[str, Any], generation_config: dict[str, Any], unk: int | None) -> dict[str, Any]:
+    """Decoder start, eos (one or several) and pad ids as transformers resolves them: generation config first."""
+
+    def pick(key: str) -> Any:
+        value = generation_config.get(key)
+        return config.get(key) if value is None else value
+
+    eos = pick("eos_token_id")
+    return {
+        "decoder_start": pick("decoder_start_token_id"),
+        "eos": eos[0] if isinstance(eos, list) else eos,
+        "eos_ids": eos if isinstance(eos, list) else [eos],
+        "pad": pick("pad_token_id"),
+        "unk": unk,
+    }
+
+
 def generation_defaults(generation_config: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """Generation defaults as transformers resolves them: generation_config.json first, then config.json."""
     out: dict[str, Any] = {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..manifest import MARIAN_TOKENIZER_FILES, OPTIONAL_TOKENIZER_FILES
+from ..manifest import MARIAN_TOKENIZER_FILES, OPTIONAL_TOKENIZER_FILES, model_facts
 
 _REGISTRY: dict[str, type[Architecture]] = {}
 
@@ -75,13 +75,4 @@ class Marian(Architecture):
         return MarianDecoderExport(model).eval()
 
     def facts(self, config: dict[str, Any]) -> dict[str, Any]:
-        heads = config["decoder_attention_heads"]
-        return {
-            "d_model": config["d_model"],
-            "encoder_layers": config["encoder_layers"],
-            "num_layers": config["decoder_layers"],
-            "num_heads": heads,
-            "head_dim": config["d_model"] // heads,
-            "vocab_size": config.get("decoder_vocab_size") or config["vocab_size"],
-            "max_positions": config["max_position_embeddings"],
-        }
+        return model_facts(config)

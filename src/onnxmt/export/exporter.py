@@ -23,6 +23,7 @@ from ..manifest import (
     Manifest,
     describe_files,
     generation_defaults,
+    special_tokens,
 )
 from .architectures import Architecture, get_architecture
 from .graphs import cache_names, export_decoder, export_encoder, graph_spec, share_weights
@@ -166,18 +167,7 @@ def _build_manifest(
             f"--default-target {options.default_target!r} is not a target language of this model; valid: {valid}"
         )
 
-    def pick(key: str) -> Any:
-        value = generation_config.get(key)
-        return config.get(key) if value is None else value
-
-    eos = pick("eos_token_id")
-    tokens = {
-        "decoder_start": pick("decoder_start_token_id"),
-        "eos": eos[0] if isinstance(eos, list) else eos,
-        "eos_ids": eos if isinstance(eos, list) else [eos],
-        "pad": pick("pad_token_id"),
-        "unk": vocab.get(tokenizer_config.get("unk_token", "<unk>")),
-    }
+    tokens = special_tokens(config, generation_config, vocab.get(tokenizer_config.get("unk_token", "<unk>")))
     if tokens["decoder_start"] is None:
         raise ExportError("the model config has no decoder_start_token_id")
     return Manifest(

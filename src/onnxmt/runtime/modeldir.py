@@ -21,7 +21,9 @@ from ..manifest import (
     ModelDirError,
     TensorSpec,
     generation_defaults,
+    model_facts,
     read_manifest,
+    special_tokens,
     verify_files,
 )
 
@@ -79,13 +81,6 @@ def optimum_manifest(directory: Path) -> Manifest:
     generation_config = _json(directory / "generation_config.json")
     tokenizer_config = _json(directory / "tokenizer_config.json")
     vocab = _json(directory / "vocab.json")
-    heads = config["decoder_attention_heads"]
-
-    def pick(key: str) -> Any:
-        value = generation_config.get(key)
-        return config.get(key) if value is None else value
-
-    eos = pick("eos_token_id")
     tokenizer_files = [n for n in (*MARIAN_TOKENIZER_FILES, *OPTIONAL_TOKENIZER_FILES) if (directory / n).is_file()]
     return Manifest(
         architecture="marian",
@@ -96,22 +91,8 @@ def optimum_manifest(directory: Path) -> Manifest:
             if (directory / name).is_file()
         },
         graphs={part: _graph_spec_from_session(directory / name, name) for part, name in files.items()},
-        model={
-            "d_model": config["d_model"],
-            "encoder_layers": config["encoder_layers"],
-            "num_layers": config["decoder_layers"],
-            "num_heads": heads,
-            "head_dim": config["d_model"] // heads,
-            "vocab_size": config.get("decoder_vocab_size") or config["vocab_size"],
-            "max_positions": config["max_position_embeddings"],
-        },
-        tokens={
-            "decoder_start": pick("decoder_start_token_id"),
-            "eos": eos[0] if isinstance(eos, list) else eos,
-            "eos_ids": eos if isinstance(eos, list) else [eos],
-            "pad": pick("pad_token_id"),
-            "unk": vocab.get("<unk>"),
-        },
+        model=model_facts(config),
+        tokens=special_tokens(config, generation_config, vocab.get("<unk>")),
         generation=generation_defaults(generation_config, config),
         languages={
             "source": tokenizer_config.get("source_lang"),
