@@ -156,3 +156,21 @@ def test_inspect_shows_the_optimum_layout(layout: tuple[str, Path]) -> None:
     for file in GRAPH_FILES[name].values():
         assert file in result.output
     assert "past_key_values.0.decoder.key" in result.output
+
+
+def test_each_graph_is_loaded_once(tiny_optimum_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnxmt.runtime.graphs as graphs
+
+    loaded: list[str] = []
+    real = graphs.load_session
+
+    def counting(path: Path, options):  # type: ignore[no-untyped-def]
+        loaded.append(Path(path).name)
+        return real(path, options)
+
+    monkeypatch.setattr(graphs, "load_session", counting)
+    translator = Translator(tiny_optimum_dir)
+    # The sessions opened to read the graphs' names are the ones that run them (plus the two vocabulary ops).
+    onnx_files = [name for name in loaded if name.endswith("_model.onnx")]
+    assert sorted(onnx_files) == ["decoder_model.onnx", "decoder_with_past_model.onnx", "encoder_model.onnx"]
+    assert translator.translate(["a"], max_new_tokens=2)[0].token_ids

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -154,18 +155,24 @@ class OnnxmtGraphs(Graphs):
 class OptimumGraphs(Graphs):
     """Optimum's files: the first step computes the cross-attention K/V, later steps reuse them."""
 
-    def __init__(self, directory: Path, manifest: Manifest, options: RuntimeOptions) -> None:
+    def __init__(
+        self, directory: Path, manifest: Manifest, options: RuntimeOptions, sessions: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(manifest, options)
         self.specs = manifest.graphs
         self.d_model = int(manifest.model["d_model"])
-        self.encoder = load_session(directory / self.specs["encoder"].file, options)
+        opened = sessions or {}
+
+        def session(part: str) -> Any:
+            file = self.specs[part].file
+            return opened[file] if file in opened else load_session(directory / file, options)
+
+        self.encoder = session("encoder")
         self.merged = "decoder_merged" in self.specs
         if self.merged:
-            session = load_session(directory / self.specs["decoder_merged"].file, options)
-            self.first = self.later = session
+            self.first = self.later = session("decoder_merged")
         else:
-            self.first = load_session(directory / self.specs["decoder"].file, options)
-            self.later = load_session(directory / self.specs["decoder_with_past"].file, options)
+            self.first, self.later = session("decoder"), session("decoder_with_past")
 
     def _spec(self, first: bool) -> GraphSpec:
         if self.merged:
@@ -217,7 +224,10 @@ class OptimumGraphs(Graphs):
         return np.zeros((rows, 0, self.d_model), dtype=np.float32)
 
 
-def open_graphs(directory: Path, manifest: Manifest, options: RuntimeOptions) -> Graphs:
+def open_graphs(
+    directory: Path, manifest: Manifest, options: RuntimeOptions, sessions: dict[str, Any] | None = None
+) -> Graphs:
+    """The graphs of a model directory; `sessions` are ones `load_manifest` already opened with these options."""
     if manifest.layout == "onnxmt":
         return OnnxmtGraphs(directory, manifest, options)
-    return OptimumGraphs(directory, manifest, options)
+    return OptimumGraphs(directory, manifest, options, sessions)

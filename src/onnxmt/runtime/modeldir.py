@@ -26,6 +26,9 @@ from ..manifest import (
     special_tokens,
     verify_files,
 )
+from .options import RuntimeOptions
+
+Sessions = dict[str, Any]  # graph file name -> onnxruntime.InferenceSession
 
 _ORT_DTYPES = {
     "tensor(float)": "float32",
@@ -35,8 +38,18 @@ _ORT_DTYPES = {
 }
 
 
-def load_manifest(directory: str | Path, *, verify: bool = True) -> Manifest:
-    """The manifest of an onnxmt directory (files checked), or one built for an Optimum directory."""
+def load_manifest(
+    directory: str | Path,
+    *,
+    verify: bool = True,
+    sessions: Sessions | None = None,
+    options: RuntimeOptions | None = None,
+) -> Manifest:
+    """The manifest of an onnxmt directory (files checked), or one built for an Optimum directory.
+
+    An Optimum manifest is read from the graphs themselves, through ONNX Runtime sessions opened with `options`;
+    pass a `sessions` dict (file name -> session) to keep them for running instead of loading every graph twice.
+    """
     directory = Path(directory)
     if not directory.is_dir():
         raise ModelDirError(f"model directory not found: {directory}")
@@ -45,7 +58,7 @@ def load_manifest(directory: str | Path, *, verify: bool = True) -> Manifest:
         verify_files(directory, manifest, check_hash=verify)
         return manifest
     if find_optimum_files(directory):
-        return optimum_manifest(directory)
+        return optimum_manifest(directory, {} if sessions is None else sessions, options or RuntimeOptions(threads=1))
     raise ModelDirError(
         f"{directory}: neither an onnxmt model directory ({MANIFEST_NAME}) nor an Optimum export "
         "(encoder_model.onnx, decoder_model*.onnx); create one with `onnxmt export MODEL DIR`"
@@ -61,7 +74,7 @@ def _json(path: Path) -> dict[str, Any]:
         raise ModelDirError(f"{path}: not valid JSON ({e})") from e
 
 
-def optimum_manifest(directory: Path) -> Manifest:
+def optimum_manifest(directory: Path, sessions: Sessions, options: RuntimeOptions) -> Manifest:
     files = find_optimum_files(directory)
     parts = set(files)
     if "encoder" not in parts or not ({"decoder", "decoder_with_past"} <= parts or "decoder_merged" in parts):
@@ -90,7 +103,7 @@ def optimum_manifest(directory: Path) -> Manifest:
             for name in (*files.values(), *tokenizer_files, *CONFIG_FILES)
             if (directory / name).is_file()
         },
-        graphs={part: _graph_spec_from_session(directory / name, name) for part, name in files.items()},
+        graphs={part: _graph_spec(directory, name, sessions, options) for part, name in files.items()},
         model=model_facts(config),
         tokens=special_tokens(config, generation_config, vocab.get("<unk>")),
         generation=generation_defaults(generation_config, config),
@@ -110,12 +123,13 @@ def optimum_manifest(directory: Path) -> Manifest:
     )
 
 
-def _graph_spec_from_session(path: Path, name: str) -> GraphSpec:
+def _graph_spec(directory: Path, name: str, sessions: Sessions, options: RuntimeOptions) -> GraphSpec:
     """Input and output names of a graph, read through ONNX Runtime (the run side has no `onnx` package)."""
     from .graphs import load_session
-    from .options import RuntimeOptions
 
-    session = load_session(path, RuntimeOptions(threads=1))
+    if name not in sessions:
+        sessions[name] = load_session(directory / name, options)
+    session = sessions[name]
 
     def spec(arg: Any) -> TensorSpec:
         shape = [d if isinstance(d, int) else str(d) for d in arg.shape]

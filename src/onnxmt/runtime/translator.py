@@ -45,11 +45,14 @@ class Translator:
         decoding: DecodeOptions = DecodeOptions(),
     ) -> None:
         self.directory = Path(model_dir)
-        self.manifest: Manifest = load_manifest(self.directory, verify=runtime.verify)
+        sessions: dict[str, Any] = {}  # graphs opened to read an Optimum directory, reused to run it
+        self.manifest: Manifest = load_manifest(
+            self.directory, verify=runtime.verify, sessions=sessions, options=runtime
+        )
         self.runtime = runtime
         self.decoding = decoding
         self.tokenizer = MarianTokenizer.from_dir(self.directory)
-        self.graphs: Graphs = open_graphs(self.directory, self.manifest, runtime)
+        self.graphs: Graphs = open_graphs(self.directory, self.manifest, runtime, sessions)
         if decoding.target_lang is not None:
             self.target_token(decoding.target_lang)  # fail at construction, not at the first request
 
