@@ -16,7 +16,7 @@ from .manifest import ModelDirError
 
 app = typer.Typer(
     name="onnxmt",
-    help="HuggingFace translation models on ONNX Runtime: export, inspect, translate.",
+    help="HuggingFace translation models on ONNX Runtime, without torch: export, prove, shrink, translate, serve.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
