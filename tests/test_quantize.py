@@ -82,14 +82,18 @@ def test_every_weight_matrix_is_quantized_and_the_lm_head_is_untied(int8_dir: Pa
     decoder = _ops(int8_dir / DECODER_FILE)
     assert decoder["Gemm"] == 0 and decoder["MatMulInteger"] == 17  # 8 per layer + the LM head
     inputs = {i for node in _graph(int8_dir / DECODER_FILE).node for i in node.input}
-    assert "embed_tokens.weight.transposed_quantized" in inputs  # the LM head's own int8 copy
-    assert "embed_tokens.weight_quantized" in inputs  # the embedding Gather's
+    assert "embed_tokens.weight.transposed_quantized" in inputs  # the LM head's int8 (d_model, vocab) matrix
+    assert "embed_tokens.weight_quantized" not in inputs  # no second int8 copy for the embedding lookup
+    lookups = [n for n in _graph(int8_dir / DECODER_FILE).node if n.op_type == "Gather"]
+    assert any(n.input[0] == "embed_tokens.weight.transposed_quantized" for n in lookups)  # columns of E^T
 
 
 def test_int8_embedding_is_stored_once_for_both_graphs(int8_dir: Path) -> None:
     encoder, decoder = _external(int8_dir / ENCODER_FILE), _external(int8_dir / DECODER_FILE)
-    assert encoder["encoder.embed_tokens.weight_quantized"] == SHARED_WEIGHTS_FILE
-    assert decoder["embed_tokens.weight_quantized"] == SHARED_WEIGHTS_FILE
+    # One int8 vocabulary matrix for the LM head and both graphs' lookups, in the shared file.
+    assert encoder["embed_tokens.weight.transposed_quantized"] == SHARED_WEIGHTS_FILE
+    assert decoder["embed_tokens.weight.transposed_quantized"] == SHARED_WEIGHTS_FILE
+    assert "encoder.embed_tokens.weight_quantized" not in encoder and "embed_tokens.weight_quantized" not in decoder
     assert SHARED_WEIGHTS_FILE in read_manifest(int8_dir).files
 
 

@@ -158,7 +158,9 @@ def _quantize_into(
         if name not in models and (name not in external or len(models) < len(all_graphs)):
             shutil.copy2(source / name, staging / name)
     if len(models) == len(all_graphs):
-        # Both graphs rewritten: what they still hold identically (the int8 embedding, positions) is stored once.
+        if not options.int4:
+            _lookup_from_head([staging / name for name in all_graphs])
+        # Both graphs rewritten: what they still hold identically (the int8 head/embedding, positions) is stored once.
         share_weights([staging / name for name in all_graphs], SHARED_WEIGHTS_FILE)
     else:
         # The untouched graph still reads the source's shared file; unchanged float tensors of the other one too.
@@ -450,3 +452,82 @@ def _record(manifest: Manifest, results: list[FileResult], options: QuantizeOpti
         "source_sha256": {r.file: manifest.files[r.file]["sha256"] for r in results if r.file in manifest.files},
     }
     return record
+
+
+def _lookup_from_head(paths: list[Path]) -> bool:
+    """Let every int8 embedding lookup read the decoder's int8 LM head instead of its own int8 embedding copy.
+
+    After dynamic quantization the tied matrix exists twice in int8: as the LM head's per-channel `E^T` (vocab
+    columns) and as the lookups' per-tensor `E`. A lookup of token t is column t of `E^T` times that column's scale,
+    so `Gather(E^T, ids, axis=1) * Gather(scales, ids)`, transposed, replaces `DequantizeLinear(Gather(E, ids))`.
+    One 33 MB matrix for opus-mt instead of two, and per-row scales instead of one scale for the whole embedding.
+    Returns False (graphs unchanged) when the graphs do not have that shape, e.g. a float or asymmetric head.
+    """
+    import onnx
+    from onnx import helper
+
+    models = [onnx.load(str(p)) for p in paths]
+    head = _int8_head(models[-1].graph)
+    if head is None:
+        return False
+    weight, scale = head
+    shape = [weight.dims[1], weight.dims[0]]  # (vocab, d_model): the embedding the head was untied from
+    for model in models:
+        graph = model.graph
+        inits = {init.name: init for init in graph.initializer}
+        lookups = [n for n in graph.node if n.op_type == "Gather" and _is_quantized_embedding(inits, n.input[0], shape)]
+        if not lookups:
+            continue
+        for init in (weight, scale):
+            if init.name not in inits:
+                graph.initializer.append(init)
+        for gather in lookups:
+            dequantize = next(
+                n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] == gather.output[0]
+            )
+            out, ids, base = dequantize.output[0], gather.input[1], gather.output[0]
+            nodes = [
+                helper.make_node("Gather", [weight.name, ids], [base + "_cols"], axis=1),  # (d_model, *ids)
+                helper.make_node("Cast", [base + "_cols"], [base + "_colsf"], to=onnx.TensorProto.FLOAT),
+                helper.make_node("Gather", [scale.name, ids], [base + "_scales"], axis=0),  # (*ids)
+                helper.make_node("Mul", [base + "_colsf", base + "_scales"], [base + "_scaled"]),
+                helper.make_node("Transpose", [base + "_scaled"], [out], perm=[1, 2, 0]),  # (*ids, d_model)
+            ]
+            index = list(graph.node).index(gather)
+            graph.node.remove(gather)
+            graph.node.remove(dequantize)
+            for offset, node in enumerate(nodes):
+                graph.node.insert(index + offset, node)
+        used = {i for n in graph.node for i in n.input}
+        for init in [i for i in graph.initializer if i.name not in used]:
+            graph.initializer.remove(init)
+    for model, path in zip(models, paths, strict=True):
+        onnx.save(model, str(path))
+    return True
+
+
+def _int8_head(graph: Any) -> tuple[Any, Any] | None:
+    """The decoder's LM head weight (d_model, vocab) int8 and its per-column scales, if symmetric per-channel."""
+    from onnx import TensorProto, numpy_helper
+
+    inits = {init.name: init for init in graph.initializer}
+    # The untied LM head: `_gemm_to_matmul` named its weight `<embedding>.transposed`.
+    for node in graph.node:
+        if node.op_type != "MatMulInteger" or not node.input[1].endswith(".transposed_quantized"):
+            continue
+        weight = inits.get(node.input[1])
+        if weight is None:
+            continue
+        base = weight.name.removesuffix("_quantized")
+        scale, zero = inits.get(base + "_scale"), inits.get(base + "_zero_point")
+        wide = len(weight.dims) == 2 and weight.dims[1] > weight.dims[0] and weight.data_type == TensorProto.INT8
+        if not wide or scale is None or zero is None or list(scale.dims) != [weight.dims[1]]:
+            continue
+        if len(node.input) > 3 and node.input[3] == zero.name and not numpy_helper.to_array(zero).any():
+            return weight, scale
+    return None
+
+
+def _is_quantized_embedding(inits: dict[str, Any], name: str, shape: list[int]) -> bool:
+    init = inits.get(name)
+    return init is not None and list(init.dims) == shape and init.data_type in (2, 3)  # uint8 or int8
