@@ -82,18 +82,14 @@ def test_every_weight_matrix_is_quantized_and_the_lm_head_is_untied(int8_dir: Pa
     decoder = _ops(int8_dir / DECODER_FILE)
     assert decoder["Gemm"] == 0 and decoder["MatMulInteger"] == 17  # 8 per layer + the LM head
     inputs = {i for node in _graph(int8_dir / DECODER_FILE).node for i in node.input}
-    assert "embed_tokens.weight.transposed_quantized" in inputs  # the LM head's int8 (d_model, vocab) matrix
-    assert "embed_tokens.weight_quantized" not in inputs  # no second int8 copy for the embedding lookup
-    lookups = [n for n in _graph(int8_dir / DECODER_FILE).node if n.op_type == "Gather"]
-    assert any(n.input[0] == "embed_tokens.weight.transposed_quantized" for n in lookups)  # columns of E^T
+    assert "embed_tokens.weight.transposed_quantized" in inputs  # the LM head's own int8 copy
+    assert "embed_tokens.weight_quantized" in inputs  # the embedding Gather's
 
 
 def test_int8_embedding_is_stored_once_for_both_graphs(int8_dir: Path) -> None:
     encoder, decoder = _external(int8_dir / ENCODER_FILE), _external(int8_dir / DECODER_FILE)
-    # One int8 vocabulary matrix for the LM head and both graphs' lookups, in the shared file.
-    assert encoder["embed_tokens.weight.transposed_quantized"] == SHARED_WEIGHTS_FILE
-    assert decoder["embed_tokens.weight.transposed_quantized"] == SHARED_WEIGHTS_FILE
-    assert "encoder.embed_tokens.weight_quantized" not in encoder and "embed_tokens.weight_quantized" not in decoder
+    assert encoder["encoder.embed_tokens.weight_quantized"] == SHARED_WEIGHTS_FILE
+    assert decoder["embed_tokens.weight_quantized"] == SHARED_WEIGHTS_FILE
     assert SHARED_WEIGHTS_FILE in read_manifest(int8_dir).files
 
 
@@ -265,3 +261,18 @@ def test_cli_prints_sizes_before_and_after(tiny_onnx_dir: Path, tmp_path: Path) 
     assert read_manifest(tmp_path / "q").quantization["excluded_nodes"] == [LM_HEAD]
     again = runner.invoke(app, ["quantize", str(tiny_onnx_dir), str(tmp_path / "q")])
     assert again.exit_code == 2 and "--force" in again.output
+
+
+def test_share_embedding_keeps_one_int8_vocabulary_matrix(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    default = _quantize(tiny_onnx_dir, tmp_path / "default")
+    shared = _quantize(tiny_onnx_dir, tmp_path / "shared", share_embedding=True)
+    encoder, decoder = _external(shared / ENCODER_FILE), _external(shared / DECODER_FILE)
+    # The LM head's int8 (d_model, vocab) matrix serves both graphs' lookups, stored once in the shared file.
+    assert encoder["embed_tokens.weight.transposed_quantized"] == SHARED_WEIGHTS_FILE
+    assert decoder["embed_tokens.weight.transposed_quantized"] == SHARED_WEIGHTS_FILE
+    assert "encoder.embed_tokens.weight_quantized" not in encoder and "embed_tokens.weight_quantized" not in decoder
+    lookups = [n for n in _graph(shared / DECODER_FILE).node if n.op_type == "Gather"]
+    assert any(n.input[0] == "embed_tokens.weight.transposed_quantized" for n in lookups)
+    assert _weights_bytes(shared) < _weights_bytes(default)
+    result = Translator(shared).translate(TEXTS, max_new_tokens=5)
+    assert [len(r.token_ids) for r in result] != [0, 0] and all(r.token_ids for r in result)
