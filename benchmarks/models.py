@@ -9,7 +9,6 @@ rebuilt, so a cache never silently serves a stale model.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
-from onnxmt.export.random_model import OPUS_MT_EN_ZH, RandomMarianSpec, build_vocab
+from onnxmt.export.random_model import OPUS_MT_EN_ZH, RandomMarianSpec, build_vocab, spm_pieces, train_spm
 
 REPO = Path(__file__).resolve().parents[1]
 KEY_FILE = ".bench-key"
@@ -93,27 +92,10 @@ def read_lines(path: Path, n: int | None = None) -> list[str]:
 def retrain_source_tokenizer(model_dir: Path, spec: RandomMarianSpec, corpus: list[str]) -> None:
     """Replace source.spm with one trained on `corpus` and lay vocab.json out again (same size, same special ids);
     the weights are random, so which piece gets which id does not matter."""
-    import sentencepiece as spm
-
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(corpus),
-        model_writer=model,
-        vocab_size=SOURCE_PIECES,
-        model_type="unigram",
-        character_coverage=1.0,
-        hard_vocab_limit=False,
-        minloglevel=2,
-    )
-
-    def pieces(proto: bytes) -> list[str]:
-        sp = spm.SentencePieceProcessor(model_proto=proto)
-        return [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i))]
-
-    source = model.getvalue()
+    source = train_spm(corpus, SOURCE_PIECES)
     target = (model_dir / "target.spm").read_bytes()
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    vocab = build_vocab(pieces(source), pieces(target), spec.target_languages, config["vocab_size"])
+    vocab = build_vocab(spm_pieces(source), spm_pieces(target), spec.target_languages, config["vocab_size"])
     (model_dir / "source.spm").write_bytes(source)
     (model_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
 

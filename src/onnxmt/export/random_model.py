@@ -85,7 +85,7 @@ def generate_corpus(seed: int, lines: int = 3000) -> tuple[list[str], list[str]]
     return english, chinese
 
 
-def _train_spm(lines: list[str], vocab_size: int) -> bytes:
+def train_spm(lines: list[str], vocab_size: int) -> bytes:
     import sentencepiece as spm
 
     model = io.BytesIO()
@@ -101,7 +101,7 @@ def _train_spm(lines: list[str], vocab_size: int) -> bytes:
     return model.getvalue()
 
 
-def _pieces(model: bytes) -> list[str]:
+def spm_pieces(model: bytes) -> list[str]:
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_proto=model)
@@ -134,11 +134,11 @@ def build_random_marian(output_dir: str | Path, spec: RandomMarianSpec = RandomM
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     english, chinese = generate_corpus(spec.seed)
-    source_spm = _train_spm(english, spec.source_pieces)
-    target_spm = _train_spm(chinese, spec.target_pieces)
+    source_spm = train_spm(english, spec.source_pieces)
+    target_spm = train_spm(chinese, spec.target_pieces)
     (out / "source.spm").write_bytes(source_spm)
     (out / "target.spm").write_bytes(target_spm)
-    vocab = build_vocab(_pieces(source_spm), _pieces(target_spm), spec.target_languages, spec.vocab_size)
+    vocab = build_vocab(spm_pieces(source_spm), spm_pieces(target_spm), spec.target_languages, spec.vocab_size)
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
     tokenizer_config = {
         "source_lang": "en",
