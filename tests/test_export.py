@@ -50,7 +50,16 @@ def test_manifest_describes_graphs_tokens_and_generation(tiny_onnx_dir: Path, ti
     assert [t.role for t in encoder.outputs] == ["encoder_hidden_states", *cross]
     past = [f"past_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
     assert [t.role for t in decoder.inputs] == ["input_ids", "encoder_attention_mask", *past, *cross]
-    assert decoder.outputs[0].role == "logits" and decoder.outputs[0].shape == ["batch", config["vocab_size"]]
+    assert decoder.outputs[0].role == "logits" and decoder.outputs[0].shape == ["rows", config["vocab_size"]]
+    # Decoder rows are sentences x beams; the encoder's K/V and mask stay one per sentence (broadcast over beams).
+    heads, head_dim = manifest.model["num_heads"], manifest.model["head_dim"]
+    by_role = {t.role: t.shape for t in decoder.inputs}
+    assert by_role["input_ids"][0] == "rows" and by_role["past_key.0"] == ["rows", heads, "past_len", head_dim]
+    assert (
+        by_role["cross_key.0"] == ["batch", heads, "src_len", head_dim]
+        and by_role["encoder_attention_mask"][0] == "batch"
+    )
+    assert manifest.model["cross_kv_per_sentence"] is True
     # The names in the manifest are the graphs' own.
     graph = onnx.load(str(tiny_onnx_dir / DECODER_FILE), load_external_data=False).graph
     assert [i.name for i in graph.input] == [t.name for t in decoder.inputs]

@@ -178,7 +178,8 @@ def _build_manifest(
             "encoder": graph_spec(staging / ENCODER_FILE, ENCODER_FILE),
             "decoder": graph_spec(staging / DECODER_FILE, DECODER_FILE),
         },
-        model=facts,
+        # The decoder graph broadcasts each sentence's cross-attention K/V over its beams (marian._attend_beams).
+        model={**facts, "cross_kv_per_sentence": True},
         tokens=tokens,
         generation=generation_defaults(generation_config, config),
         languages={

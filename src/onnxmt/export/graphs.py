@@ -37,11 +37,13 @@ def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -
     import torch
 
     layers, heads, head_dim = facts["num_layers"], facts["num_heads"], facts["head_dim"]
-    batch, src_len, past_len = 2, 5, 3
-    ids = torch.tensor([[3], [4]], dtype=torch.int64)
+    # Two sentences with two beams each: the decoder rows are sentences x beams, the encoder's K/V and mask are one
+    # per sentence (the graph broadcasts them over the beams), so the trace must see the two counts differ.
+    sentences, rows, src_len, past_len = 2, 4, 5, 3
+    ids = torch.tensor([[3], [4], [5], [6]], dtype=torch.int64)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.int64)
-    past = [torch.randn(batch, heads, past_len, head_dim) for _ in range(2 * layers)]
-    cross = [torch.randn(batch, heads, src_len, head_dim) for _ in range(2 * layers)]
+    past = [torch.randn(rows, heads, past_len, head_dim) for _ in range(2 * layers)]
+    cross = [torch.randn(sentences, heads, src_len, head_dim) for _ in range(2 * layers)]
     inputs = [
         "input_ids",
         "encoder_attention_mask",
@@ -50,13 +52,13 @@ def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -
     ]
     outputs = ["logits", *cache_names("present", layers)]
     axes: dict[str, dict[int, str]] = {
-        "input_ids": {0: "batch", 1: "new_len"},
+        "input_ids": {0: "rows", 1: "new_len"},
         "encoder_attention_mask": {0: "batch", 1: "src_len"},
-        "logits": {0: "batch"},
+        "logits": {0: "rows"},
     }
-    axes.update({name: {0: "batch", 2: "past_len"} for name in cache_names("past", layers)})
+    axes.update({name: {0: "rows", 2: "past_len"} for name in cache_names("past", layers)})
     axes.update({name: {0: "batch", 2: "src_len"} for name in cache_names("cross", layers)})
-    axes.update({name: {0: "batch", 2: "total_len"} for name in cache_names("present", layers)})
+    axes.update({name: {0: "rows", 2: "total_len"} for name in cache_names("present", layers)})
     _export(module, (ids, mask, *past, *cross), path, inputs, outputs, axes, opset)
     tie_transposed_weights(path)
     fix_static_dims(path, facts)

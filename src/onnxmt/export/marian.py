@@ -31,6 +31,25 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return out.transpose(1, 2).reshape(batch, length, heads * head_dim)
 
 
+def _attend_beams(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """Cross-attention of every beam of a sentence on that sentence's one copy of the encoder K/V.
+
+    q: (sentences * beams, heads, q_len, head_dim); k, v: (sentences, heads, src_len, head_dim); mask: (sentences,
+    1, 1, src_len). The beams' queries are stacked along q_len, so the K/V are never repeated per beam.
+    """
+    rows, heads, length, head_dim = q.shape
+    sentences = k.shape[0]
+    beams = rows // sentences
+    stacked = q.reshape(sentences, beams, heads, length, head_dim).transpose(1, 2)  # (n, heads, beams, len, hd)
+    stacked = stacked.reshape(sentences, heads, beams * length, head_dim)
+    scores = torch.matmul(stacked, k.transpose(2, 3)) * scaling + mask  # (n, heads, beams * len, src_len)
+    out = torch.matmul(F.softmax(scores, dim=-1), v).reshape(sentences, heads, beams, length, head_dim)
+    out = out.transpose(1, 2).reshape(rows, heads, length, head_dim)
+    return out.transpose(1, 2).reshape(rows, length, heads * head_dim)
+
+
 class MarianEncoderExport(nn.Module):
     """input_ids, attention_mask -> encoder_hidden_states, cross_key.i, cross_value.i for every decoder layer."""
 
@@ -107,7 +126,7 @@ class MarianDecoderExport(nn.Module):
         # Cross-attention on the keys/values the encoder graph computed once.
         cross = layer.encoder_attn
         query = _split_heads(cross.q_proj(hidden), self.heads)
-        attended = _attend(query, cross_key, cross_value, cross_mask, cross.scaling)
+        attended = _attend_beams(query, cross_key, cross_value, cross_mask, cross.scaling)
         hidden = layer.encoder_attn_layer_norm(hidden + cross.out_proj(attended))
 
         ffn = layer.fc2(layer.activation_fn(layer.fc1(hidden)))

@@ -179,7 +179,7 @@ def decode(graphs: Graphs, input_ids: np.ndarray, attention_mask: np.ndarray, s:
 
 
 def greedy_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[LogitsProcessor]) -> list[Hypothesis]:
-    batch = cache.rows
+    batch = cache.sentences
     sequences = np.full((batch, s.max_length), s.pad, dtype=np.int64)  # (batch, max_length)
     sequences[:, 0] = s.decoder_start
     totals = np.zeros(batch, dtype=np.float32)
@@ -222,7 +222,7 @@ class _Beams:
 
 
 def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[LogitsProcessor]) -> list[list[Hypothesis]]:
-    batch, k = cache.rows, s.num_beams
+    batch, k = cache.sentences, s.num_beams
     keep = max(2, 1 + len(s.eos_ids)) * k  # continuations kept per step: enough to have k live ones after eos
     running = np.full((batch, k, s.max_length), s.pad, dtype=np.int64)
     running[:, :, 0] = s.decoder_start
@@ -237,7 +237,7 @@ def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Logi
         improvable=np.ones(batch, dtype=bool),
         ids=np.arange(batch),
     )
-    cache = cache.select(np.repeat(np.arange(batch), k))  # (batch * beams) rows
+    cache = cache.expand_beams(k)  # (batch * beams) rows
     results: dict[int, _Beams] = {}
     for cur_len in range(1, s.max_length):
         n = len(state.ids)
@@ -266,7 +266,7 @@ def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Logi
             if len(live) == 0:
                 break
             state = state.take(live)
-            cache = cache.select((live[:, None] * k + np.arange(k)).reshape(-1))
+            cache = cache.select(live, k)
     return [_hypotheses(results[b], s) for b in range(batch)]
 
 

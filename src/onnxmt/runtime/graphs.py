@@ -24,29 +24,45 @@ from .options import RuntimeOptions
 
 @dataclass(frozen=True)
 class Cache:
-    """Per-row decoder state; row r of every array belongs to the same hypothesis."""
+    """Decoder state. Row r of the self-attention cache belongs to one hypothesis: sentence r // beams.
 
-    mask: np.ndarray  # (rows, src_len) encoder attention mask
+    With `per_sentence` (onnxmt's graphs), the mask and cross-attention K/V hold one row per sentence, which the
+    decoder graph broadcasts over that sentence's beams; otherwise (Optimum's graphs) one row per hypothesis.
+    """
+
+    mask: np.ndarray  # (sentences or rows, src_len) encoder attention mask
     self_kv: tuple[np.ndarray, ...]  # per layer key, value: (rows, heads, past_len, head_dim)
-    cross_kv: tuple[np.ndarray, ...] | None  # per layer key, value: (rows, heads, src_len, head_dim)
+    cross_kv: tuple[np.ndarray, ...] | None  # per layer key, value: (sentences or rows, heads, src_len, head_dim)
     encoder_states: np.ndarray | None = None  # (rows, src_len, d_model); only Optimum's first step needs it
+    per_sentence: bool = False
 
     @property
-    def rows(self) -> int:
+    def sentences(self) -> int:
+        """Before `expand_beams`: the number of sentences (one row each)."""
         return int(self.mask.shape[0])
 
-    def select(self, rows: np.ndarray) -> Cache:
-        """The cache of the given rows, in that order (drops finished rows, reorders and expands beams)."""
+    def select(self, sentences: np.ndarray, beams: int = 1) -> Cache:
+        """The cache of the given sentences, each with its `beams` rows, in that order (drops finished ones)."""
+        rows = (sentences[:, None] * beams + np.arange(beams)).reshape(-1)
+        shared = sentences if self.per_sentence else rows
 
-        def take(arrays: tuple[np.ndarray, ...] | None) -> tuple[np.ndarray, ...] | None:
-            return None if arrays is None else tuple(a[rows] for a in arrays)
+        def take(arrays: tuple[np.ndarray, ...] | None, index: np.ndarray) -> tuple[np.ndarray, ...] | None:
+            return None if arrays is None else tuple(a[index] for a in arrays)
 
         return Cache(
-            mask=self.mask[rows],
-            self_kv=take(self.self_kv) or (),
-            cross_kv=take(self.cross_kv),
+            mask=self.mask[shared],
+            self_kv=take(self.self_kv, rows) or (),
+            cross_kv=take(self.cross_kv, shared),
             encoder_states=None if self.encoder_states is None else self.encoder_states[rows],
+            per_sentence=self.per_sentence,
         )
+
+    def expand_beams(self, beams: int) -> Cache:
+        """Each sentence's row repeated `beams` times (beam search's start); shared arrays stay as they are."""
+        rows = np.repeat(np.arange(self.sentences), beams)
+        if not self.per_sentence:
+            return self.select(rows)
+        return replace(self, self_kv=tuple(a[rows] for a in self.self_kv))
 
     def reorder_beams(self, rows: np.ndarray) -> Cache:
         """Reorder the self-attention cache among the beams of each sentence.
@@ -138,10 +154,17 @@ class OnnxmtGraphs(Graphs):
         self.dec_past = [dec.input_name(r) for r in _kv_roles("past", self.layers)]
         self.dec_cross = [dec.input_name(r) for r in _kv_roles("cross", self.layers)]
         self.dec_out = [dec.output_name("logits")] + [dec.output_name(r) for r in _kv_roles("present", self.layers)]
+        # Exports before this flag existed take the cross-attention K/V repeated per beam.
+        self.per_sentence = bool(manifest.model.get("cross_kv_per_sentence", False))
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Cache:
         cross = self.encoder.run(self.enc_out, dict(zip(self.enc_in, (input_ids, attention_mask), strict=True)))
-        return Cache(mask=attention_mask, self_kv=self._empty_self_kv(len(input_ids)), cross_kv=tuple(cross))
+        return Cache(
+            mask=attention_mask,
+            self_kv=self._empty_self_kv(len(input_ids)),
+            cross_kv=tuple(cross),
+            per_sentence=self.per_sentence,
+        )
 
     def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
         assert cache.cross_kv is not None
