@@ -7,7 +7,7 @@ import platform
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -99,7 +99,6 @@ def _export_into(
     options: ExportOptions,
     progress: Progress,
 ) -> tuple[Manifest, CheckReport | None]:
-    import torch
 
     progress("loading the PyTorch model")
     model = arch.load(str(source))
@@ -120,7 +119,6 @@ def _export_into(
             raise ExportError(f"exported graphs disagree with PyTorch: {report} (tolerance {CHECK_TOLERANCE})")
         manifest = _with_provenance(manifest, check=report.__dict__)
     manifest.save(staging)
-    del torch  # imported only to fail early, before any file is written, when the export extra is missing
     return manifest, report
 
 
@@ -219,8 +217,6 @@ def _provenance(model_id: str, revision: str | None, opset: int) -> dict[str, An
 
 
 def _with_provenance(manifest: Manifest, **extra: Any) -> Manifest:
-    from dataclasses import replace
-
     return replace(manifest, provenance={**manifest.provenance, **extra})
 
 
