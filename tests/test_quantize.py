@@ -76,20 +76,52 @@ def test_int8_shrinks_the_weights_and_keeps_other_files(tiny_onnx_dir: Path, int
             assert sha256_file(int8_dir / name) == info["sha256"]
 
 
-def test_every_weight_matrix_is_quantized_and_the_lm_head_is_untied(int8_dir: Path) -> None:
+def test_every_weight_matrix_is_quantized_and_the_lm_head_reads_the_int8_embedding(int8_dir: Path) -> None:
     for name in (ENCODER_FILE, DECODER_FILE):
         assert _float_matrices(int8_dir / name) == {}, name  # embeddings and all MatMul weights are int8
     decoder = _ops(int8_dir / DECODER_FILE)
-    assert decoder["Gemm"] == 0 and decoder["MatMulInteger"] == 17  # 8 per layer + the LM head
-    inputs = {i for node in _graph(int8_dir / DECODER_FILE).node for i in node.input}
-    assert "embed_tokens.weight.transposed_quantized" in inputs  # the LM head's own int8 copy
-    assert "embed_tokens.weight_quantized" in inputs  # the embedding Gather's
+    assert decoder["Gemm"] == 0 and decoder["MatMulInteger"] == 16 and decoder["QGemm"] == 1  # 8 per layer + head
+    graph = _graph(int8_dir / DECODER_FILE)
+    head = next(n for n in graph.node if n.op_type == "QGemm")
+    attrs = {a.name: a.i for a in head.attribute}
+    assert head.name == LM_HEAD and attrs["transB"] == 1
+    # One int8 vocabulary matrix, row-major (vocab, d_model): the head's B and the token lookup's table.
+    lookups = [n.name for n in graph.node if n.op_type == "Gather" and n.input[0] == head.input[3]]
+    assert head.input[3] == "embed_tokens.weight_int8" and lookups == ["/embed_tokens/Gather"]
+    matrix = next(i for i in graph.initializer if i.name == head.input[3])
+    assert matrix.data_type == onnx.TensorProto.INT8 and list(matrix.dims) == [354, 32]
+    scales = next(i for i in graph.initializer if i.name == head.input[4])
+    assert list(scales.dims) == [354]  # one per vocabulary entry: per output channel of the head
+
+
+def test_int8_lookup_is_the_row_times_its_scale(int8_dir: Path, tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    # The token lookup alone (it keeps its output name), cut out of each decoder graph and run on every id.
+    def lookup(directory: Path) -> np.ndarray:
+        cut = tmp_path / f"{directory.parent.name}-lookup.onnx"
+        onnx.utils.extract_model(
+            str(directory / DECODER_FILE), str(cut), ["input_ids"], ["/embed_tokens/Gather_output_0"]
+        )
+        session = ort.InferenceSession(str(cut), providers=["CPUExecutionProvider"])
+        return session.run(None, {"input_ids": np.arange(354, dtype=np.int64)[:, None]})[0][:, 0]
+
+    graph = onnx.load(str(tiny_onnx_dir / DECODER_FILE)).graph
+    table = numpy_helper.to_array(next(i for i in graph.initializer if i.name == "embed_tokens.weight"))
+    np.testing.assert_array_equal(lookup(tiny_onnx_dir), table)
+    quantized = lookup(int8_dir)
+    # Symmetric int8 per row: every entry within half a step (max |row| / 127, over 2) of the float value.
+    step = np.abs(table).max(axis=1, keepdims=True) / 127
+    assert (np.abs(quantized - table) <= step / 2 + 1e-6).all()
+    assert not np.array_equal(quantized, table)
 
 
 def test_int8_embedding_is_stored_once_for_both_graphs(int8_dir: Path) -> None:
     encoder, decoder = _external(int8_dir / ENCODER_FILE), _external(int8_dir / DECODER_FILE)
-    assert encoder["encoder.embed_tokens.weight_quantized"] == SHARED_WEIGHTS_FILE
-    assert decoder["embed_tokens.weight_quantized"] == SHARED_WEIGHTS_FILE
+    assert encoder["encoder.embed_tokens.weight_int8"] == SHARED_WEIGHTS_FILE
+    assert decoder["embed_tokens.weight_int8"] == SHARED_WEIGHTS_FILE
     assert SHARED_WEIGHTS_FILE in read_manifest(int8_dir).files
 
 
@@ -261,18 +293,3 @@ def test_cli_prints_sizes_before_and_after(tiny_onnx_dir: Path, tmp_path: Path) 
     assert read_manifest(tmp_path / "q").quantization["excluded_nodes"] == [LM_HEAD]
     again = runner.invoke(app, ["quantize", str(tiny_onnx_dir), str(tmp_path / "q")])
     assert again.exit_code == 2 and "--force" in again.output
-
-
-def test_share_embedding_keeps_one_int8_vocabulary_matrix(tiny_onnx_dir: Path, tmp_path: Path) -> None:
-    default = _quantize(tiny_onnx_dir, tmp_path / "default")
-    shared = _quantize(tiny_onnx_dir, tmp_path / "shared", share_embedding=True)
-    encoder, decoder = _external(shared / ENCODER_FILE), _external(shared / DECODER_FILE)
-    # The LM head's int8 (d_model, vocab) matrix serves both graphs' lookups, stored once in the shared file.
-    assert encoder["embed_tokens.weight.transposed_quantized"] == SHARED_WEIGHTS_FILE
-    assert decoder["embed_tokens.weight.transposed_quantized"] == SHARED_WEIGHTS_FILE
-    assert "encoder.embed_tokens.weight_quantized" not in encoder and "embed_tokens.weight_quantized" not in decoder
-    lookups = [n for n in _graph(shared / DECODER_FILE).node if n.op_type == "Gather"]
-    assert any(n.input[0] == "embed_tokens.weight.transposed_quantized" for n in lookups)
-    assert _weights_bytes(shared) < _weights_bytes(default)
-    result = Translator(shared).translate(TEXTS, max_new_tokens=5)
-    assert [len(r.token_ids) for r in result] != [0, 0] and all(r.token_ids for r in result)

@@ -334,12 +334,6 @@ def quantize(
     ] = False,
     per_channel: Annotated[bool, typer.Option(help="int8 scales per output channel (else per tensor).")] = True,
     block_size: Annotated[int, typer.Option(help="int4: weights per scale (a power of two, at least 16).")] = 32,
-    share_embedding: Annotated[
-        bool,
-        typer.Option(
-            "--share-embedding", help="int8: embedding lookups read the LM head's matrix (smaller, 10-30% slower)."
-        ),
-    ] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUTPUT_DIR.")] = False,
 ) -> None:
     """Quantize a model directory into a new one (int8 dynamic, or int4 weight-only) and print sizes before/after."""
@@ -356,7 +350,6 @@ def quantize(
         per_channel=per_channel,
         int4=int4,
         block_size=block_size,
-        share_embedding=share_embedding,
         force=force,
     )
     with err.status("quantizing") as status:

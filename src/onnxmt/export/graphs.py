@@ -173,7 +173,8 @@ def _tensor_spec(value: Any) -> TensorSpec:
 
 
 # Offsets in the shared weights file are multiples of this, so ONNX Runtime can memory-map each tensor.
-_ALIGN = 1 << 16
+_ALIGN = 1 << 16  # ONNX Runtime memory-maps external data at offsets aligned to 64 kB (Windows' granularity)
+_MAP_MIN_BYTES = 1 << 20  # smaller tensors are read, not mapped: no padding before them
 _SHARE_MIN_BYTES = 1 << 12
 
 
@@ -199,8 +200,10 @@ def share_weights(paths: list[Path], shared_file: str) -> list[str]:
     target = paths[0].parent / shared_file
     names = []
     with open(target, "wb") as f:
-        for data, inits in shared.items():
-            offset = f.seek(-(-f.tell() // _ALIGN) * _ALIGN)
+        # Large tensors first, each aligned so that it can be mapped; the small ones packed after them.
+        for data, inits in sorted(shared.items(), key=lambda item: -len(item[0])):
+            align = _ALIGN if len(data) >= _MAP_MIN_BYTES else 1
+            offset = f.seek(-(-f.tell() // align) * align)
             f.write(data)
             names.append(inits[0].name)
             for init in inits:

@@ -5,13 +5,14 @@ Needs `onnx` and `onnxruntime` only, never torch. The graphs are rewritten by ON
 complete directory whose manifest records what was done. The source directory is only read.
 
 The tied LM head is the one trap. The decoder's logits are `Gemm(x, embedding, transB=1)` reading the same
-initializer as the token-embedding `Gather` (one copy on disk). ONNX Runtime quantizes MatMul, not Gemm, and the
-Gemm-to-MatMul rewrite of older releases transposed the shared initializer in place ("assume B is not used by any
-other node"): the Gather then reads garbage.
-So the Gemm is untied here first: a MatMul on a transposed int8 copy (33 MB for opus-mt) next to the int8
-embedding (33 MB), instead of one 133 MB float matrix. Dequantizing and transposing a shared int8 matrix at
-every step instead was measured ~3x slower. A Gemm that stays float keeps sharing the float embedding, and the
-Gathers on it stay float too: quantizing them would only add a second copy.
+initializer as the token-embedding `Gather` (one copy on disk). ONNX Runtime's dynamic quantizer handles MatMul,
+not Gemm, and untying the head into a MatMul on a transposed copy stores the vocabulary matrix twice in int8 (33 MB
+each for opus-mt). So in int8 the vocabulary tables are quantized here, not by `quantize_dynamic`: one row-major
+int8 matrix with a scale per row (per vocabulary entry), read by the lookups as contiguous rows (`Gather` + scale)
+and by the head as `QGemm(transB=1)`, whose per-row scales are exactly per-output-channel scales. Measured on the
+opus-mt architecture: same speed as the untied MatMul head, 33 MB less on disk (docs/performance.md). A Gemm that
+stays float keeps sharing the float embedding, and the Gathers on it stay float too: quantizing them would only add
+a second copy. int4 (MatMulNBits) unties the head into a MatMul.
 """
 
 from __future__ import annotations
@@ -56,9 +57,6 @@ class QuantizeOptions:
     per_channel: bool = True
     int4: bool = False
     block_size: int = 32  # int4 only: weights per scale
-    # Embedding lookups read the int8 LM-head matrix (one int8 vocabulary matrix instead of two: 112 -> 79 MB for
-    # opus-mt). Off by default: the lookup becomes a strided column gather, 10-30% slower (docs/performance.md).
-    share_embedding: bool = False
     force: bool = False
 
 
@@ -146,7 +144,12 @@ def _quantize_into(
     selected = {}
     for name, model in models.items():
         progress(f"quantizing {name} ({'int4 weight-only' if options.int4 else 'dynamic int8'})")
-        nodes, kept_heads = _prepare(model, options)
+        rewritten: list[str] = []
+        if options.int4:
+            nodes, kept_heads = _prepare(model, options)
+        else:
+            rewritten = _int8_tables(model, options)
+            nodes, kept_heads = _matmuls_for_int8(model, options)
         out = staging / name
         if not nodes:
             onnx.save(model, str(out))
@@ -156,14 +159,13 @@ def _quantize_into(
             _run_int8(model, out, nodes, options.per_channel)
         if kept_heads:
             _restore_heads(out, kept_heads)
-        selected[name] = nodes
+        selected[name] = rewritten + nodes
     for name in manifest.files:
         if name not in models and (name not in external or len(models) < len(all_graphs)):
             shutil.copy2(source / name, staging / name)
     if len(models) == len(all_graphs):
-        if options.share_embedding and not options.int4:
-            _lookup_from_head([staging / name for name in all_graphs])
-        # Both graphs rewritten: what they still hold identically (the int8 head/embedding, positions) is stored once.
+        # Both graphs rewritten: what they still hold identically (the int8 vocabulary matrix, positions) is stored
+        # once.
         share_weights([staging / name for name in all_graphs], SHARED_WEIGHTS_FILE)
     else:
         # The untouched graph still reads the source's shared file; unchanged float tensors of the other one too.
@@ -359,6 +361,152 @@ def _restore_heads(path: Path, kept: list[_KeptHead]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# int8: the vocabulary tables as int8 rows, the MatMuls by ONNX Runtime.
+
+
+def _name_nodes(graph: Any) -> None:
+    for i, node in enumerate(graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{i}"  # the quantizers select nodes by name
+
+
+def _excluded(graph: Any, options: QuantizeOptions) -> set[str]:
+    excluded = set(options.exclude)
+    if LM_HEAD in excluded:
+        excluded |= _tied_heads(graph)
+    return excluded
+
+
+def _matmuls_for_int8(model: Any, options: QuantizeOptions) -> tuple[list[str], list[_KeptHead]]:
+    """The MatMuls on constant weights for `quantize_dynamic`, after `_int8_tables`. The Gemms left are untied
+    into MatMuls (same name): quantized if wanted, else put back afterwards (the quantizer would rewrite them)."""
+    graph = model.graph
+    excluded = _excluded(graph, options)
+    inits = {init.name for init in graph.initializer}
+    kept: list[_KeptHead] = []
+    untied = set()
+    for node in [n for n in graph.node if n.op_type == "Gemm" and n.input[1] in inits and _plain_gemm(n)]:
+        gemm = type(node)()
+        gemm.CopyFrom(node)  # the graph's own node object is removed below
+        transposed = _gemm_to_matmul(model, node)
+        if gemm.name in excluded or "Gemm" not in options.op_types:
+            kept.append(_KeptHead(gemm, transposed))
+        else:
+            untied.add(gemm.name)
+    kept_names = {k.gemm.name for k in kept}
+    inits = {init.name for init in graph.initializer}
+    nodes = [
+        n.name
+        for n in graph.node
+        if n.op_type == "MatMul"
+        and n.input[1] in inits
+        and n.name not in excluded | kept_names
+        and (n.name in untied or "MatMul" in options.op_types)
+    ]
+    return nodes, kept
+
+
+def _int8_tables(model: Any, options: QuantizeOptions) -> list[str]:
+    """Rewrite the lookups (`Gather` on a float table) and the `Gemm(x, W, transB=1)` heads onto int8 rows of
+    their tables, one int8 matrix per table whoever reads it; returns the names of the rewritten nodes."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = model.graph
+    _name_nodes(graph)
+    excluded = _excluded(graph, options)
+    inits = {init.name: init for init in graph.initializer}
+    gemms = [n for n in graph.node if n.op_type == "Gemm" and n.input[1] in inits and _plain_gemm(n)]
+    heads = [n for n in gemms if _attribute(n, "transB", 0) and n.name not in excluded and "Gemm" in options.op_types]
+    float_tables = {n.input[1] for n in gemms if n not in heads}  # float Gemms keep their weight: no second copy
+    lookups = [
+        n
+        for n in graph.node
+        if n.op_type == "Gather"
+        and "Gather" in options.op_types
+        and n.name not in excluded
+        and n.input[0] in inits
+        and n.input[0] not in float_tables
+        and _attribute(n, "axis", 0) == 0
+        and _is_float_matrix(graph, n.input[0])
+    ]
+    tables: dict[str, tuple[str, str, str]] = {}  # float table -> (int8 rows, scale, zero point)
+    for table in dict.fromkeys([n.input[1] for n in heads] + [n.input[0] for n in lookups]):
+        values, scales = _int8_rows(numpy_helper.to_array(inits[table]), options.per_channel)
+        names = (f"{table}_int8", f"{table}_int8_scale", f"{table}_int8_zero_point")
+        arrays = (values, scales, np.zeros(scales.shape, np.int8))
+        graph.initializer.extend(numpy_helper.from_array(a, n) for a, n in zip(arrays, names, strict=True))
+        tables[table] = names
+    axes = "int8_rows_unsqueeze_axes"
+    if options.per_channel and lookups:
+        graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
+
+    def replace(node: Any, nodes: list[Any]) -> None:
+        index = list(graph.node).index(node)
+        graph.node.remove(node)
+        for offset, new in enumerate(nodes):
+            graph.node.insert(index + offset, new)
+
+    for head in heads:
+        rows, scale, zero = tables[head.input[1]]
+        x, out, base = head.input[0], head.output[0], head.name
+        has_bias = len(head.input) > 2 and bool(head.input[2])
+        product = out + "_qgemm" if has_bias else out
+        nodes = [
+            helper.make_node("DynamicQuantizeLinear", [x], [f"{base}_xq", f"{base}_xscale", f"{base}_xzero"]),
+            helper.make_node(
+                "QGemm",
+                [f"{base}_xq", f"{base}_xscale", f"{base}_xzero", rows, scale, zero],
+                [product],
+                name=base,
+                domain="com.microsoft",
+                transB=1,
+            ),
+        ]
+        if has_bias:
+            nodes.append(helper.make_node("Add", [product, head.input[2]], [out], name=base + "_bias"))
+        replace(head, nodes)
+    for lookup in lookups:
+        rows, scale, _ = tables[lookup.input[0]]
+        ids, out, base = lookup.input[1], lookup.output[0], lookup.output[0]
+        nodes = [
+            helper.make_node("Gather", [rows, ids], [base + "_int8"], name=lookup.name),
+            helper.make_node("Cast", [base + "_int8"], [base + "_unscaled"], to=TensorProto.FLOAT),
+        ]
+        if options.per_channel:
+            nodes += [
+                helper.make_node("Gather", [scale, ids], [base + "_scales"]),
+                helper.make_node("Unsqueeze", [base + "_scales", axes], [base + "_row_scales"]),
+                helper.make_node("Mul", [base + "_unscaled", base + "_row_scales"], [out]),
+            ]
+        else:
+            nodes.append(helper.make_node("Mul", [base + "_unscaled", scale], [out]))
+        replace(lookup, nodes)
+    used = {i for n in graph.node for i in n.input}
+    for init in [i for i in graph.initializer if i.name in tables and i.name not in used]:
+        graph.initializer.remove(init)
+    if heads and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return [n.name for n in heads + lookups]
+
+
+def _int8_rows(table: Any, per_channel: bool) -> tuple[Any, Any]:
+    """Symmetric int8 of a (rows, columns) float table: one scale per row, or one for the table."""
+    import numpy as np
+
+    peak = np.abs(table).max(axis=1) if per_channel else np.abs(table).max()
+    scale = np.where(peak > 0, peak / 127, 1).astype(np.float32)
+    per_row = scale[:, None] if per_channel else scale
+    return np.clip(np.rint(table / per_row), -127, 127).astype(np.int8), scale
+
+
+def _attribute(node: Any, name: str, default: Any) -> Any:
+    from onnx import helper
+
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Running ONNX Runtime's quantizers.
 
 
@@ -384,12 +532,42 @@ def _run_int8(model: Any, out: Path, nodes: list[str], per_channel: bool) -> Non
         quantize_dynamic(
             model,
             out,
-            op_types_to_quantize=["MatMul", "Gather"],
+            op_types_to_quantize=["MatMul"],
             nodes_to_quantize=nodes,
             per_channel=per_channel,
             weight_type=QuantType.QInt8,
             extra_options={"MatMulConstBOnly": True},
         )
+    _one_zero_point(out)
+
+
+def _one_zero_point(path: Path) -> None:
+    """Symmetric int8 weights have zero points of 0: one scalar for every MatMulInteger instead of a vector each
+    (opus-mt: 270 kB less; ONNX Runtime reads a scalar zero point as per-column zeros)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    zero = "int8_weights_zero_point"
+    changed = False
+    for node in graph.node:
+        # (QGemm wants its zero point in the shape of its scale.)
+        if node.op_type != "MatMulInteger" or len(node.input) < 4 or node.input[3] not in inits:
+            continue
+        init = inits[node.input[3]]
+        if init.data_type == onnx.TensorProto.INT8 and not numpy_helper.to_array(init).any():
+            node.input[3] = zero
+            changed = True
+    if not changed:
+        return
+    graph.initializer.append(numpy_helper.from_array(np.array(0, np.int8), zero))
+    used = {i for n in graph.node for i in n.input}
+    for init in [i for i in graph.initializer if i.name not in used]:
+        graph.initializer.remove(init)
+    onnx.save(model, str(path))
 
 
 def _run_int4(model: Any, out: Path, nodes: list[str], block_size: int) -> None:
@@ -436,7 +614,7 @@ def _record(manifest: Manifest, results: list[FileResult], options: QuantizeOpti
         "method": method,
         "operators": "MatMulNBits, GatherBlockQuantized"
         if options.int4
-        else "MatMulInteger, Gather + DequantizeLinear",
+        else "MatMulInteger; QGemm and Gather on int8 rows for the vocabulary tables",
         "weights": f"int4 symmetric, blocks of {options.block_size}" if options.int4 else "QInt8",
         "per_channel": None if options.int4 else options.per_channel,
         "op_types": list(options.op_types),
@@ -455,82 +633,3 @@ def _record(manifest: Manifest, results: list[FileResult], options: QuantizeOpti
         "source_sha256": {r.file: manifest.files[r.file]["sha256"] for r in results if r.file in manifest.files},
     }
     return record
-
-
-def _lookup_from_head(paths: list[Path]) -> bool:
-    """Let every int8 embedding lookup read the decoder's int8 LM head instead of its own int8 embedding copy.
-
-    After dynamic quantization the tied matrix exists twice in int8: as the LM head's per-channel `E^T` (vocab
-    columns) and as the lookups' per-tensor `E`. A lookup of token t is column t of `E^T` times that column's scale,
-    so `Gather(E^T, ids, axis=1) * Gather(scales, ids)`, transposed, replaces `DequantizeLinear(Gather(E, ids))`.
-    One 33 MB matrix for opus-mt instead of two, and per-row scales instead of one scale for the whole embedding.
-    Returns False (graphs unchanged) when the graphs do not have that shape, e.g. a float or asymmetric head.
-    """
-    import onnx
-    from onnx import helper
-
-    models = [onnx.load(str(p)) for p in paths]
-    head = _int8_head(models[-1].graph)
-    if head is None:
-        return False
-    weight, scale = head
-    shape = [weight.dims[1], weight.dims[0]]  # (vocab, d_model): the embedding the head was untied from
-    for model in models:
-        graph = model.graph
-        inits = {init.name: init for init in graph.initializer}
-        lookups = [n for n in graph.node if n.op_type == "Gather" and _is_quantized_embedding(inits, n.input[0], shape)]
-        if not lookups:
-            continue
-        for init in (weight, scale):
-            if init.name not in inits:
-                graph.initializer.append(init)
-        for gather in lookups:
-            dequantize = next(
-                n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] == gather.output[0]
-            )
-            out, ids, base = dequantize.output[0], gather.input[1], gather.output[0]
-            nodes = [
-                helper.make_node("Gather", [weight.name, ids], [base + "_cols"], axis=1),  # (d_model, *ids)
-                helper.make_node("Cast", [base + "_cols"], [base + "_colsf"], to=onnx.TensorProto.FLOAT),
-                helper.make_node("Gather", [scale.name, ids], [base + "_scales"], axis=0),  # (*ids)
-                helper.make_node("Mul", [base + "_colsf", base + "_scales"], [base + "_scaled"]),
-                helper.make_node("Transpose", [base + "_scaled"], [out], perm=[1, 2, 0]),  # (*ids, d_model)
-            ]
-            index = list(graph.node).index(gather)
-            graph.node.remove(gather)
-            graph.node.remove(dequantize)
-            for offset, node in enumerate(nodes):
-                graph.node.insert(index + offset, node)
-        used = {i for n in graph.node for i in n.input}
-        for init in [i for i in graph.initializer if i.name not in used]:
-            graph.initializer.remove(init)
-    for model, path in zip(models, paths, strict=True):
-        onnx.save(model, str(path))
-    return True
-
-
-def _int8_head(graph: Any) -> tuple[Any, Any] | None:
-    """The decoder's LM head weight (d_model, vocab) int8 and its per-column scales, if symmetric per-channel."""
-    from onnx import TensorProto, numpy_helper
-
-    inits = {init.name: init for init in graph.initializer}
-    # The untied LM head: `_gemm_to_matmul` named its weight `<embedding>.transposed`.
-    for node in graph.node:
-        if node.op_type != "MatMulInteger" or not node.input[1].endswith(".transposed_quantized"):
-            continue
-        weight = inits.get(node.input[1])
-        if weight is None:
-            continue
-        base = weight.name.removesuffix("_quantized")
-        scale, zero = inits.get(base + "_scale"), inits.get(base + "_zero_point")
-        wide = len(weight.dims) == 2 and weight.dims[1] > weight.dims[0] and weight.data_type == TensorProto.INT8
-        if not wide or scale is None or zero is None or list(scale.dims) != [weight.dims[1]]:
-            continue
-        if len(node.input) > 3 and node.input[3] == zero.name and not numpy_helper.to_array(zero).any():
-            return weight, scale
-    return None
-
-
-def _is_quantized_embedding(inits: dict[str, Any], name: str, shape: list[int]) -> bool:
-    init = inits.get(name)
-    return init is not None and list(init.dims) == shape and init.data_type in (2, 3)  # uint8 or int8
