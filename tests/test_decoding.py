@@ -215,3 +215,44 @@ def test_vocab_ops_log_softmax_and_topk() -> None:
     assert indices[1, :2].tolist() == [10, 20]
     assert indices.tolist() == topk(x, 8).tolist()
     np.testing.assert_array_equal(values, np.take_along_axis(x, indices, axis=1))
+
+
+def test_vocab_ops_logsumexp_is_the_log_softmax_normaliser() -> None:
+    ops = VocabOps(RuntimeOptions(threads=2))
+    x = np.random.default_rng(1).normal(scale=8.0, size=(6, 3000)).astype(np.float32)
+    x[2, :100] = -np.inf  # banned tokens do not count
+    lse = ops.logsumexp(x)
+    assert lse.shape == (6,)
+    np.testing.assert_allclose(lse, torch.logsumexp(torch.from_numpy(x), dim=-1).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(x - lse[:, None], ops.log_softmax(x), rtol=1e-6, atol=1e-5)  # float32 rounding
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"no_repeat_ngram_size": 2, "min_new_tokens": 3}, {"repetition_penalty": 1.3}])
+def test_beam_search_on_shifted_logits_equals_the_log_softmax_path(
+    translator: Translator, monkeypatch: pytest.MonkeyPatch, kwargs: dict
+) -> None:
+    # Ranking processed logits and subtracting each row's log-sum-exp afterwards must give what processing the
+    # full log-softmax gives; repetition penalty (not shift-invariant) takes the full path in both runs.
+    fast = translator.translate(SENTENCES, beams=4, max_new_tokens=12, **kwargs)
+    from onnxmt.runtime import decoding
+
+    for processor in (decoding.NoRepeatNGram, decoding.BadWords, decoding.MinLength, decoding.SuppressTokens):
+        monkeypatch.setattr(processor, "commutes_with_shift", lambda self, cur_len: False)
+    monkeypatch.setattr(decoding.ForcedEos, "commutes_with_shift", lambda self, cur_len: False)
+    full = translator.translate(SENTENCES, beams=4, max_new_tokens=12, **kwargs)
+    assert [t.token_ids for t in fast] == [t.token_ids for t in full]
+    np.testing.assert_allclose([t.score for t in fast], [t.score for t in full], rtol=1e-5)
+
+
+def test_greedy_scores_match_transformers_transition_scores(translator: Translator, tiny_hf_dir: Path) -> None:
+    # A greedy score is the sum of the chosen tokens' log-probabilities after the processors (computed from each
+    # row's log-sum-exp, never as a vocabulary-sized log-softmax): transformers' normalised transition scores.
+    tokenizer = transformers.MarianTokenizer.from_pretrained(tiny_hf_dir)
+    model = transformers.MarianMTModel.from_pretrained(tiny_hf_dir).eval()
+    encoded = tokenizer(SENTENCES, return_tensors="pt", padding=True, truncation=True)
+    with torch.no_grad():
+        out = model.generate(**encoded, num_beams=1, max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
+    steps = model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+    finite = torch.where(torch.isfinite(steps), steps, torch.zeros_like(steps))  # padding after eos: -inf
+    got = [t.score for t in translator.translate(SENTENCES, beams=1, max_new_tokens=6)]
+    np.testing.assert_allclose(got, finite.sum(dim=1).numpy(), rtol=1e-5, atol=1e-5)
