@@ -14,9 +14,7 @@ OPS_DIR = Path(__file__).resolve().parents[1] / "runtime" / "ops"
 
 
 def build_ops() -> dict[str, bytes]:
-    """`log_softmax.onnx`: logits -> log_probs; `logsumexp.onnx`: logits -> each row's log of its sum of
-    exponentials (the log-softmax's normaliser, without writing a vocabulary-sized output); `topk.onnx`: scores, k
-    -> values, indices (largest first)."""
+    """`log_softmax.onnx`: logits -> log_probs; `topk.onnx`: scores, k -> values, indices (largest first)."""
     from onnx import TensorProto, helper
 
     def model(nodes: list, inputs: list, outputs: list, name: str) -> bytes:
@@ -32,12 +30,6 @@ def build_ops() -> dict[str, bytes]:
         [helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, matrix)],
         "onnxmt_log_softmax",
     )
-    logsumexp = model(
-        [helper.make_node("ReduceLogSumExp", ["logits"], ["logsumexp"], axes=[-1], keepdims=0)],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, matrix)],
-        [helper.make_tensor_value_info("logsumexp", TensorProto.FLOAT, ["rows"])],
-        "onnxmt_logsumexp",
-    )
     topk = model(
         [helper.make_node("TopK", ["scores", "k"], ["values", "indices"], axis=-1, largest=1, sorted=1)],
         [
@@ -50,7 +42,7 @@ def build_ops() -> dict[str, bytes]:
         ],
         "onnxmt_topk",
     )
-    return {"log_softmax.onnx": log_softmax, "logsumexp.onnx": logsumexp, "topk.onnx": topk}
+    return {"log_softmax.onnx": log_softmax, "topk.onnx": topk}
 
 
 def write_ops(directory: Path = OPS_DIR) -> list[Path]:

@@ -53,11 +53,6 @@ class LogitsProcessor(Protocol):
     def __call__(self, sequences: np.ndarray, scores: np.ndarray) -> None:
         """Edit `scores` (rows, vocab) in place; `sequences` (rows, cur_len) holds the tokens so far."""
 
-    def commutes_with_shift(self, cur_len: int) -> bool:
-        """At this length, does processing `x - c` give the processed `x`, minus `c`? (It does where the
-        processor only bans tokens with -inf.) Then beam search may process the logits and subtract each row's
-        log-sum-exp afterwards instead of materialising every row's log-probabilities."""
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Logits processors, in transformers' order.
@@ -66,9 +61,6 @@ class LogitsProcessor(Protocol):
 @dataclass(frozen=True)
 class RepetitionPenalty:
     penalty: float
-
-    def commutes_with_shift(self, cur_len: int) -> bool:
-        return False  # scales scores by their sign
 
     def __call__(self, sequences: np.ndarray, scores: np.ndarray) -> None:
         picked = np.take_along_axis(scores, sequences, axis=1)
@@ -79,9 +71,6 @@ class RepetitionPenalty:
 @dataclass(frozen=True)
 class NoRepeatNGram:
     size: int
-
-    def commutes_with_shift(self, cur_len: int) -> bool:
-        return True  # bans with -inf
 
     def __call__(self, sequences: np.ndarray, scores: np.ndarray) -> None:
         cur_len = sequences.shape[1]
@@ -101,9 +90,6 @@ class BadWords:
     single: tuple[int, ...]
     multi: tuple[tuple[int, ...], ...]
 
-    def commutes_with_shift(self, cur_len: int) -> bool:
-        return True  # bans with -inf
-
     def __call__(self, sequences: np.ndarray, scores: np.ndarray) -> None:
         if self.single:
             scores[:, list(self.single)] = NEG_INF
@@ -119,9 +105,6 @@ class MinLength:
     min_length: int
     eos_ids: tuple[int, ...]
 
-    def commutes_with_shift(self, cur_len: int) -> bool:
-        return True  # bans with -inf
-
     def __call__(self, sequences: np.ndarray, scores: np.ndarray) -> None:
         if sequences.shape[1] < self.min_length:
             scores[:, list(self.eos_ids)] = NEG_INF
@@ -131,9 +114,6 @@ class MinLength:
 class ForcedEos:
     max_length: int
     eos: int
-
-    def commutes_with_shift(self, cur_len: int) -> bool:
-        return cur_len != self.max_length - 1  # the last step sets eos to 0, a value, not a ban
 
     def __call__(self, sequences: np.ndarray, scores: np.ndarray) -> None:
         if sequences.shape[1] == self.max_length - 1:
@@ -145,9 +125,6 @@ class ForcedEos:
 class SuppressTokens:
     tokens: tuple[int, ...]
     at_length: int | None = None  # None: always; else only at this sequence length (begin_suppress_tokens)
-
-    def commutes_with_shift(self, cur_len: int) -> bool:
-        return True  # bans with -inf
 
     def __call__(self, sequences: np.ndarray, scores: np.ndarray) -> None:
         if self.at_length is None or sequences.shape[1] == self.at_length:
@@ -213,10 +190,9 @@ def greedy_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Lo
         # One decoder step for the active rows, on their last token.
         logits, cache = graphs.step(sequences[active, cur_len - 1 : cur_len], cache)  # (active, vocab)
         _apply(processors, sequences[active, :cur_len], logits)
-        # Greedy choice, and its log-probability for the score (no vocabulary-sized log-softmax needed for one).
+        # Greedy choice, and its log-probability for the score.
         chosen = logits.argmax(axis=-1)
-        picked = np.take_along_axis(logits, chosen[:, None], axis=1)[:, 0]
-        totals[active] += picked - graphs.ops.logsumexp(logits)
+        totals[active] += np.take_along_axis(graphs.ops.log_softmax(logits), chosen[:, None], axis=1)[:, 0]
         sequences[active, cur_len] = chosen
         # Rows that produced eos, or reached the length limit, are done.
         done = np.isin(chosen, eos) | (cur_len + 1 >= s.max_length)
@@ -267,19 +243,12 @@ def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Logi
         n = len(state.ids)
         flat = state.running.reshape(n * k, -1)[:, :cur_len]  # (n*beams, cur_len)
         logits, cache = graphs.step(flat[:, -1:], cache)
+        scores = graphs.ops.log_softmax(logits)  # (n*beams, vocab)
+        _apply(processors, flat, scores)
         # The best `keep` continuations of a sentence are among the best `keep` of each of its beams (a beam's
         # score shifts its whole row), so only (n, beams*keep) candidates are compared across beams.
-        if all(p.commutes_with_shift(cur_len) for p in processors):
-            # log_softmax(x) = x - logsumexp(x): process and rank the logits, shift only the kept candidates.
-            normaliser = graphs.ops.logsumexp(logits)
-            _apply(processors, flat, logits)
-            values, tokens = graphs.ops.topk(logits, keep)  # (n*beams, keep)
-            values = values - normaliser[:, None]
-        else:
-            scores = graphs.ops.log_softmax(logits)  # (n*beams, vocab)
-            _apply(processors, flat, scores)
-            values, tokens = graphs.ops.topk(scores, keep)
-        vocab = logits.shape[-1]
+        values, tokens = graphs.ops.topk(scores, keep)  # (n*beams, keep)
+        vocab = scores.shape[-1]
         totals = (values.reshape(n, k, keep) + state.running_scores[:, :, None]).reshape(n, k * keep)
         flat_ids = (np.arange(k)[None, :, None] * vocab + tokens.reshape(n, k, keep)).reshape(n, k * keep)
         cache_rows = _advance(state, totals, flat_ids, vocab, keep, cur_len, s)

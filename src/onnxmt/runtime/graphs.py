@@ -153,15 +153,10 @@ class VocabOps:
 
     def __init__(self, options: RuntimeOptions) -> None:
         self._log_softmax = load_session(OPS_DIR / "log_softmax.onnx", options)
-        self._logsumexp = load_session(OPS_DIR / "logsumexp.onnx", options)
         self._topk = load_session(OPS_DIR / "topk.onnx", options)
 
     def log_softmax(self, logits: np.ndarray) -> np.ndarray:
         return self._log_softmax.run(None, {"logits": logits})[0]
-
-    def logsumexp(self, logits: np.ndarray) -> np.ndarray:
-        """log(sum(exp(row))) of each row, (rows,): `log_softmax(x) == x - logsumexp(x)[:, None]`."""
-        return self._logsumexp.run(None, {"logits": logits})[0]
 
     def topk(self, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k largest entries of each row and their indices, largest first: ((rows, k), (rows, k))."""
