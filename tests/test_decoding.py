@@ -215,3 +215,17 @@ def test_vocab_ops_log_softmax_and_topk() -> None:
     assert indices[1, :2].tolist() == [10, 20]
     assert indices.tolist() == topk(x, 8).tolist()
     np.testing.assert_array_equal(values, np.take_along_axis(x, indices, axis=1))
+
+
+def test_greedy_scores_match_transformers_transition_scores(translator: Translator, tiny_hf_dir: Path) -> None:
+    # A greedy score is the sum of the chosen tokens' log-probabilities after the processors:
+    # transformers' normalised transition scores.
+    tokenizer = transformers.MarianTokenizer.from_pretrained(tiny_hf_dir)
+    model = transformers.MarianMTModel.from_pretrained(tiny_hf_dir).eval()
+    encoded = tokenizer(SENTENCES, return_tensors="pt", padding=True, truncation=True)
+    with torch.no_grad():
+        out = model.generate(**encoded, num_beams=1, max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
+    steps = model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+    finite = torch.where(torch.isfinite(steps), steps, torch.zeros_like(steps))  # padding after eos: -inf
+    got = [t.score for t in translator.translate(SENTENCES, beams=1, max_new_tokens=6)]
+    np.testing.assert_allclose(got, finite.sum(dim=1).numpy(), rtol=1e-5, atol=1e-5)
