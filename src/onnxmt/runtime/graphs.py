@@ -68,12 +68,25 @@ class Cache:
         return replace(self, self_kv=tuple(a[rows] for a in self.self_kv))
 
     def reorder_beams(self, rows: np.ndarray) -> Cache:
-        """Reorder the self-attention cache among the beams of each sentence.
+        """Reorder the self-attention cache among the beams of each sentence: row i takes row `rows[i]`.
 
         The beams of one sentence share its mask and cross-attention K/V, so only the self-attention cache moves;
-        copying the cross-attention K/V every step would cost as much as the step's own cache.
+        copying the cross-attention K/V every step would cost as much as the step's own cache. Only the rows that
+        change are copied, in place (most beams extend themselves: about a quarter of the rows move per step on
+        the benchmark's model): this cache must not be used afterwards, only the one returned.
         """
-        return replace(self, self_kv=tuple(a[rows] for a in self.self_kv))
+        moved = np.flatnonzero(rows != np.arange(len(rows)))
+        if len(moved) == 0:
+            return self
+        sources = rows[moved]
+        kv = []
+        for a in self.self_kv:
+            if a.flags.writeable and a.flags.c_contiguous:
+                a[moved] = a[sources]  # the right side is gathered into a new array first: cycles are safe
+            else:
+                a = a[rows]
+            kv.append(a)
+        return replace(self, self_kv=tuple(kv))
 
 
 def session_options(options: RuntimeOptions):
