@@ -1,9 +1,11 @@
-"""Peak memory (VmHWM) and speed of onnxmt with ONNX Runtime's CPU memory arena on and off, each in a fresh process.
+"""Memory of onnxmt's run side, with its memory settings as they are and each one undone, in fresh processes.
 
     python benchmarks/memory.py MODEL_DIR [MODEL_DIR ...]
 
-Loads the model, translates a greedy batch of 8, then 64 FLORES sentences with beam 4 at batch 32 (30 forced
-tokens, 2 threads): the peak after each phase shows what the largest batch costs.
+Variants: `default` (load-time memory given back: `runtime.graphs.release_load_memory`; ORT's CPU arena on),
+`arena off`, `no release`. Each loads the model (RSS and peak after loading), translates a greedy batch of 8 (the
+benchmark's peak-RSS column), then 64 FLORES sentences with beam 4 at batch 32 (30 forced tokens, 2 threads) and
+10 sentences one by one: the peaks after each phase show what loading and the largest batch cost.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "flores200" / "devtest.eng_Latn"
+VARIANTS = ("default", "arena off", "no release")
 
 WORKER = r"""
 import json, sys, time
@@ -21,53 +24,70 @@ import onnxmt.runtime.graphs as graphs
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translator
 
-plain = graphs.session_options
-def with_arena(options):
-    so = plain(options)
-    so.enable_cpu_mem_arena = sys.argv[2] == "on"
-    return so
-graphs.session_options = with_arena
+variant = sys.argv[2]
+if variant == "arena off":
+    plain = graphs.session_options
+    def without_arena(options):
+        so = plain(options)
+        so.enable_cpu_mem_arena = False
+        return so
+    graphs.session_options = without_arena
+elif variant == "no release":
+    graphs.release_load_memory = lambda directory, trim=True: 0
 
-def peak_mb():
-    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM"))
+def mb(key):
+    line = next(l for l in open("/proc/self/status") if l.startswith(key))
     return int(line.split()[1]) // 1024
 
+start = time.perf_counter()
 translator = Translator(sys.argv[1], RuntimeOptions(threads=2, verify=False))
+load_s = time.perf_counter() - start
+after_load = {"rss_after_load_mb": mb("VmRSS"), "peak_after_load_mb": mb("VmHWM")}
 texts = [l.strip() for l in open(sys.argv[3], encoding="utf-8") if l.strip()][:64]
 texts.sort(key=lambda t: len(translator.tokenizer.encode(t)))
 forced = {"max_new_tokens": 30, "min_new_tokens": 30}
 translator.translate(texts[:8], beams=1, batch_size=8, **forced)
-after_small = peak_mb()
+after_small = mb("VmHWM")
 start = time.perf_counter()
 for i in range(0, 64, 32):
     translator.translate(texts[i : i + 32], beams=4, batch_size=32, **forced)
 beam = len(texts) * 30 / (time.perf_counter() - start)
-start = time.perf_counter()
+latencies = []
 for text in texts[:10]:
+    start = time.perf_counter()
     translator.translate([text], beams=1, **forced)
-latency = (time.perf_counter() - start) / 10
-print(json.dumps({"peak_after_bs8_mb": after_small, "peak_after_beam4_bs32_mb": peak_mb(),
-                  "beam4_bs32_tokens_per_s": round(beam), "greedy_bs1_ms": round(1000 * latency)}))
+    latencies.append(time.perf_counter() - start)
+print(json.dumps({**after_load, "load_s": round(load_s, 2), "peak_after_bs8_mb": after_small,
+                  "peak_after_beam4_bs32_mb": mb("VmHWM"), "beam4_bs32_tokens_per_s": round(beam),
+                  "greedy_bs1_ms": round(1000 * sorted(latencies)[5])}))
 """
+
+COLUMNS = {
+    "rss_after_load_mb": "RSS after load",
+    "peak_after_load_mb": "peak after load",
+    "load_s": "load s",
+    "peak_after_bs8_mb": "peak after bs8 greedy",
+    "peak_after_beam4_bs32_mb": "peak after beam4 bs32",
+    "beam4_bs32_tokens_per_s": "beam4 bs32 tok/s",
+    "greedy_bs1_ms": "greedy bs1 ms",
+}
 
 
 def main() -> int:
     if len(sys.argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    print("| model | arena | peak after bs8 greedy | peak after beam4 bs32 | beam4 bs32 tok/s | greedy bs1 ms |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| model | variant | " + " | ".join(COLUMNS.values()) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in COLUMNS) + " |")
     for model in sys.argv[1:]:
-        for arena in ("on", "off"):
-            cmd = [sys.executable, "-c", WORKER, model, arena, str(DATA)]
+        for variant in VARIANTS:
+            cmd = [sys.executable, "-c", WORKER, model, variant, str(DATA)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(proc.stderr[-2000:], file=sys.stderr)
                 return 1
             r = json.loads(proc.stdout.splitlines()[-1])
-            keys = ("peak_after_bs8_mb", "peak_after_beam4_bs32_mb", "beam4_bs32_tokens_per_s", "greedy_bs1_ms")
-            cells = [r[k] for k in keys]
-            print(f"| {Path(model).name} | {arena} | " + " | ".join(str(c) for c in cells) + " |")
+            print(f"| {Path(model).name} | {variant} | " + " | ".join(str(r[k]) for k in COLUMNS) + " |")
     return 0
 
 

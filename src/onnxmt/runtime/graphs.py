@@ -97,9 +97,6 @@ def session_options(options: RuntimeOptions):
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # No memory arena: freed buffers (activations, the LM head's prepacking scratch) go back to the system instead
-    # of staying reserved; measured no slower (docs/performance.md).
-    so.enable_cpu_mem_arena = False
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.spinning else "0")
     return so
 
@@ -115,7 +112,7 @@ def load_session(path: Path, options: RuntimeOptions):
         raise ModelDirError(f"{path}: ONNX Runtime cannot load this graph ({e.__class__.__name__}: {e})") from e
 
 
-def release_load_memory(directory: Path) -> int:
+def release_load_memory(directory: Path, trim: bool = True) -> int:
     """Give back the memory that loading a graph needed and running it does not; returns the bytes unmapped.
 
     - Pages of the directory's memory-mapped weight files (`shared_weights.bin`): ONNX Runtime reads all of a
@@ -123,7 +120,8 @@ def release_load_memory(directory: Path) -> int:
       gather. Where a mapping holds no page the process wrote (no `Anonymous` copy-on-write page in smaps),
       `madvise(MADV_DONTNEED)` drops its pages from the process: a later read faults the same bytes back in from
       the page cache, so nothing is lost, only what is not used stops counting.
-    - `malloc_trim(0)`: the heap that held graph protobufs and transient copies goes back to the system.
+    - `malloc_trim(0)` (with `trim`): the heap that held graph protobufs and transient copies goes back to the
+      system. Worth it once, after the last graph: between two loads the next one reuses that heap.
 
     Linux with glibc only; elsewhere (or if /proc is not readable) it does nothing.
     """
@@ -147,7 +145,7 @@ def release_load_memory(directory: Path) -> int:
         start, end = (int(x, 16) for x in fields[0].split("-"))
         if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED) == 0:
             released += end - start
-    if hasattr(libc, "malloc_trim"):
+    if trim and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
     return released
 
@@ -208,7 +206,7 @@ class OnnxmtGraphs(Graphs):
         # The decoder first: loading it reads the whole mapped embedding (the LM head is prepacked from it), so its
         # peak is lowest with nothing else loaded yet; what it no longer needs is given back before the encoder.
         self.decoder = load_session(directory / dec.file, options)
-        release_load_memory(directory)
+        release_load_memory(directory, trim=False)
         self.encoder = load_session(directory / enc.file, options)
         release_load_memory(directory)
         self.enc_in = (enc.input_name("input_ids"), enc.input_name("attention_mask"))
