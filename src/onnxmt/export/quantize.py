@@ -609,7 +609,7 @@ def _record(manifest: Manifest, results: list[FileResult], options: QuantizeOpti
     import onnxruntime
 
     method = "weight-only int4" if options.int4 else "dynamic int8"
-    tool = "MatMulNBitsQuantizer" if options.int4 else "quantize_dynamic"
+    tool = "MatMulNBitsQuantizer" if options.int4 else "quantize_dynamic (layer MatMuls) + onnxmt (vocabulary tables)"
     record: dict[str, Any] = {
         "method": method,
         "operators": "MatMulNBits, GatherBlockQuantized"
