@@ -17,29 +17,37 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-
-def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    batch, length, dim = x.shape
-    return x.view(batch, length, heads, dim // heads).transpose(1, 2)  # (batch, heads, length, head_dim)
+# Reshapes take their dynamic sizes from the tensor they reshape and everything else as constants, so ONNX Runtime's
+# ReshapeFusion folds them to `Reshape(x, [0, -1, ...])`: no Shape/Gather/Unsqueeze/Concat bookkeeping per step.
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float) -> torch.Tensor:
+def _split_heads(x: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    return x.reshape(x.shape[0], -1, heads, head_dim).transpose(1, 2)  # (batch, heads, length, head_dim)
+
+
+def _merge_heads(x: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    x = x.transpose(1, 2)  # (batch, length, heads, head_dim)
+    return x.reshape(x.shape[0], -1, heads * head_dim)
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float, heads: int, head_dim: int
+) -> torch.Tensor:
     # Same order of operations as transformers' eager_attention_forward: scale after the product, additive mask.
     scores = torch.matmul(q, k.transpose(2, 3)) * scaling + mask  # (batch, heads, q_len, k_len)
     out = torch.matmul(F.softmax(scores, dim=-1), v)  # (batch, heads, q_len, head_dim)
-    batch, heads, length, head_dim = out.shape
-    return out.transpose(1, 2).reshape(batch, length, heads * head_dim)
+    return _merge_heads(out, heads, head_dim)
 
 
 def _attend_beams(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float, heads: int, head_dim: int
 ) -> torch.Tensor:
     """Cross-attention of every beam of a sentence on that sentence's one copy of the encoder K/V.
 
     q: (sentences * beams, heads, q_len, head_dim); k, v: (sentences, heads, src_len, head_dim); mask: (sentences,
     1, 1, src_len). The beams' queries are stacked along q_len, so the K/V are never repeated per beam.
     """
-    rows, heads, length, head_dim = q.shape
+    rows, _, length, _ = q.shape
     sentences = k.shape[0]
     beams = rows // sentences
     stacked = q.reshape(sentences, beams, heads, length, head_dim).transpose(1, 2)  # (n, heads, beams, len, hd)
@@ -47,7 +55,7 @@ def _attend_beams(
     scores = torch.matmul(stacked, k.transpose(2, 3)) * scaling + mask  # (n, heads, beams * len, src_len)
     out = torch.matmul(F.softmax(scores, dim=-1), v).reshape(sentences, heads, beams, length, head_dim)
     out = out.transpose(1, 2).reshape(rows, heads, length, head_dim)
-    return out.transpose(1, 2).reshape(rows, length, heads * head_dim)
+    return _merge_heads(out, heads, head_dim)
 
 
 class MarianEncoderExport(nn.Module):
@@ -58,14 +66,15 @@ class MarianEncoderExport(nn.Module):
         self.encoder = model.get_encoder()
         self.decoder_layers = model.model.decoder.layers
         self.heads = model.config.decoder_attention_heads
+        self.head_dim = model.config.d_model // self.heads
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         outputs = [states]
         for layer in self.decoder_layers:
             attn = layer.encoder_attn
-            outputs.append(_split_heads(attn.k_proj(states), self.heads))  # (batch, heads, src_len, head_dim)
-            outputs.append(_split_heads(attn.v_proj(states), self.heads))
+            outputs.append(_split_heads(attn.k_proj(states), self.heads, self.head_dim))  # (batch, heads, src, hd)
+            outputs.append(_split_heads(attn.v_proj(states), self.heads, self.head_dim))
         return tuple(outputs)
 
 
@@ -82,6 +91,7 @@ class MarianDecoderExport(nn.Module):
         self.lm_head = model.lm_head
         self.final_logits_bias = model.final_logits_bias
         self.heads = model.config.decoder_attention_heads
+        self.head_dim = model.config.d_model // self.heads
 
     def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor, *cache: torch.Tensor):
         n = len(self.layers)
@@ -118,15 +128,17 @@ class MarianDecoderExport(nn.Module):
     def _layer(self, layer, hidden, past_key, past_value, cross_key, cross_value, self_mask, cross_mask):
         # Self-attention over the cache plus the new positions (post-layer-norm, as Marian/BART).
         attn = layer.self_attn
-        query = _split_heads(attn.q_proj(hidden), self.heads)
-        key = torch.cat([past_key, _split_heads(attn.k_proj(hidden), self.heads)], dim=2)  # (batch, heads, total, hd)
-        value = torch.cat([past_value, _split_heads(attn.v_proj(hidden), self.heads)], dim=2)
-        hidden = layer.self_attn_layer_norm(hidden + attn.out_proj(_attend(query, key, value, self_mask, attn.scaling)))
+        heads, head_dim = self.heads, self.head_dim
+        query = _split_heads(attn.q_proj(hidden), heads, head_dim)
+        key = torch.cat([past_key, _split_heads(attn.k_proj(hidden), heads, head_dim)], dim=2)  # (batch, heads, T, hd)
+        value = torch.cat([past_value, _split_heads(attn.v_proj(hidden), heads, head_dim)], dim=2)
+        attended = _attend(query, key, value, self_mask, attn.scaling, heads, head_dim)
+        hidden = layer.self_attn_layer_norm(hidden + attn.out_proj(attended))
 
         # Cross-attention on the keys/values the encoder graph computed once.
         cross = layer.encoder_attn
-        query = _split_heads(cross.q_proj(hidden), self.heads)
-        attended = _attend_beams(query, cross_key, cross_value, cross_mask, cross.scaling)
+        query = _split_heads(cross.q_proj(hidden), heads, head_dim)
+        attended = _attend_beams(query, cross_key, cross_value, cross_mask, cross.scaling, heads, head_dim)
         hidden = layer.encoder_attn_layer_norm(hidden + cross.out_proj(attended))
 
         ffn = layer.fc2(layer.activation_fn(layer.fc1(hidden)))
