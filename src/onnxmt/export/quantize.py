@@ -245,15 +245,12 @@ class _KeptHead:
 
 
 def _prepare(model: Any, options: QuantizeOptions) -> tuple[list[str], list[_KeptHead]]:
-    """Untie every Gemm on a constant weight into a MatMul (same node name); return the nodes to quantize."""
+    """int4: untie every Gemm on a constant weight into a MatMul (same node name); return the nodes to quantize
+    (MatMuls, and Gathers for GatherBlockQuantized) and the Gemms to put back in float afterwards."""
     graph = model.graph
     inits = {init.name for init in graph.initializer}
-    for i, node in enumerate(graph.node):
-        if not node.name:
-            node.name = f"{node.op_type}_{i}"  # the quantizers select nodes by name
-    excluded = set(options.exclude)
-    if LM_HEAD in excluded:
-        excluded |= _tied_heads(graph)
+    _name_nodes(graph)
+    excluded = _excluded(graph, options)
     kept: list[_KeptHead] = []
     untied = set()
     for node in [n for n in graph.node if n.op_type == "Gemm" and n.input[1] in inits and _plain_gemm(n)]:
