@@ -44,18 +44,15 @@ def _attend_beams(
 ) -> torch.Tensor:
     """Cross-attention of every beam of a sentence on that sentence's one copy of the encoder K/V.
 
-    q: (sentences * beams, heads, q_len, head_dim); k, v: (sentences, heads, src_len, head_dim); mask: (sentences,
-    1, 1, src_len). The beams' queries are stacked along q_len, so the K/V are never repeated per beam.
+    q: (sentences * beams, q_len, d_model), the projected queries before the head split; k, v: (sentences, heads,
+    src_len, head_dim); mask: (sentences, 1, 1, src_len). Row r belongs to sentence r // beams, so in memory the
+    queries already are (sentences, beams * q_len, heads, head_dim): the beams' queries are stacked along q_len by a
+    reshape, and the K/V are never repeated per beam. Returns (sentences * beams, q_len, d_model).
     """
-    rows, _, length, _ = q.shape
-    sentences = k.shape[0]
-    beams = rows // sentences
-    stacked = q.reshape(sentences, beams, heads, length, head_dim).transpose(1, 2)  # (n, heads, beams, len, hd)
-    stacked = stacked.reshape(sentences, heads, beams * length, head_dim)
-    scores = torch.matmul(stacked, k.transpose(2, 3)) * scaling + mask  # (n, heads, beams * len, src_len)
-    out = torch.matmul(F.softmax(scores, dim=-1), v).reshape(sentences, heads, beams, length, head_dim)
-    out = out.transpose(1, 2).reshape(rows, heads, length, head_dim)
-    return _merge_heads(out, heads, head_dim)
+    stacked = q.reshape(k.shape[0], -1, heads, head_dim).transpose(1, 2)  # (n, heads, beams * q_len, head_dim)
+    scores = torch.matmul(stacked, k.transpose(2, 3)) * scaling + mask  # (n, heads, beams * q_len, src_len)
+    out = torch.matmul(F.softmax(scores, dim=-1), v).transpose(1, 2)  # (n, beams * q_len, heads, head_dim)
+    return out.reshape(q.shape[0], -1, heads * head_dim)
 
 
 class MarianEncoderExport(nn.Module):
@@ -137,7 +134,7 @@ class MarianDecoderExport(nn.Module):
 
         # Cross-attention on the keys/values the encoder graph computed once.
         cross = layer.encoder_attn
-        query = _split_heads(cross.q_proj(hidden), heads, head_dim)
+        query = cross.q_proj(hidden)  # (rows, new_len, d_model): split into heads inside _attend_beams
         attended = _attend_beams(query, cross_key, cross_value, cross_mask, cross.scaling, heads, head_dim)
         hidden = layer.encoder_attn_layer_norm(hidden + cross.out_proj(attended))
 
