@@ -47,7 +47,7 @@ class QuantizeError(ValueError):
 @dataclass(frozen=True)
 class QuantizeOptions:
     """parts: which graphs to quantize. op_types: the weight-carrying operators to quantize (Gather: the
-    embeddings, per-tensor uint8 in ONNX Runtime's dynamic mode; Gemm: the LM head). exclude: node names kept in
+    embeddings, int8 rows with a scale each; Gemm: the LM head). exclude: node names kept in
     float ("lm_head": the tied LM head). int4: weight-only 4-bit (MatMulNBits, GatherBlockQuantized) instead of
     dynamic int8. per_channel: int8 scales per output column rather than per matrix."""
 
@@ -144,12 +144,14 @@ def _quantize_into(
     selected = {}
     for name, model in models.items():
         progress(f"quantizing {name} ({'int4 weight-only' if options.int4 else 'dynamic int8'})")
+        _name_nodes(model.graph)
+        excluded = _excluded(model.graph, options)  # before any rewrite: the tied head is still a Gemm
         rewritten: list[str] = []
         if options.int4:
-            nodes, kept_heads = _prepare(model, options)
+            nodes, kept_heads = _prepare(model, options, excluded)
         else:
-            rewritten = _int8_tables(model, options)
-            nodes, kept_heads = _matmuls_for_int8(model, options)
+            rewritten = _int8_tables(model, options, excluded)
+            nodes, kept_heads = _matmuls_for_int8(model, options, excluded)
         out = staging / name
         if not nodes:
             onnx.save(model, str(out))
@@ -244,22 +246,11 @@ class _KeptHead:
     transposed: str  # the initializer the temporary MatMul read
 
 
-def _prepare(model: Any, options: QuantizeOptions) -> tuple[list[str], list[_KeptHead]]:
+def _prepare(model: Any, options: QuantizeOptions, excluded: set[str]) -> tuple[list[str], list[_KeptHead]]:
     """int4: untie every Gemm on a constant weight into a MatMul (same node name); return the nodes to quantize
     (MatMuls, and Gathers for GatherBlockQuantized) and the Gemms to put back in float afterwards."""
     graph = model.graph
-    inits = {init.name for init in graph.initializer}
-    _name_nodes(graph)
-    excluded = _excluded(graph, options)
-    kept: list[_KeptHead] = []
-    untied = set()
-    for node in [n for n in graph.node if n.op_type == "Gemm" and n.input[1] in inits and _plain_gemm(n)]:
-        gemm = type(node)()
-        gemm.CopyFrom(node)  # the graph's own node object is removed below
-        untied.add(gemm.name)
-        transposed = _gemm_to_matmul(model, node)
-        if gemm.name in excluded or "Gemm" not in options.op_types:
-            kept.append(_KeptHead(gemm, transposed))
+    untied, kept = _untie_gemms(model, options, excluded)
     kept_names = {k.gemm.name for k in kept}
     inits = {init.name for init in graph.initializer}
     # A float head needs its float weight, so the Gathers sharing it stay float as well.
@@ -279,16 +270,29 @@ def _prepare(model: Any, options: QuantizeOptions) -> tuple[list[str], list[_Kep
 
 def _tied_heads(graph: Any) -> set[str]:
     """Names of the Gemm(transB=1) nodes whose weight a Gather reads too: the tied LM head."""
-    from onnx import helper
-
     gathered = {n.input[0] for n in graph.node if n.op_type == "Gather"}
     return {
-        n.name
-        for n in graph.node
-        if n.op_type == "Gemm"
-        and n.input[1] in gathered
-        and any(a.name == "transB" and helper.get_attribute_value(a) == 1 for a in n.attribute)
+        n.name for n in graph.node if n.op_type == "Gemm" and n.input[1] in gathered and _attribute(n, "transB", 0) == 1
     }
+
+
+def _untie_gemms(model: Any, options: QuantizeOptions, excluded: set[str]) -> tuple[set[str], list[_KeptHead]]:
+    """Every plain Gemm on a constant weight becomes a MatMul of the same name (on a transposed copy when
+    transB=1): returns the names to quantize, and the Gemms to put back in float afterwards (excluded ones, or all
+    when Gemm is not among the op types), which the quantizers would otherwise rewrite."""
+    graph = model.graph
+    inits = {init.name for init in graph.initializer}
+    untied: set[str] = set()
+    kept: list[_KeptHead] = []
+    for node in [n for n in graph.node if n.op_type == "Gemm" and n.input[1] in inits and _plain_gemm(n)]:
+        gemm = type(node)()
+        gemm.CopyFrom(node)  # the graph's own node object is removed below
+        transposed = _gemm_to_matmul(model, node)
+        if gemm.name in excluded or "Gemm" not in options.op_types:
+            kept.append(_KeptHead(gemm, transposed))
+        else:
+            untied.add(gemm.name)
+    return untied, kept
 
 
 def _plain_gemm(node: Any) -> bool:
@@ -374,44 +378,31 @@ def _excluded(graph: Any, options: QuantizeOptions) -> set[str]:
     return excluded
 
 
-def _matmuls_for_int8(model: Any, options: QuantizeOptions) -> tuple[list[str], list[_KeptHead]]:
-    """The MatMuls on constant weights for `quantize_dynamic`, after `_int8_tables`. The Gemms left are untied
-    into MatMuls (same name): quantized if wanted, else put back afterwards (the quantizer would rewrite them)."""
+def _matmuls_for_int8(model: Any, options: QuantizeOptions, excluded: set[str]) -> tuple[list[str], list[_KeptHead]]:
+    """The MatMuls on constant weights for `quantize_dynamic`, after `_int8_tables` took the transB=1 heads; the
+    Gemms left are untied (`_untie_gemms`)."""
     graph = model.graph
-    excluded = _excluded(graph, options)
-    inits = {init.name for init in graph.initializer}
-    kept: list[_KeptHead] = []
-    untied = set()
-    for node in [n for n in graph.node if n.op_type == "Gemm" and n.input[1] in inits and _plain_gemm(n)]:
-        gemm = type(node)()
-        gemm.CopyFrom(node)  # the graph's own node object is removed below
-        transposed = _gemm_to_matmul(model, node)
-        if gemm.name in excluded or "Gemm" not in options.op_types:
-            kept.append(_KeptHead(gemm, transposed))
-        else:
-            untied.add(gemm.name)
-    kept_names = {k.gemm.name for k in kept}
+    untied, kept = _untie_gemms(model, options, excluded)
+    skipped = excluded | {k.gemm.name for k in kept}
     inits = {init.name for init in graph.initializer}
     nodes = [
         n.name
         for n in graph.node
         if n.op_type == "MatMul"
         and n.input[1] in inits
-        and n.name not in excluded | kept_names
+        and n.name not in skipped
         and (n.name in untied or "MatMul" in options.op_types)
     ]
     return nodes, kept
 
 
-def _int8_tables(model: Any, options: QuantizeOptions) -> list[str]:
+def _int8_tables(model: Any, options: QuantizeOptions, excluded: set[str]) -> list[str]:
     """Rewrite the lookups (`Gather` on a float table) and the `Gemm(x, W, transB=1)` heads onto int8 rows of
     their tables, one int8 matrix per table whoever reads it; returns the names of the rewritten nodes."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
     graph = model.graph
-    _name_nodes(graph)
-    excluded = _excluded(graph, options)
     inits = {init.name: init for init in graph.initializer}
     gemms = [n for n in graph.node if n.op_type == "Gemm" and n.input[1] in inits and _plain_gemm(n)]
     heads = [n for n in gemms if _attribute(n, "transB", 0) and n.name not in excluded and "Gemm" in options.op_types]
