@@ -6,6 +6,7 @@ still get it from here, built once per session.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,18 @@ from onnxmt.export.random_model import RandomMarianSpec
 
 TINY = RandomMarianSpec(eos_bias=3.0)
 TINY_MULTI = RandomMarianSpec(target_languages=("cmn_Hans", "yue_Hant"), eos_bias=3.0, seed=1)
+# A tiny model's tied LM head (~45 kB) is far below the size real heads are cut into chunks at (16 MiB, see
+# export/weights.py): cut it anyway (12 chunks in fp32, 3 in int8), so that every test runs the chunked head.
+TINY_HEAD_CHUNK_BYTES = 4 << 10
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _chunked_heads() -> Iterator[None]:
+    from onnxmt.export import weights
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(weights, "HEAD_CHUNK_BYTES", TINY_HEAD_CHUNK_BYTES)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from onnxmt.manifest import DECODER_FILE, ENCODER_FILE, MANIFEST_NAME, SHARED_WEIGHTS_FILE, read_manifest, sha256_file
+from onnxmt.manifest import DECODER_FILE, ENCODER_FILE, MANIFEST_NAME, WEIGHTS_FILE, read_manifest, sha256_file
 
 pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
@@ -156,19 +158,40 @@ def test_default_target_must_be_a_language_of_the_model(tiny_multi_hf_dir: Path,
     assert read_manifest(tmp_path / "ok").languages["default_target"] == "cmn_Hans"
 
 
-def test_encoder_and_decoder_share_the_embedding_on_disk(tiny_onnx_dir: Path) -> None:
+def test_weights_are_stored_once_and_the_chunked_head_reads_the_embedding(tiny_onnx_dir: Path) -> None:
     from onnx import numpy_helper
 
     manifest = read_manifest(tiny_onnx_dir)
-    assert SHARED_WEIGHTS_FILE in manifest.files
+    assert WEIGHTS_FILE in manifest.files
     encoder = onnx.load(str(tiny_onnx_dir / ENCODER_FILE), load_external_data=False).graph
     decoder = onnx.load(str(tiny_onnx_dir / DECODER_FILE), load_external_data=False).graph
-    external = [i for g in (encoder, decoder) for i in g.initializer if i.data_location == onnx.TensorProto.EXTERNAL]
-    assert {e.external_data[0].value for e in external} == {SHARED_WEIGHTS_FILE}
-    # The embedding and the sinusoidal position table, each referenced by both graphs.
+
+    def where(graph: Any) -> dict[str, tuple[int, int]]:
+        out = {}
+        for init in graph.initializer:
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                info = {e.key: e.value for e in init.external_data}
+                assert info["location"] == WEIGHTS_FILE
+                out[init.name] = (int(info.get("offset", 0)), int(info["length"]))
+        return out
+
+    enc, dec = where(encoder), where(decoder)
     model = manifest.model
-    embedding, positions = (model["vocab_size"], model["d_model"]), (model["max_positions"], model["d_model"])
-    assert sorted(tuple(e.dims) for e in external) == sorted(2 * [embedding, positions])
+    embedding = [model["vocab_size"], model["d_model"]]
+    table = {i.name for g in (encoder, decoder) for i in g.initializer if list(i.dims) == embedding}
+    assert len(table) == 2, "each graph reads the embedding matrix"
+    assert len({enc.get(n) or dec.get(n) for n in table}) == 1, "one copy on disk"
+    start, length = next(iter(enc.get(n) or dec.get(n) for n in table))
+    # The tied head in chunks (conftest cuts even a tiny head): Gemms over consecutive row ranges of those bytes.
+    heads = [n for n in decoder.node if n.op_type == "Gemm"]
+    assert len(heads) >= 2 and any(n.op_type == "Concat" and n.name.endswith(".chunks") for n in decoder.node)
+    ranges = sorted(dec[n.input[1]] for n in heads)
+    assert ranges[0][0] == start and sum(r[1] for r in ranges) == length
+    assert all(a[0] + a[1] == b[0] for a, b in pairwise(ranges))
+    # No bytes twice: the tensors that are not rows of another do not overlap in the file, or inline.
+    spans = sorted(set(enc.values()) | set(dec.values()))
+    outer = [s for s in spans if not any(o != s and o[0] <= s[0] and s[0] + s[1] <= o[0] + o[1] for o in spans)]
+    assert all(a[0] + a[1] <= b[0] for a, b in pairwise(outer))
     inline = [numpy_helper.to_array(i).tobytes() for g in (encoder, decoder) for i in g.initializer if i.raw_data]
     big = [b for b in inline if len(b) >= 1 << 12]
     assert len(big) == len(set(big)), "a weight is stored in both graph files"

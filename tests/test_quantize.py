@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -17,7 +18,7 @@ from onnxmt.manifest import (
     DECODER_FILE,
     ENCODER_FILE,
     MANIFEST_NAME,
-    SHARED_WEIGHTS_FILE,
+    WEIGHTS_FILE,
     read_manifest,
     sha256_file,
     verify_files,
@@ -59,20 +60,57 @@ def _external(path: Path) -> dict[str, str]:
     return {i.name: i.external_data[0].value for i in _graph(path).initializer if i.external_data}
 
 
+def _where(path: Path) -> dict[str, tuple[str, int, int]]:
+    """Tensor name -> (file, offset, length), for tensors kept outside the graph file."""
+    out = {}
+    for init in _graph(path).initializer:
+        if init.external_data:
+            info = {e.key: e.value for e in init.external_data}
+            out[init.name] = (info["location"], int(info.get("offset", 0)), int(info["length"]))
+    return out
+
+
+def _joined(path: Path):
+    """The graph as the quantizer sees it: weights read in, the LM head's chunks joined into one node."""
+    from onnxmt.export.weights import join_heads
+
+    model = onnx.load(str(path))
+    join_heads(model)
+    return model.graph
+
+
+def _contents(path: Path) -> tuple[list, dict]:
+    """What a graph computes, whatever file its weights are in: its nodes, and each tensor's type, shape, bytes."""
+    graph = onnx.load(str(path)).graph
+    nodes = [(n.op_type, n.name, list(n.input), list(n.output), n.SerializeToString()) for n in graph.node]
+    return nodes, {i.name: (i.data_type, list(i.dims), i.raw_data) for i in graph.initializer}
+
+
+def _rows_of(path: Path, whole: str) -> list[str]:
+    """The external tensors of `path` that lie inside `whole`'s bytes, checking that they cover them in order."""
+    where = _where(path)
+    location, start, length = where[whole]
+    parts = sorted((v[1], v[2], k) for k, v in where.items() if k != whole and k.startswith(whole + ".rows"))
+    assert all(where[k][0] == location for _, _, k in parts)
+    assert [p[0] for p in parts] == list(np.cumsum([start] + [p[1] for p in parts[:-1]]))
+    assert sum(p[1] for p in parts) == length
+    return [k for _, _, k in parts]
+
+
 def _weights_bytes(directory: Path) -> int:
-    return sum((directory / n).stat().st_size for n in (ENCODER_FILE, DECODER_FILE, SHARED_WEIGHTS_FILE))
+    return sum((directory / n).stat().st_size for n in (ENCODER_FILE, DECODER_FILE, WEIGHTS_FILE))
 
 
 def test_int8_shrinks_the_weights_and_keeps_other_files(tiny_onnx_dir: Path, int8_dir: Path) -> None:
     # d_model 32: the graphs' structure weighs as much as their weights, so the files shrink less than 4x.
     for name in (ENCODER_FILE, DECODER_FILE):
         assert (int8_dir / name).stat().st_size < (tiny_onnx_dir / name).stat().st_size, name
-    shared_before, shared_after = ((d / SHARED_WEIGHTS_FILE).stat().st_size for d in (tiny_onnx_dir, int8_dir))
+    shared_before, shared_after = ((d / WEIGHTS_FILE).stat().st_size for d in (tiny_onnx_dir, int8_dir))
     assert shared_after < shared_before / 3  # the embedding and positions, int8 instead of float
     assert _weights_bytes(int8_dir) < 0.8 * _weights_bytes(tiny_onnx_dir)
     source = read_manifest(tiny_onnx_dir)
     for name, info in source.files.items():
-        if name not in (ENCODER_FILE, DECODER_FILE, SHARED_WEIGHTS_FILE):
+        if name not in (ENCODER_FILE, DECODER_FILE, WEIGHTS_FILE):
             assert sha256_file(int8_dir / name) == info["sha256"]
 
 
@@ -80,15 +118,20 @@ def test_every_weight_matrix_is_quantized_and_the_lm_head_reads_the_int8_embeddi
     for name in (ENCODER_FILE, DECODER_FILE):
         assert _float_matrices(int8_dir / name) == {}, name  # embeddings and all MatMul weights are int8
     decoder = _ops(int8_dir / DECODER_FILE)
-    assert decoder["Gemm"] == 0 and decoder["MatMulInteger"] == 16 and decoder["QGemm"] == 1  # 8 per layer + head
+    assert decoder["Gemm"] == 0 and decoder["MatMulInteger"] == 16  # 8 per layer
     graph = _graph(int8_dir / DECODER_FILE)
-    head = next(n for n in graph.node if n.op_type == "QGemm")
-    attrs = {a.name: a.i for a in head.attribute}
-    assert head.name == LM_HEAD and attrs["transB"] == 1
-    # One int8 vocabulary matrix, row-major (vocab, d_model): the head's B and the token lookup's table.
-    lookups = [n.name for n in graph.node if n.op_type == "Gather" and n.input[0] == head.input[3]]
-    assert head.input[3] == "embed_tokens.weight_int8" and lookups == ["/embed_tokens/Gather"]
-    matrix = next(i for i in graph.initializer if i.name == head.input[3])
+    (head,) = [n for n in graph.node if n.op_type == "QGemm"]
+    assert head.name == LM_HEAD
+    # One int8 vocabulary matrix, row-major (vocab, d_model), read by the token lookup and by the head. The head reads
+    # it through a Transpose of a second initializer on the same bytes: ONNX Runtime folds the Transpose at load
+    # and packs the head from it, with no scratch copy kept (export/weights.py). Nothing is stored twice.
+    flip = next(n for n in graph.node if n.output[0] == head.input[3])
+    assert flip.op_type == "Transpose" and {a.name: a.i for a in head.attribute}.get("transB", 0) == 0
+    lookups = [n.name for n in graph.node if n.op_type == "Gather" and n.input[0] == "embed_tokens.weight_int8"]
+    assert lookups == ["/embed_tokens/Gather"]
+    where = _where(int8_dir / DECODER_FILE)
+    assert where[flip.input[0]] == where["embed_tokens.weight_int8"]
+    matrix = next(i for i in graph.initializer if i.name == "embed_tokens.weight_int8")
     assert matrix.data_type == onnx.TensorProto.INT8 and list(matrix.dims) == [354, 32]
     scales = next(i for i in graph.initializer if i.name == head.input[4])
     assert list(scales.dims) == [354]  # one per vocabulary entry: per output channel of the head
@@ -120,9 +163,9 @@ def test_int8_lookup_is_the_row_times_its_scale(int8_dir: Path, tiny_onnx_dir: P
 
 def test_int8_embedding_is_stored_once_for_both_graphs(int8_dir: Path) -> None:
     encoder, decoder = _external(int8_dir / ENCODER_FILE), _external(int8_dir / DECODER_FILE)
-    assert encoder["encoder.embed_tokens.weight_int8"] == SHARED_WEIGHTS_FILE
-    assert decoder["embed_tokens.weight_int8"] == SHARED_WEIGHTS_FILE
-    assert SHARED_WEIGHTS_FILE in read_manifest(int8_dir).files
+    assert encoder["encoder.embed_tokens.weight_int8"] == WEIGHTS_FILE
+    assert decoder["embed_tokens.weight_int8"] == WEIGHTS_FILE
+    assert WEIGHTS_FILE in read_manifest(int8_dir).files
 
 
 def test_manifest_records_the_quantization_with_new_hashes(tiny_onnx_dir: Path, int8_dir: Path) -> None:
@@ -134,7 +177,7 @@ def test_manifest_records_the_quantization_with_new_hashes(tiny_onnx_dir: Path, 
     assert q["parts"] == "all" and q["op_types"] == ["MatMul", "Gemm", "Gather"] and q["excluded_nodes"] == []
     assert q["tool"].startswith("onnxruntime ")
     files = q["files"]
-    assert set(files) == {ENCODER_FILE, DECODER_FILE, SHARED_WEIGHTS_FILE}
+    assert set(files) == {ENCODER_FILE, DECODER_FILE, WEIGHTS_FILE}
     assert files[DECODER_FILE]["quantized_nodes"] == 19  # 17 MatMul + token and position embeddings
     assert files[DECODER_FILE]["bytes_after"] == (int8_dir / DECODER_FILE).stat().st_size
     assert q["source_sha256"][DECODER_FILE] == read_manifest(tiny_onnx_dir).files[DECODER_FILE]["sha256"]
@@ -164,44 +207,46 @@ def test_source_directory_is_not_modified(tiny_onnx_dir: Path, tmp_path: Path) -
     assert {p.name: sha256_file(p) for p in tiny_onnx_dir.iterdir()} == before
 
 
-def test_parts_encoder_leaves_the_decoder_bytes_unchanged(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+def test_parts_encoder_leaves_the_decoder_unchanged(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     out = _quantize(tiny_onnx_dir, tmp_path / "enc", parts="encoder")
-    assert (out / DECODER_FILE).read_bytes() == (tiny_onnx_dir / DECODER_FILE).read_bytes()
-    assert (out / ENCODER_FILE).stat().st_size < (tiny_onnx_dir / ENCODER_FILE).stat().st_size
-    assert list(read_manifest(out).quantization["files"]) == [ENCODER_FILE, SHARED_WEIGHTS_FILE]
-    # The decoder still reads the source's shared file, which is copied as it was.
-    assert (out / SHARED_WEIGHTS_FILE).read_bytes() == (tiny_onnx_dir / SHARED_WEIGHTS_FILE).read_bytes()
+    # Same nodes, same tensors; only where the weights file keeps them may differ (it no longer holds float
+    # encoder weights).
+    assert _contents(out / DECODER_FILE) == _contents(tiny_onnx_dir / DECODER_FILE)
+    assert _float_matrices(out / ENCODER_FILE) == {} and _ops(out / ENCODER_FILE)["MatMulInteger"] > 0
+    assert list(read_manifest(out).quantization["files"]) == [ENCODER_FILE, WEIGHTS_FILE]
     assert Translator(out).translate(TEXTS, max_new_tokens=5)[0].token_ids
 
 
-def test_parts_decoder_leaves_the_encoder_bytes_unchanged(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+def test_parts_decoder_leaves_the_encoder_unchanged(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     out = _quantize(tiny_onnx_dir, tmp_path / "dec", parts="decoder")
-    assert (out / ENCODER_FILE).read_bytes() == (tiny_onnx_dir / ENCODER_FILE).read_bytes()
-    assert (out / SHARED_WEIGHTS_FILE).read_bytes() == (tiny_onnx_dir / SHARED_WEIGHTS_FILE).read_bytes()
-    # The decoder's weights are all int8 now, its embedding in the graph file (the shared one is the encoder's
-    # float copy). With d_model 32 that makes decoder.onnx no smaller: the int8 embedding comes back inline.
-    assert _float_matrices(out / DECODER_FILE) == {} and _external(out / DECODER_FILE) == {}
+    assert _contents(out / ENCODER_FILE) == _contents(tiny_onnx_dir / ENCODER_FILE)
+    assert _float_matrices(out / DECODER_FILE) == {}  # the decoder's weights are all int8
     assert Translator(out).translate(TEXTS, max_new_tokens=5)[0].token_ids
 
 
 def test_partial_quantization_keeps_sharing_unchanged_float_weights(tiny_onnx_dir: Path, tmp_path: Path) -> None:
-    # Decoder only, LM head in float: the decoder's float embedding is the encoder's, so it stays in the shared file.
+    # Decoder only, LM head in float: the decoder's float embedding is the encoder's, so both point to one copy.
     out = _quantize(tiny_onnx_dir, tmp_path / "dec", parts="decoder", exclude=(LM_HEAD,))
-    assert _external(out / DECODER_FILE) == {"embed_tokens.weight": SHARED_WEIGHTS_FILE}
-    assert _ops(out / DECODER_FILE)["Gemm"] == 1
+    encoder, decoder = _where(out / ENCODER_FILE), _where(out / DECODER_FILE)
+    assert decoder["embed_tokens.weight"] == encoder["encoder.embed_tokens.weight"]
+    assert set(decoder) == {"embed_tokens.weight", *_rows_of(out / DECODER_FILE, "embed_tokens.weight")}
+    assert [n.op_type for n in _joined(out / DECODER_FILE).node].count("Gemm") == 1
     assert Translator(out).translate(TEXTS, max_new_tokens=5)[0].token_ids
 
 
 def test_excluded_lm_head_stays_a_gemm_sharing_the_float_embedding(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     out = _quantize(tiny_onnx_dir, tmp_path / "head", exclude=(LM_HEAD,))
-    graph = _graph(out / DECODER_FILE)
+    graph = _joined(out / DECODER_FILE)
     gemm = next(n for n in graph.node if n.op_type == "Gemm")
     assert gemm.name == LM_HEAD and gemm.input[1] == "embed_tokens.weight"
     # One float copy of the embedding, read by the head and by the (then unquantized) token Gather. The encoder's
-    # embedding is int8, so nothing is shared any more.
-    assert _float_matrices(out / DECODER_FILE) == {"embed_tokens.weight": [354, 32]}
-    assert not (out / SHARED_WEIGHTS_FILE).exists() and SHARED_WEIGHTS_FILE not in read_manifest(out).files
+    # embedding is int8, so nothing else shares it.
+    assert {i.name: list(i.dims) for i in graph.initializer if i.data_type == 1 and len(i.dims) == 2} == {
+        "embed_tokens.weight": [354, 32]
+    }
     assert sum("embed_tokens.weight" in n.input for n in graph.node) == 2
+    stored = _rows_of(out / DECODER_FILE, "embed_tokens.weight")  # the head's chunks point into it
+    assert set(_float_matrices(out / DECODER_FILE)) == {"embed_tokens.weight", *stored}
     assert read_manifest(out).quantization["excluded_nodes"] == [LM_HEAD]
     assert Translator(out).translate(TEXTS, max_new_tokens=5)[0].token_ids
 
@@ -209,7 +254,7 @@ def test_excluded_lm_head_stays_a_gemm_sharing_the_float_embedding(tiny_onnx_dir
 @pytest.mark.parametrize("int4", [False, True])
 def test_lm_head_alias_excludes_the_tied_head(tiny_onnx_dir: Path, tmp_path: Path, int4: bool) -> None:
     out = _quantize(tiny_onnx_dir, tmp_path / "alias", exclude=("lm_head",), int4=int4)
-    graph = _graph(out / DECODER_FILE)
+    graph = _joined(out / DECODER_FILE)
     assert [(n.name, n.input[1]) for n in graph.node if n.op_type == "Gemm"] == [(LM_HEAD, "embed_tokens.weight")]
     assert [n.op_type for n in graph.node if "embed_tokens.weight" in n.input] == ["Gather", "Gemm"]
     assert Translator(out).translate(TEXTS, max_new_tokens=5)[0].token_ids
@@ -217,9 +262,10 @@ def test_lm_head_alias_excludes_the_tied_head(tiny_onnx_dir: Path, tmp_path: Pat
 
 def test_op_types_matmul_only_keeps_embeddings_float(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     out = _quantize(tiny_onnx_dir, tmp_path / "mm", op_types=("MatMul",))
-    floats = _float_matrices(out / DECODER_FILE)
-    assert set(floats) == {"embed_tokens.weight", "embed_positions.weight"}
-    assert _ops(out / DECODER_FILE)["Gemm"] == 1
+    graph = _joined(out / DECODER_FILE)
+    floats = {i.name for i in graph.initializer if i.data_type == 1 and len(i.dims) == 2}
+    assert floats == {"embed_tokens.weight", "embed_positions.weight"}
+    assert [n.op_type for n in graph.node].count("Gemm") == 1
     assert Translator(out).translate(TEXTS, max_new_tokens=5)[0].token_ids
 
 
@@ -234,7 +280,7 @@ def test_int4_weight_only(tiny_onnx_dir: Path, int8_dir: Path, tmp_path: Path) -
     out = _quantize(tiny_onnx_dir, tmp_path / "int4", int4=True)
     decoder = _ops(out / DECODER_FILE)
     assert decoder["MatMulNBits"] == 17 and decoder["GatherBlockQuantized"] == 2 and decoder["Gemm"] == 0
-    for name in (ENCODER_FILE, DECODER_FILE, SHARED_WEIGHTS_FILE):
+    for name in (ENCODER_FILE, DECODER_FILE, WEIGHTS_FILE):
         assert (out / name).stat().st_size < (int8_dir / name).stat().st_size, name
     q = read_manifest(out).quantization
     assert q["method"] == "weight-only int4" and "blocks of 32" in q["weights"]

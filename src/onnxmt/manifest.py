@@ -17,7 +17,7 @@ MANIFEST_NAME = "onnxmt.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
 # Weights that encoder and decoder both use (the tied embedding), stored once as ONNX external data.
-SHARED_WEIGHTS_FILE = "shared_weights.bin"
+WEIGHTS_FILE = "weights.bin"  # the graphs' large and shared tensors (export/weights.py)
 CONFIG_FILES = ("config.json", "generation_config.json")
 MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json")
 OPTIONAL_TOKENIZER_FILES = ("target_vocab.json", "special_tokens_map.json")

@@ -19,15 +19,16 @@ from ..manifest import (
     CONFIG_FILES,
     DECODER_FILE,
     ENCODER_FILE,
-    SHARED_WEIGHTS_FILE,
+    WEIGHTS_FILE,
     Manifest,
     describe_files,
     generation_defaults,
     special_tokens,
 )
 from .architectures import Architecture, get_architecture
-from .graphs import cache_names, export_decoder, export_encoder, graph_spec, share_weights
+from .graphs import cache_names, export_decoder, export_encoder, graph_spec
 from .hub import resolve_model
+from .weights import store_weights
 
 # Largest export-time difference from PyTorch we accept in fp32; real exports measure ~1e-5.
 CHECK_TOLERANCE = 1e-3
@@ -107,8 +108,8 @@ def _export_into(
     export_encoder(arch.encoder(model), staging / ENCODER_FILE, facts, options.opset)
     progress(f"exporting the decoder ({DECODER_FILE})")
     export_decoder(arch.decoder(model), staging / DECODER_FILE, facts, options.opset)
-    shared = share_weights([staging / ENCODER_FILE, staging / DECODER_FILE], SHARED_WEIGHTS_FILE)
-    graph_files = [ENCODER_FILE, DECODER_FILE] + ([SHARED_WEIGHTS_FILE] if shared else [])
+    stored = store_weights([staging / ENCODER_FILE, staging / DECODER_FILE], WEIGHTS_FILE)
+    graph_files = [ENCODER_FILE, DECODER_FILE] + ([WEIGHTS_FILE] if stored else [])
     copied = _copy_side_files(source, staging, arch)
     manifest = _build_manifest(staging, source, config, arch, facts, graph_files + copied, model_id, revision, options)
     report = None

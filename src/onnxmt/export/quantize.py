@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..manifest import SHARED_WEIGHTS_FILE, Manifest, describe_files, read_manifest, verify_files
-from .graphs import share_weights
+from ..manifest import WEIGHTS_FILE, Manifest, describe_files, read_manifest, verify_files
+from .weights import join_heads, store_weights
 
 PARTS = ("encoder", "decoder", "all")
 LM_HEAD = "lm_head"  # an --exclude name for the tied LM head, whatever the exporter called its node
@@ -86,8 +86,8 @@ def quantize(
     try:
         results = _quantize_into(staging, source, manifest, files, options, progress)
         names = [name for name in manifest.files if (staging / name).is_file()]
-        if (staging / SHARED_WEIGHTS_FILE).is_file() and SHARED_WEIGHTS_FILE not in names:
-            names.insert(2, SHARED_WEIGHTS_FILE)
+        if (staging / WEIGHTS_FILE).is_file() and WEIGHTS_FILE not in names:
+            names.insert(2, WEIGHTS_FILE)
         new_manifest = replace(
             manifest,
             files=describe_files(staging, names),
@@ -138,11 +138,14 @@ def _quantize_into(
     import onnx
 
     all_graphs = [manifest.graphs[key].file for key in ("encoder", "decoder")]
-    external = _external_locations(source, all_graphs)  # e.g. shared_weights.bin
-    models = {name: onnx.load(str(source / name)) for name in files}  # external data read in
-    _check_exclude(models, options.exclude)
+    external = _external_locations(source, all_graphs)  # weights.bin (shared_weights.bin in older exports)
+    models = {name: onnx.load(str(source / name)) for name in all_graphs}  # external data read in
+    for model in models.values():
+        join_heads(model)  # the quantizers see the LM head whole; store_weights cuts it again
+    _check_exclude({name: models[name] for name in files}, options.exclude)
     selected = {}
-    for name, model in models.items():
+    for name in files:
+        model = models[name]
         progress(f"quantizing {name} ({'int4 weight-only' if options.int4 else 'dynamic int8'})")
         _name_nodes(model.graph)
         excluded = _excluded(model.graph, options)  # before any rewrite: the tied head is still a Gemm
@@ -162,19 +165,17 @@ def _quantize_into(
         if kept_heads:
             _restore_heads(out, kept_heads)
         selected[name] = rewritten + nodes
+    for name in all_graphs:
+        if name not in selected:
+            onnx.save(models[name], str(staging / name))  # unchanged, its weights stored again below
     for name in manifest.files:
-        if name not in models and (name not in external or len(models) < len(all_graphs)):
+        if name not in models and name not in external:
             shutil.copy2(source / name, staging / name)
-    if len(models) == len(all_graphs):
-        # Both graphs rewritten: what they still hold identically (the int8 vocabulary matrix, positions) is stored
-        # once.
-        share_weights([staging / name for name in all_graphs], SHARED_WEIGHTS_FILE)
-    else:
-        # The untouched graph still reads the source's shared file; unchanged float tensors of the other one too.
-        for name in models:
-            _point_unchanged_to_shared(staging / name, source, all_graphs)
-    results = [_result(source / n, staging / n, selected[n]) for n in models]
-    for name in sorted(external | {SHARED_WEIGHTS_FILE}):
+    # What the graphs still hold identically (the int8 vocabulary matrix, float weights of a graph left as it was)
+    # is stored once; every large tensor is memory-mapped (export/weights.py).
+    store_weights([staging / name for name in all_graphs], WEIGHTS_FILE)
+    results = [_result(source / n, staging / n, selected[n]) for n in files]
+    for name in sorted(external | {WEIGHTS_FILE}):
         before, after = source / name, staging / name
         if before.is_file() or after.is_file():
             size_before = before.stat().st_size if before.is_file() else 0
@@ -193,36 +194,6 @@ def _external_locations(directory: Path, graphs: list[str]) -> set[str]:
             if init.data_location == onnx.TensorProto.EXTERNAL:
                 locations.update(e.value for e in init.external_data if e.key == "location")
     return locations
-
-
-def _point_unchanged_to_shared(path: Path, source: Path, graphs: list[str]) -> None:
-    """Tensors of the rewritten graph `path` that the source kept in a shared file and that are unchanged (same
-    name, same bytes) point to that file again instead of being stored a second time inside the graph."""
-    import onnx
-    from onnx.external_data_helper import ExternalDataInfo
-
-    pointers = {}
-    for name in graphs:
-        for init in onnx.load(str(source / name), load_external_data=False).graph.initializer:
-            if init.data_location == onnx.TensorProto.EXTERNAL:
-                pointers[init.name] = init
-    model = onnx.load(str(path), load_external_data=False)
-    changed = False
-    for init in model.graph.initializer:
-        pointer = pointers.get(init.name)
-        if pointer is None or not init.raw_data or init.data_type != pointer.data_type:
-            continue
-        info = ExternalDataInfo(pointer)
-        with open(source / info.location, "rb") as f:
-            f.seek(info.offset or 0)
-            if f.read(info.length) != init.raw_data:
-                continue
-        init.ClearField("raw_data")
-        init.data_location = onnx.TensorProto.EXTERNAL
-        init.external_data.extend(pointer.external_data)
-        changed = True
-    if changed:
-        onnx.save(model, str(path))
 
 
 def _check_exclude(models: dict[str, Any], exclude: tuple[str, ...]) -> None:

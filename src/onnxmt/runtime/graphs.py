@@ -115,9 +115,11 @@ def load_session(path: Path, options: RuntimeOptions):
 def release_load_memory(directory: Path, trim: bool = True) -> int:
     """Give back the memory that loading a graph needed and running it does not; returns the bytes unmapped.
 
-    - Pages of the directory's memory-mapped weight files (`shared_weights.bin`): ONNX Runtime reads all of a
-      mapped matrix once, to prepack the LM head from it, and afterwards only the rows the embedding lookups
-      gather. Where a mapping holds no page the process wrote (no `Anonymous` copy-on-write page in smaps),
+    - Pages of the directory's memory-mapped weight files: in exports made before the LM head was stored in
+      chunks (`shared_weights.bin`), ONNX Runtime reads all of the mapped embedding once, to prepack the whole
+      head from it, and afterwards only the rows the lookups gather. (Chunked heads have mappings of their own,
+      which ONNX Runtime releases itself.) Where a mapping holds no page the process wrote (no `Anonymous`
+      copy-on-write page in smaps),
       `madvise(MADV_DONTNEED)` drops its pages from the process: a later read faults the same bytes back in from
       the page cache, so nothing is lost, only what is not used stops counting.
     - `malloc_trim(0)` (with `trim`): the heap that held graph protobufs and transient copies goes back to the
@@ -203,8 +205,8 @@ class OnnxmtGraphs(Graphs):
     def __init__(self, directory: Path, manifest: Manifest, options: RuntimeOptions) -> None:
         super().__init__(manifest, options)
         enc, dec = manifest.graphs["encoder"], manifest.graphs["decoder"]
-        # The decoder first: loading it reads the whole mapped embedding (the LM head is prepacked from it), so its
-        # peak is lowest with nothing else loaded yet; what it no longer needs is given back before the encoder.
+        # The decoder first: prepacking its LM head from the embedding is the largest transient of loading, so it
+        # comes with nothing else loaded yet; what it no longer needs is given back before the encoder.
         self.decoder = load_session(directory / dec.file, options)
         release_load_memory(directory, trim=False)
         self.encoder = load_session(directory / enc.file, options)

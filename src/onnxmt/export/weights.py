@@ -1,0 +1,303 @@
+"""How an onnxmt directory stores its weights: one file that ONNX Runtime memory-maps, and the tied LM head in chunks.
+
+- Every tensor of 64 KiB or more sits in `weights.bin` at a 64 KiB-aligned offset, once however many graphs or
+  nodes read it, so ONNX Runtime maps it instead of reading it into the heap. A weight that a kernel prepacks (the
+  MatMuls) is then read once from the page cache to build the packed copy, and its mapping goes as soon as it is
+  packed: loading never holds a weight twice in private memory. Smaller tensors that several graphs hold are stored
+  once after them; the rest stay inside the graph files.
+- The float tied LM head `Gemm(x, E, transB=1)` is cut into Gemms over row ranges of E, joined by a `Concat`.
+  ONNX Runtime prepacks each Gemm at load, reading all of its weight while it writes the packed copy, and it
+  prepacks the LM head last (it is the last node). Whole, the head would add all of E (133 MB for opus-mt) to the
+  load-time peak on top of everything already packed, and E's mapping stays because the lookups read it. In
+  chunks, each chunk's initializer points to its rows of the same bytes of `weights.bin` (nothing is stored twice)
+  and is released as soon as that chunk is packed: one chunk is resident beyond the packed copy. The bias `Add`
+  after the head goes into the chunks (Gemm's C), so the `Concat` is the only pass over the logits, as the `Add`
+  was. `join_heads` undoes the cut: the quantizer works on whole heads.
+- The int8 head `QGemm(x, E8, transB=1)` reads E8 through a `Transpose` of a second initializer on the same bytes.
+  ONNX Runtime folds the `Transpose` at load and packs `QGemm`'s B from the folded copy, which it then frees; given
+  transB=1 it would transpose into a scratch buffer from its memory arena instead, which the arena keeps (33 MB for
+  opus-mt). The packed weight, hence the speed, is the same either way.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+WEIGHTS_ALIGN = 1 << 16  # ONNX Runtime maps external data at offsets aligned to 64 KiB (Windows' granularity)
+MAP_MIN_BYTES = 1 << 16  # smaller tensors stay in the graph files, unless several graphs hold them
+SHARE_MIN_BYTES = 1 << 12
+HEAD_CHUNK_BYTES = 16 << 20  # the LM head is cut into chunks of at most this many bytes of weight
+
+_ROWS = ".rows"  # a chunk's nodes, outputs and sliced tensors are named f"{whole}.rows{start}-{stop}"
+_JOIN = ".chunks"  # the Concat that joins them: f"{head node}.chunks"
+
+
+def store_weights(paths: list[Path], file_name: str) -> bool:
+    """Rewrite the graph files `paths` (one directory) so that their large and shared tensors live in `file_name`
+    next to them, their tied LM heads in chunks (module docstring). Returns whether `file_name` was written."""
+    import onnx
+
+    models = [onnx.load(str(p)) for p in paths]  # any external data is read in: the file can be rewritten
+    slices: list[dict[str, tuple[str, int]]] = []  # per graph: chunk tensors that point into their whole tensor
+    for model in models:
+        transpose_quantized_heads(model)
+        rows = chunk_heads(model)
+        _drop_unused(model.graph)
+        kept = {init.name for init in model.graph.initializer}
+        slices.append({name: whole for name, whole in rows.items() if name in kept and whole[0] in kept})
+    holders: dict[tuple[int, bytes], set[int]] = {}
+    for index, model in enumerate(models):
+        for init in model.graph.initializer:
+            if init.raw_data and init.name not in slices[index]:
+                holders.setdefault(_key(init), set()).add(index)
+    # Chunks point into their whole tensor, which is therefore stored in the file however small.
+    wholes: set[tuple[int, bytes]] = set()
+    for model, rows in zip(models, slices, strict=True):
+        names = {whole for whole, _ in rows.values()}
+        wholes |= {_key(init) for init in model.graph.initializer if init.name in names}
+    mapped = [k for k in holders if len(k[1]) >= MAP_MIN_BYTES]
+    shared = [
+        k
+        for k, h in holders.items()
+        if len(k[1]) < MAP_MIN_BYTES and (k in wholes or (len(k[1]) >= SHARE_MIN_BYTES and len(h) > 1))
+    ]
+    if not mapped and not shared:
+        for model, path in zip(models, paths, strict=True):
+            onnx.save(model, str(path))
+        return False
+    offsets: dict[tuple[int, bytes], int] = {}
+    with open(paths[0].parent / file_name, "wb") as f:
+        for key in sorted(mapped, key=lambda k: -len(k[1])):
+            offsets[key] = f.seek(-(-f.tell() // WEIGHTS_ALIGN) * WEIGHTS_ALIGN)
+            f.write(key[1])
+        for key in shared:  # packed, unaligned: ONNX Runtime reads these
+            offsets[key] = f.tell()
+            f.write(key[1])
+    for model, path, rows in zip(models, paths, slices, strict=True):
+        inits = {init.name: init for init in model.graph.initializer}
+        stored = {
+            name: offsets[_key(init)]
+            for name, init in inits.items()
+            if name not in rows and init.raw_data and _key(init) in offsets
+        }
+        for name, (whole, start) in rows.items():
+            if whole in stored:
+                stored[name] = stored[whole] + start
+        for name, offset in stored.items():
+            _point_to(inits[name], file_name, offset, len(inits[name].raw_data))
+        onnx.save(model, str(path))
+    return True
+
+
+def chunk_heads(model: Any, chunk_bytes: int | None = None) -> dict[str, tuple[str, int]]:
+    """Cut each `Gemm` with transB=1 on a weight of more than `chunk_bytes` into Gemms over row ranges of
+    it, joined by a `Concat` with the original output. Returns the new sliced tensors: name -> (the tensor it is
+    rows of, byte offset of its first row in it)."""
+    from onnx import TensorProto, helper
+
+    limit = chunk_bytes or HEAD_CHUNK_BYTES
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    slices: dict[str, tuple[str, int]] = {}
+
+    def rows_of(tensor: Any, start: int, stop: int) -> str:
+        name = f"{tensor.name}{_ROWS}{start}-{stop}"
+        if name not in inits:
+            row_bytes = len(tensor.raw_data) // tensor.dims[0]
+            part = TensorProto(name=name, data_type=tensor.data_type, dims=[stop - start, *tensor.dims[1:]])
+            part.raw_data = tensor.raw_data[start * row_bytes : stop * row_bytes]
+            graph.initializer.append(part)
+            inits[name] = part
+            slices[name] = (tensor.name, start * row_bytes)
+        return name
+
+    for node in list(graph.node):
+        layout = _head_layout(node)
+        weight = inits.get(node.input[layout[0]]) if layout else None
+        if layout is None or weight is None or len(weight.dims) != 2 or not weight.raw_data:
+            continue
+        rows, size = weight.dims[0], len(weight.raw_data)
+        count = -(-size // limit)
+        if count < 2 or rows < count:
+            continue
+        step = -(-rows // count)
+        align_rows = WEIGHTS_ALIGN // math.gcd(WEIGHTS_ALIGN, size // rows)
+        aligned = -(-step // align_rows) * align_rows
+        step = aligned if aligned < rows else step  # aligned chunks can be memory-mapped; tiny heads cannot
+        if any(not _per_row(inits.get(node.input[i]), rows) for i in layout[1:]):
+            continue  # a companion that is neither one value nor one per row could not be cut with the rows
+        whole_inputs, output, absorbed = list(node.input), node.output[0], []
+        add = _bias_add(graph, node, rows, inits) if node.op_type == "Gemm" and len(node.input) == 2 else None
+        if add is not None:  # Gemm adds the bias in its output pass: the chunks cost no extra pass over the logits
+            whole_inputs.append(add[1])
+            layout = (*layout, 2)
+            output, absorbed = add[0].output[0], [add[0]]
+        heads = []
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            inputs = list(whole_inputs)
+            for i in layout:
+                tensor = inits.get(inputs[i])
+                if tensor is not None and tensor.raw_data and tensor.dims and tensor.dims[0] == rows:
+                    inputs[i] = rows_of(tensor, start, stop)  # per-row scales, zero points, biases: with their rows
+            tag = f"{_ROWS}{start}-{stop}"
+            head = helper.make_node(node.op_type, inputs, [output + tag], name=node.name + tag)
+            head.domain = node.domain
+            head.attribute.extend(node.attribute)
+            heads.append(head)
+        join = helper.make_node("Concat", [h.output[0] for h in heads], [output], name=node.name + _JOIN, axis=1)
+        _replace(graph, node, [*heads, join])
+        for extra in absorbed:
+            graph.node.remove(extra)
+    return slices
+
+
+def join_heads(model: Any) -> int:
+    """Undo `chunk_heads`: each chunked head becomes one node again, reading the whole tensors its chunks were rows
+    of (the existing initializer where one holds exactly those rows). Returns the number of heads joined."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    inits = {init.name: init for init in graph.initializer}
+    joined = 0
+    for join in [n for n in graph.node if n.op_type == "Concat" and n.name.endswith(_JOIN)]:
+        base = join.name[: -len(_JOIN)]
+        heads = [producers[name] for name in join.input if name in producers]
+        if not heads or len(heads) != len(join.input) or any(not h.name.startswith(base + _ROWS) for h in heads):
+            continue
+        first = heads[0]
+        inputs = list(first.input)
+        for i, name in enumerate(first.input):
+            if _ROWS not in name or name not in inits:
+                continue
+            whole = name.rsplit(_ROWS, 1)[0]
+            parts = [inits[h.input[i]] for h in heads]
+            data = b"".join(p.raw_data for p in parts)
+            existing = inits.get(whole)
+            if existing is None or existing.raw_data != data or existing.data_type != parts[0].data_type:
+                while whole in inits:
+                    whole += "_"
+                rows = sum(p.dims[0] for p in parts)
+                existing = TensorProto(name=whole, data_type=parts[0].data_type, dims=[rows, *parts[0].dims[1:]])
+                existing.raw_data = data
+                graph.initializer.append(existing)
+                inits[whole] = existing
+            inputs[i] = whole
+        head = helper.make_node(first.op_type, inputs, list(join.output), name=base)
+        head.domain = first.domain
+        head.attribute.extend(first.attribute)
+        _replace(graph, join, [head])
+        for h in heads:
+            graph.node.remove(h)
+        joined += 1
+    if joined:
+        _drop_unused(graph)
+    return joined
+
+
+def transpose_quantized_heads(model: Any) -> int:
+    """Each `QGemm` with transB=1 on a constant B reads `Transpose(B')` with transB=0 instead, B' a second
+    initializer holding B's bytes (stored once: `store_weights` keeps identical tensors once). Returns the count."""
+    from onnx import helper
+
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    done = 0
+    for node in list(graph.node):
+        transposed = any(a.name == "transB" and a.i == 1 for a in node.attribute)
+        if node.op_type != "QGemm" or node.domain != "com.microsoft" or not transposed or node.input[3] not in inits:
+            continue
+        weight = inits[node.input[3]]
+        twin = type(weight)()
+        twin.CopyFrom(weight)
+        twin.name = f"{node.name}.weight"
+        while twin.name in inits:
+            twin.name += "_"
+        graph.initializer.append(twin)
+        inits[twin.name] = twin
+        flip = helper.make_node("Transpose", [twin.name], [twin.name + ".T"], name=twin.name + ".T", perm=[1, 0])
+        node.input[3] = flip.output[0]
+        kept = [a for a in node.attribute if a.name != "transB"]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        graph.node.insert(list(graph.node).index(node), flip)
+        done += 1
+    return done
+
+
+def _per_row(tensor: Any, rows: int) -> bool:
+    """One value for all rows, or one per row (a vector of `rows` values)."""
+    size = math.prod(tensor.dims) if tensor is not None else 0
+    return tensor is not None and (size == 1 or list(tensor.dims) == [rows])
+
+
+def _bias_add(graph: Any, gemm: Any, rows: int, inits: dict[str, Any]) -> tuple[Any, str] | None:
+    """The `Add` of a constant bias of one value per row of B (per logit) that alone reads `gemm`'s output, and the
+    bias as an initializer (made from a `Constant` node where the exporter left one), or None."""
+    from onnx import helper, numpy_helper
+
+    readers = [n for n in graph.node if gemm.output[0] in n.input]
+    if len(readers) != 1 or readers[0].op_type != "Add" or gemm.output[0] in {o.name for o in graph.output}:
+        return None
+    add = readers[0]
+    other = add.input[1] if add.input[0] == gemm.output[0] else add.input[0]
+    if other in inits:
+        value = numpy_helper.to_array(inits[other])
+    else:
+        constant = next((n for n in graph.node if n.op_type == "Constant" and n.output[0] == other), None)
+        if constant is None or [a.name for a in constant.attribute] != ["value"]:
+            return None
+        value = numpy_helper.to_array(constant.attribute[0].t)
+    dtype = helper.tensor_dtype_to_np_dtype(inits[gemm.input[1]].data_type)
+    if value.dtype != dtype or value.size != rows or value.shape[-1] != rows:
+        return None
+    name = f"{gemm.name}.bias"
+    while name in inits:
+        name += "_"
+    bias = numpy_helper.from_array(value.reshape(rows), name)
+    graph.initializer.append(bias)
+    inits[name] = bias
+    return add, name
+
+
+def _head_layout(node: Any) -> tuple[int, ...] | None:
+    """Input indices of a transB=1 head's weight and of its per-row companions (weight first), or None."""
+    transposed = any(a.name == "transB" and a.i == 1 for a in node.attribute)
+    if not transposed:
+        return None
+    if node.op_type == "Gemm" and node.domain in ("", "ai.onnx") and len(node.input) in (2, 3):
+        return (1, 2)[: len(node.input) - 1]  # B, and C when there is one
+    return None
+
+
+def _replace(graph: Any, node: Any, new: list[Any]) -> None:
+    index = list(graph.node).index(node)
+    graph.node.remove(node)
+    for offset, item in enumerate(new):
+        graph.node.insert(index + offset, item)
+
+
+def _drop_unused(graph: Any) -> None:
+    used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    for node in [n for n in graph.node if n.op_type == "Constant" and n.output[0] not in used]:
+        graph.node.remove(node)
+    for init in [i for i in graph.initializer if i.name not in used]:
+        graph.initializer.remove(init)
+
+
+def _key(init: Any) -> tuple[int, bytes]:
+    return init.data_type, init.raw_data
+
+
+def _point_to(tensor: Any, location: str, offset: int, length: int) -> None:
+    import onnx
+
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
