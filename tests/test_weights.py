@@ -208,3 +208,15 @@ def test_chunks_lower_the_load_time_peak(tmp_path: Path, monkeypatch: pytest.Mon
         peaks[name] = int(run.stdout)
     assert [n.op_type for n in onnx.load(str(tmp_path / "chunks" / "g.onnx")).graph.node].count("Gemm") == 4
     assert peaks["chunks"] < peaks["whole"] - table.nbytes // 2, peaks
+
+
+def test_a_gemm_that_scales_its_bias_keeps_the_add(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Gemm computes alpha * A @ B' + beta * C: with beta != 1 the bias cannot become C unchanged.
+    model = _tied_model(int8=False)
+    next(n for n in model.graph.node if n.op_type == "Gemm").attribute.append(helper.make_attribute("beta", 0.5))
+    monkeypatch.setattr(weights, "HEAD_CHUNK_BYTES", VOCAB * DIM * 4 // 3 + 1)
+    whole, cut = _stored(tmp_path, model)
+    ops = [n.op_type for n in onnx.load(str(cut), load_external_data=False).graph.node]
+    assert ops.count("Gemm") == 3 and ops.count("Add") == 1
+    for got, want in zip(_run(cut), _run(whole), strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -129,7 +129,8 @@ def chunk_heads(model: Any, chunk_bytes: int | None = None) -> dict[str, tuple[s
         if any(not _per_row(inits.get(node.input[i]), rows) for i in layout[1:]):
             continue  # a companion that is neither one value nor one per row could not be cut with the rows
         whole_inputs, output, absorbed = list(node.input), node.output[0], []
-        add = _bias_add(graph, node, rows, inits) if node.op_type == "Gemm" and len(node.input) == 2 else None
+        beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0)  # Gemm scales C by beta
+        add = _bias_add(graph, node, rows, inits) if len(node.input) == 2 and beta == 1.0 else None
         if add is not None:  # Gemm adds the bias in its output pass: the chunks cost no extra pass over the logits
             whole_inputs.append(add[1])
             layout = (*layout, 2)
