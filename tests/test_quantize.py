@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -339,3 +340,30 @@ def test_cli_prints_sizes_before_and_after(tiny_onnx_dir: Path, tmp_path: Path) 
     assert read_manifest(tmp_path / "q").quantization["excluded_nodes"] == [LM_HEAD]
     again = runner.invoke(app, ["quantize", str(tiny_onnx_dir), str(tmp_path / "q")])
     assert again.exit_code == 2 and "--force" in again.output
+
+
+def test_a_directory_with_weights_inside_its_graphs_runs_and_quantizes(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    # Exports made before weights.bin (or by hand) keep their weights elsewhere: here inside the graph files, heads
+    # whole. The runtime reads whatever the graphs point to; quantize stores the result the current way.
+    from dataclasses import replace
+
+    from onnxmt.export.weights import join_heads
+    from onnxmt.manifest import describe_files
+
+    old = tmp_path / "inline"
+    shutil.copytree(tiny_onnx_dir, old, ignore=shutil.ignore_patterns(WEIGHTS_FILE))
+    for name in (ENCODER_FILE, DECODER_FILE):
+        model = onnx.load(str(tiny_onnx_dir / name))
+        join_heads(model)
+        onnx.save(model, str(old / name))
+    manifest = read_manifest(tiny_onnx_dir)
+    names = [n for n in manifest.files if n != WEIGHTS_FILE]
+    replace(manifest, files=describe_files(old, names)).save(old)
+    assert not _where(old / DECODER_FILE) and _ops(old / DECODER_FILE)["Gemm"] == 1
+    want = Translator(tiny_onnx_dir).translate(TEXTS, beams=4, max_new_tokens=8)
+    assert [r.token_ids for r in Translator(old).translate(TEXTS, beams=4, max_new_tokens=8)] == [
+        r.token_ids for r in want
+    ]
+    out = _quantize(old, tmp_path / "q")
+    assert WEIGHTS_FILE in read_manifest(out).files and _where(out / DECODER_FILE)
+    assert Translator(out).translate(TEXTS, max_new_tokens=5)[0].token_ids
