@@ -220,3 +220,46 @@ def test_a_gemm_that_scales_its_bias_keeps_the_add(tmp_path: Path, monkeypatch: 
     assert ops.count("Gemm") == 3 and ops.count("Add") == 1
     for got, want in zip(_run(cut), _run(whole), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_storing_a_stored_directory_again_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(weights, "HEAD_CHUNK_BYTES", VOCAB * DIM * 4 // 3 + 1)
+    whole, cut = _stored(tmp_path, _tied_model(int8=False))
+    first = (cut.parent / "weights.bin").read_bytes()
+    assert store_weights([cut], "weights.bin")
+    assert (cut.parent / "weights.bin").read_bytes() == first  # not the chunks stored next to the table
+    for got, want in zip(_run(cut), _run(whole), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_table_only_another_graphs_head_reads_is_still_stored_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Graph b reads E only through its (chunked) head; graph a looks it up. One copy in the file.
+    monkeypatch.setattr(weights, "HEAD_CHUNK_BYTES", VOCAB * DIM * 4 // 3 + 1)
+    table = numpy_helper.to_array(next(i for i in _tied_model(int8=False).graph.initializer if i.name == "E"))
+    for name, node in (
+        ("a", helper.make_node("Gather", ["E", "ids"], ["y"])),
+        ("b", helper.make_node("Gemm", ["x", "E"], ["y"], transB=1)),
+    ):
+        graph = helper.make_graph(
+            [node],
+            name,
+            [helper.make_tensor_value_info("x", 1, ["n", DIM]), helper.make_tensor_value_info("ids", 7, ["k"])],
+            [helper.make_tensor_value_info("y", 1, None)],
+            [numpy_helper.from_array(table, "E")],
+        )
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / f"{name}.onnx"))
+    assert store_weights([tmp_path / "a.onnx", tmp_path / "b.onnx"], "weights.bin")
+    assert (tmp_path / "weights.bin").stat().st_size == table.nbytes
+
+
+def test_biases_that_are_not_one_value_per_logit_keep_their_add() -> None:
+    # (1, 1, vocab): folding it into Gemm's C would drop a dimension of the output. Typed float_data is fine.
+    for bias, folded in ((np.zeros((1, 1, VOCAB), np.float32), False), (np.ones((1, VOCAB), np.float32), True)):
+        model = _tied_model(int8=False)
+        constant = next(n for n in model.graph.node if n.op_type == "Constant")
+        tensor = helper.make_tensor("bias", TensorProto.FLOAT, bias.shape, bias.ravel().tolist())  # float_data
+        constant.attribute[0].t.CopyFrom(tensor)
+        assert chunk_heads(model, chunk_bytes=1 << 16)
+        assert ("Add" in [n.op_type for n in model.graph.node]) is not folded

@@ -28,7 +28,7 @@ from typing import Any
 WEIGHTS_ALIGN = 1 << 16  # ONNX Runtime maps external data at offsets aligned to 64 KiB (Windows' granularity)
 MAP_MIN_BYTES = 1 << 16  # smaller tensors stay in the graph files, unless several graphs hold them
 SHARE_MIN_BYTES = 1 << 12
-HEAD_CHUNK_BYTES = 16 << 20  # the LM head is cut into chunks of at most this many bytes of weight
+HEAD_CHUNK_BYTES = 16 << 20  # the LM head is cut into chunks of about this many bytes (more where alignment needs)
 
 _ROWS = ".rows"  # a chunk's nodes, outputs and sliced tensors are named f"{whole}.rows{start}-{stop}"
 _JOIN = ".chunks"  # the Concat that joins them: f"{head node}.chunks"
@@ -36,32 +36,36 @@ _JOIN = ".chunks"  # the Concat that joins them: f"{head node}.chunks"
 
 def store_weights(paths: list[Path], file_name: str) -> bool:
     """Rewrite the graph files `paths` (one directory) so that their large and shared tensors live in `file_name`
-    next to them, their tied LM heads in chunks (module docstring). Returns whether `file_name` was written."""
+    next to them, their tied LM heads in chunks (module docstring). Returns whether `file_name` was written. Running
+    it again on its own output stores the same bytes the same way."""
     import onnx
 
     models = [onnx.load(str(p)) for p in paths]  # any external data is read in: the file can be rewritten
-    slices: list[dict[str, tuple[str, int]]] = []  # per graph: chunk tensors that point into their whole tensor
+    # Per graph: chunk tensor -> (the whole tensor's dtype and bytes, offset of its rows in them). The chunks point
+    # into the whole tensor, stored however small, even where no initializer holds it any more.
+    slices: list[dict[str, tuple[tuple[int, bytes], int]]] = []
     for model in models:
+        join_heads(model)  # a directory stored before: cut again below, with today's chunk size
         transpose_quantized_heads(model)
-        rows = chunk_heads(model)
+        cut = chunk_heads(model)
+        inits = {init.name: init for init in model.graph.initializer}  # with the biases chunk_heads made
+        rows = {name: (_key(inits[whole]), start) for name, (whole, start) in cut.items()}
         _drop_unused(model.graph)
         kept = {init.name for init in model.graph.initializer}
-        slices.append({name: whole for name, whole in rows.items() if name in kept and whole[0] in kept})
-    holders: dict[tuple[int, bytes], set[int]] = {}
+        slices.append({name: where for name, where in rows.items() if name in kept})
+    holders: dict[tuple[int, bytes], int] = {}  # how many initializers, over all graphs, hold these bytes
     for index, model in enumerate(models):
         for init in model.graph.initializer:
             if init.raw_data and init.name not in slices[index]:
-                holders.setdefault(_key(init), set()).add(index)
-    # Chunks point into their whole tensor, which is therefore stored in the file however small.
-    wholes: set[tuple[int, bytes]] = set()
-    for model, rows in zip(models, slices, strict=True):
-        names = {whole for whole, _ in rows.values()}
-        wholes |= {_key(init) for init in model.graph.initializer if init.name in names}
+                holders[_key(init)] = holders.get(_key(init), 0) + 1
+    wholes = {key for rows in slices for key, _ in rows.values()}
+    for key in wholes:
+        holders.setdefault(key, 0)
     mapped = [k for k in holders if len(k[1]) >= MAP_MIN_BYTES]
     shared = [
         k
-        for k, h in holders.items()
-        if len(k[1]) < MAP_MIN_BYTES and (k in wholes or (len(k[1]) >= SHARE_MIN_BYTES and len(h) > 1))
+        for k, n in holders.items()
+        if len(k[1]) < MAP_MIN_BYTES and (k in wholes or (len(k[1]) >= SHARE_MIN_BYTES and n > 1))
     ]
     if not mapped and not shared:
         for model, path in zip(models, paths, strict=True):
@@ -76,17 +80,12 @@ def store_weights(paths: list[Path], file_name: str) -> bool:
             offsets[key] = f.tell()
             f.write(key[1])
     for model, path, rows in zip(models, paths, slices, strict=True):
-        inits = {init.name: init for init in model.graph.initializer}
-        stored = {
-            name: offsets[_key(init)]
-            for name, init in inits.items()
-            if name not in rows and init.raw_data and _key(init) in offsets
-        }
-        for name, (whole, start) in rows.items():
-            if whole in stored:
-                stored[name] = stored[whole] + start
-        for name, offset in stored.items():
-            _point_to(inits[name], file_name, offset, len(inits[name].raw_data))
+        for init in model.graph.initializer:
+            if init.name in rows:
+                whole, start = rows[init.name]
+                _point_to(init, file_name, offsets[whole] + start, len(init.raw_data))
+            elif init.raw_data and _key(init) in offsets:
+                _point_to(init, file_name, offsets[_key(init)], len(init.raw_data))
         onnx.save(model, str(path))
     return True
 
@@ -95,7 +94,7 @@ def chunk_heads(model: Any, chunk_bytes: int | None = None) -> dict[str, tuple[s
     """Cut each `Gemm` with transB=1 on a weight of more than `chunk_bytes` into Gemms over row ranges of
     it, joined by a `Concat` with the original output. Returns the new sliced tensors: name -> (the tensor it is
     rows of, byte offset of its first row in it)."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
 
     limit = chunk_bytes or HEAD_CHUNK_BYTES
     graph = model.graph
@@ -113,11 +112,16 @@ def chunk_heads(model: Any, chunk_bytes: int | None = None) -> dict[str, tuple[s
             slices[name] = (tensor.name, start * row_bytes)
         return name
 
+    fed = {i.name for i in graph.input}  # initializers a caller may override: left alone
     for node in list(graph.node):
         layout = _head_layout(node)
         weight = inits.get(node.input[layout[0]]) if layout else None
-        if layout is None or weight is None or len(weight.dims) != 2 or not weight.raw_data:
+        if layout is None or weight is None or len(weight.dims) != 2 or weight.name in fed:
             continue
+        for i in layout:  # slicing works on raw bytes: tensors held as typed fields are converted first
+            tensor = inits.get(node.input[i])
+            if tensor is not None and not tensor.raw_data and tensor.data_location != TensorProto.EXTERNAL:
+                tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
         rows, size = weight.dims[0], len(weight.raw_data)
         count = -(-size // limit)
         if count < 2 or rows < count:
@@ -253,7 +257,7 @@ def _bias_add(graph: Any, gemm: Any, rows: int, inits: dict[str, Any]) -> tuple[
             return None
         value = numpy_helper.to_array(constant.attribute[0].t)
     dtype = helper.tensor_dtype_to_np_dtype(inits[gemm.input[1]].data_type)
-    if value.dtype != dtype or value.size != rows or value.shape[-1] != rows:
+    if value.dtype != dtype or value.shape not in ((rows,), (1, rows)):  # a higher rank would change the output's
         return None
     name = f"{gemm.name}.bias"
     while name in inits:
@@ -282,11 +286,27 @@ def _replace(graph: Any, node: Any, new: list[Any]) -> None:
 
 
 def _drop_unused(graph: Any) -> None:
-    used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    """Remove the initializers (and Constant nodes) nothing reads: no node, subgraph or graph output; initializers
+    listed as graph inputs stay (a caller may feed them)."""
+    used = _read_names(graph) | {o.name for o in graph.output} | {i.name for i in graph.input}
     for node in [n for n in graph.node if n.op_type == "Constant" and n.output[0] not in used]:
         graph.node.remove(node)
     for init in [i for i in graph.initializer if i.name not in used]:
         graph.initializer.remove(init)
+
+
+def _read_names(graph: Any) -> set[str]:
+    from onnx import AttributeProto
+
+    names = {name for node in graph.node for name in node.input}
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                names |= _read_names(attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    names |= _read_names(sub)
+    return names
 
 
 def _key(init: Any) -> tuple[int, bytes]:
