@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from onnxmt import DecodeOptions, ModelDirError, RuntimeOptions, Translation, Translator
-from onnxmt.manifest import DECODER_FILE, MANIFEST_NAME
+from onnxmt.manifest import DECODER_FILE, MANIFEST_NAME, WEIGHTS_FILE
 
 TEXTS = ["Hello world.", "", "The river is long and the mountain is high", "   ", "a", "What is this?"]
 
@@ -127,6 +127,17 @@ def test_corrupted_file_is_named(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     (model / DECODER_FILE).write_bytes(bytes(data))
     with pytest.raises(ModelDirError, match="decoder.onnx: sha256 does not match"):
         Translator(model)
+
+
+def test_corrupted_weight_is_named_though_the_graphs_load(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    # A changed weight byte loads fine; the hashes, checked while the sessions are built, still refuse it.
+    model = _copy(tiny_onnx_dir, tmp_path)
+    data = bytearray((model / WEIGHTS_FILE).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (model / WEIGHTS_FILE).write_bytes(bytes(data))
+    with pytest.raises(ModelDirError, match="weights.bin: sha256 does not match"):
+        Translator(model)
+    assert Translator(model, RuntimeOptions(verify=False)).translate(["Hello world."], max_new_tokens=3)
 
 
 def test_not_a_model_directory(tmp_path: Path) -> None:
