@@ -15,7 +15,7 @@ from onnxmt.export.random_model import RandomMarianSpec
 
 TINY = RandomMarianSpec(eos_bias=3.0)
 TINY_MULTI = RandomMarianSpec(target_languages=("cmn_Hans", "yue_Hant"), eos_bias=3.0, seed=1)
-# A tiny model's tied LM head (~45 kB) is far below the size real heads are cut into chunks at (16 MiB, see
+# A tiny model's tied LM head (~45 kB) is far below the size real heads are cut into chunks at (48 MiB, see
 # export/weights.py): cut it anyway (12 chunks in fp32, 3 in int8), so that every test runs the chunked head.
 TINY_HEAD_CHUNK_BYTES = 4 << 10
 

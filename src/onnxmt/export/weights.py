@@ -28,7 +28,7 @@ from typing import Any
 WEIGHTS_ALIGN = 1 << 16  # ONNX Runtime maps external data at offsets aligned to 64 KiB (Windows' granularity)
 MAP_MIN_BYTES = 1 << 16  # smaller tensors stay in the graph files, unless several graphs hold them
 SHARE_MIN_BYTES = 1 << 12
-HEAD_CHUNK_BYTES = 16 << 20  # the LM head is cut into chunks of about this many bytes (more where alignment needs)
+HEAD_CHUNK_BYTES = 48 << 20  # the LM head is cut into chunks of about this many bytes (more where alignment needs)
 
 _ROWS = ".rows"  # a chunk's nodes, outputs and sliced tensors are named f"{whole}.rows{start}-{stop}"
 _JOIN = ".chunks"  # the Concat that joins them: f"{head node}.chunks"
