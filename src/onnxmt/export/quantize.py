@@ -62,7 +62,7 @@ class QuantizeOptions:
 
 @dataclass(frozen=True)
 class FileResult:
-    """One graph file, or the shared weights file (no nodes); 0 bytes where the file does not exist."""
+    """One graph file, or the weights file (no nodes); 0 bytes where the file does not exist."""
 
     file: str
     bytes_before: int
