@@ -9,7 +9,8 @@ initializer as the token-embedding `Gather` (one copy on disk). ONNX Runtime's d
 not Gemm, and untying the head into a MatMul on a transposed copy stores the vocabulary matrix twice in int8 (33 MB
 each for opus-mt). So in int8 the vocabulary tables are quantized here, not by `quantize_dynamic`: one row-major
 int8 matrix with a scale per row (per vocabulary entry), read by the lookups as contiguous rows (`Gather` + scale)
-and by the head as `QGemm(transB=1)`, whose per-row scales are exactly per-output-channel scales. Measured on the
+and by the head as `QGemm(transB=1)`, whose per-row scales are exactly per-output-channel scales (stored
+as a `Transpose` that ONNX Runtime folds at load: export/weights.py). Measured on the
 opus-mt architecture: same speed as the untied MatMul head, 33 MB less on disk (docs/performance.md). A Gemm that
 stays float keeps sharing the float embedding, and the Gathers on it stay float too: quantizing them would only add
 a second copy. int4 (MatMulNBits) unties the head into a MatMul.
