@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest import WEIGHTS_FILE, Manifest, describe_files, read_manifest, verify_files
-from .weights import join_heads, store_weights
+from .weights import join_heads, replace_node, store_weights
 
 PARTS = ("encoder", "decoder", "all")
 LM_HEAD = "lm_head"  # an --exclude name for the tied LM head, whatever the exporter called its node
@@ -295,10 +295,7 @@ def _gemm_to_matmul(model: Any, node: Any) -> str:
     replacement = [helper.make_node("MatMul", [inputs[0], weight], [product], name=name)]
     if has_bias:
         replacement.append(helper.make_node("Add", [product, inputs[2]], outputs, name=name + "_bias"))
-    index = list(graph.node).index(node)
-    graph.node.remove(node)
-    for offset, new in enumerate(replacement):
-        graph.node.insert(index + offset, new)
+    replace_node(graph, node, replacement)
     if weight != original and not any(original in n.input for n in graph.node):
         # B was not shared: the transposed copy replaces it.
         graph.initializer.remove(next(i for i in graph.initializer if i.name == original))
@@ -401,12 +398,6 @@ def _int8_tables(model: Any, options: QuantizeOptions, excluded: set[str]) -> li
     if options.per_channel and lookups:
         graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
 
-    def replace(node: Any, nodes: list[Any]) -> None:
-        index = list(graph.node).index(node)
-        graph.node.remove(node)
-        for offset, new in enumerate(nodes):
-            graph.node.insert(index + offset, new)
-
     for head in heads:
         rows, scale, zero = tables[head.input[1]]
         x, out, base = head.input[0], head.output[0], head.name
@@ -425,7 +416,7 @@ def _int8_tables(model: Any, options: QuantizeOptions, excluded: set[str]) -> li
         ]
         if has_bias:
             nodes.append(helper.make_node("Add", [product, head.input[2]], [out], name=base + "_bias"))
-        replace(head, nodes)
+        replace_node(graph, head, nodes)
     for lookup in lookups:
         rows, scale, _ = tables[lookup.input[0]]
         ids, out, base = lookup.input[1], lookup.output[0], lookup.output[0]
@@ -441,7 +432,7 @@ def _int8_tables(model: Any, options: QuantizeOptions, excluded: set[str]) -> li
             ]
         else:
             nodes.append(helper.make_node("Mul", [base + "_unscaled", scale], [out]))
-        replace(lookup, nodes)
+        replace_node(graph, lookup, nodes)
     used = {i for n in graph.node for i in n.input}
     for init in [i for i in graph.initializer if i.name in tables and i.name not in used]:
         graph.initializer.remove(init)

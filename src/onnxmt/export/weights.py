@@ -153,7 +153,7 @@ def chunk_heads(model: Any, chunk_bytes: int | None = None) -> dict[str, tuple[s
             head.attribute.extend(node.attribute)
             heads.append(head)
         join = helper.make_node("Concat", [h.output[0] for h in heads], [output], name=node.name + _JOIN, axis=1)
-        _replace(graph, node, [*heads, join])
+        replace_node(graph, node, [*heads, join])
         for extra in absorbed:
             graph.node.remove(extra)
     return slices
@@ -194,7 +194,7 @@ def join_heads(model: Any) -> int:
         head = helper.make_node(first.op_type, inputs, list(join.output), name=base)
         head.domain = first.domain
         head.attribute.extend(first.attribute)
-        _replace(graph, join, [head])
+        replace_node(graph, join, [head])
         for h in heads:
             graph.node.remove(h)
         joined += 1
@@ -278,7 +278,8 @@ def _head_layout(node: Any) -> tuple[int, ...] | None:
     return None
 
 
-def _replace(graph: Any, node: Any, new: list[Any]) -> None:
+def replace_node(graph: Any, node: Any, new: list[Any]) -> None:
+    """Put the nodes `new` where `node` is in `graph` (order matters to readers of the file), removing `node`."""
     index = list(graph.node).index(node)
     graph.node.remove(node)
     for offset, item in enumerate(new):
