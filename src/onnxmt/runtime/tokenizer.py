@@ -15,14 +15,16 @@ This module is on the run side: it must never import torch or transformers.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import re
 import warnings
+from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import sentencepiece as spm
 
 from onnxmt.manifest import ModelDirError
@@ -58,26 +60,27 @@ _LARGE = int(1e20)
 
 
 class Vocab:
-    """`vocab.json` (token -> id) in a few arrays instead of a dict: 3 MB instead of 14 for opus-mt's 65k tokens.
+    """`vocab.json` (token -> id) in a few flat arrays instead of dicts: 3 MB instead of 14 for opus-mt's 65k tokens.
 
-    The tokens are slices of one string; a token is found by its hash among the sorted hashes of all tokens, an
-    id by binary search among the sorted ids. Lookups are a few microseconds, once per token of a text.
-    Duplicate ids resolve like the dict `{id: token for token, id in vocab.items()}`: the last token wins.
+    The tokens are slices of one string; a token is found by binary search of its hash among the sorted hashes of
+    all tokens, a token by binary search of its id among the sorted ids. A lookup costs about a microsecond, once
+    per token of a text. Duplicate ids resolve like `{id: token for token, id in vocab.items()}`: the last wins.
     """
 
     def __init__(self, mapping: dict[str, int]) -> None:
         tokens = list(mapping)
         self._text = "".join(tokens)
-        self._starts = np.zeros(len(tokens) + 1, dtype=np.int32)
-        np.cumsum([len(t) for t in tokens], out=self._starts[1:])
-        self._ids = np.fromiter(mapping.values(), dtype=np.int64, count=len(tokens))
-        hashes = np.fromiter((hash(t) for t in tokens), dtype=np.int64, count=len(tokens))
-        self._by_hash = np.argsort(hashes, kind="stable").astype(np.int32)
-        self._hashes = hashes[self._by_hash]
-        # For each id, the position of the last token that has it.
-        last = len(tokens) - 1 - np.unique(self._ids[::-1], return_index=True)[1]
-        self._by_id = last[np.argsort(self._ids[last], kind="stable")].astype(np.int32)
-        self._sorted_ids = self._ids[self._by_id]
+        # Positions and lengths in 32 bits; ids too when they fit (they always do in real vocabularies).
+        self._starts = array("q" if len(self._text) >= 2**31 else "i", [0, *itertools.accumulate(map(len, tokens))])
+        self._ids = array("q", mapping.values())
+        if all(-(2**31) <= i < 2**31 for i in self._ids):
+            self._ids = array("i", self._ids)
+        by_hash = sorted(range(len(tokens)), key=lambda i: hash(tokens[i]))
+        self._hashes = array("q", (hash(tokens[i]) for i in by_hash))
+        self._by_hash = array("i", by_hash)
+        last = {index: position for position, index in enumerate(self._ids)}  # the last token of each id
+        self._sorted_ids = array(self._ids.typecode, sorted(last))
+        self._by_id = array("i", (last[i] for i in self._sorted_ids))
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -90,19 +93,19 @@ class Vocab:
 
     def get(self, token: str, default: int) -> int:
         position = self._find(token)
-        return default if position < 0 else int(self._ids[position])
+        return default if position < 0 else self._ids[position]
 
     def __getitem__(self, token: str) -> int:
         position = self._find(token)
         if position < 0:
             raise KeyError(token)
-        return int(self._ids[position])
+        return self._ids[position]
 
     def token(self, index: int) -> str | None:
         """The token with this id (the last one in the file if several have it), or None."""
-        at = int(np.searchsorted(self._sorted_ids, index))
+        at = bisect.bisect_left(self._sorted_ids, index)
         if at < len(self._sorted_ids) and self._sorted_ids[at] == index:
-            return self._token(int(self._by_id[at]))
+            return self._token(self._by_id[at])
         return None
 
     def _token(self, position: int) -> str:
@@ -111,9 +114,9 @@ class Vocab:
     def _find(self, token: str) -> int:
         """Position of `token` in the file's order, or -1."""
         h = hash(token)
-        at = int(np.searchsorted(self._hashes, h))
+        at = bisect.bisect_left(self._hashes, h)
         while at < len(self._hashes) and self._hashes[at] == h:
-            position = int(self._by_hash[at])
+            position = self._by_hash[at]
             if self._token(position) == token:
                 return position
             at += 1
