@@ -16,7 +16,6 @@ This module is on the run side: it must never import torch or transformers.
 from __future__ import annotations
 
 import bisect
-import itertools
 import json
 import re
 import warnings
@@ -25,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import sentencepiece as spm
 
 from onnxmt.manifest import ModelDirError
@@ -70,17 +70,21 @@ class Vocab:
     def __init__(self, mapping: dict[str, int]) -> None:
         tokens = list(mapping)
         self._text = "".join(tokens)
-        # Positions and lengths in 32 bits; ids too when they fit (they always do in real vocabularies).
-        self._starts = array("q" if len(self._text) >= 2**31 else "i", [0, *itertools.accumulate(map(len, tokens))])
-        self._ids = array("q", mapping.values())
-        if all(-(2**31) <= i < 2**31 for i in self._ids):
-            self._ids = array("i", self._ids)
-        by_hash = sorted(range(len(tokens)), key=lambda i: hash(tokens[i]))
-        self._hashes = array("q", (hash(tokens[i]) for i in by_hash))
-        self._by_hash = array("i", by_hash)
-        last = {index: position for position, index in enumerate(self._ids)}  # the last token of each id
-        self._sorted_ids = array(self._ids.typecode, sorted(last))
-        self._by_id = array("i", (last[i] for i in self._sorted_ids))
+        # Built with numpy (65k tokens: ~20 ms), kept as `array`s: indexing those from Python is what lookups do.
+        lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        ids = np.fromiter(mapping.values(), dtype=np.int64, count=len(tokens))
+        hashes = np.fromiter(map(hash, tokens), dtype=np.int64, count=len(tokens))
+        by_hash = np.argsort(hashes, kind="stable")
+        # For each id, in increasing order, the position of the last token that has it.
+        sorted_ids, first_from_end = np.unique(ids[::-1], return_index=True)
+        fits = len(ids) == 0 or (ids.min() >= -(2**31) and ids.max() < 2**31)  # always, in real vocabularies
+        self._starts = _array(starts, "i" if len(self._text) < 2**31 else "q")
+        self._ids = _array(ids, "i" if fits else "q")
+        self._hashes = _array(hashes[by_hash], "q")
+        self._by_hash = _array(by_hash, "i")
+        self._sorted_ids = _array(sorted_ids, self._ids.typecode)
+        self._by_id = _array(len(ids) - 1 - first_from_end, "i")
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -121,6 +125,12 @@ class Vocab:
                 return position
             at += 1
         return -1
+
+
+def _array(values: np.ndarray, typecode: str) -> array:
+    out = array(typecode)
+    out.frombytes(values.astype(np.dtype(typecode)).tobytes())
+    return out
 
 
 class MarianTokenizer:
