@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         create_optimum_venv=not args.quick,  # creating it takes minutes; --quick uses it only if it exists
         log=log,
     )
+    # Models just built are still being written back to disk; no engine's cold start should pay for that.
+    os.sync()
     lengths = source_lengths(art.onnxmt_fp32, texts)
     settings = {
         "sentences": len(texts),
