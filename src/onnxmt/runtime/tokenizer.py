@@ -86,6 +86,10 @@ class Vocab:
         self._sorted_ids = _array(sorted_ids, self._ids.typecode)
         self._by_id = _array(len(ids) - 1 - first_from_end, "i")
 
+    def __reduce__(self) -> tuple[type[Vocab], tuple[dict[str, int]]]:
+        # Rebuilt on unpickling: the stored hashes are this process's (str hashes are salted per process).
+        return Vocab, ({token: self._ids[i] for i, token in enumerate(self)},)
+
     def __len__(self) -> int:
         return len(self._ids)
 
