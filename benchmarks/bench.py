@@ -117,6 +117,42 @@ def run_engine(engine: Engine, config: dict[str, Any], timeout: float) -> dict[s
     return entry
 
 
+def merge_rounds(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One engine's entry from its interleaved rounds (`--rounds`): every figure the median of the rounds' (a
+    round's own figure is already a median over its repeats); the rounds' figures are kept under "rounds"."""
+    failed = [e for e in entries if e["status"] != "ok"]
+    if failed:
+        return failed[0]
+    if len(entries) == 1:
+        return entries[0]
+    results = [e["result"] for e in entries]
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    merged = dict(results[0])  # versions, cold-batch tokens (each round checks them against the count)
+    for key in ("cold_start_s", "load_s", "first_batch_s", "peak_rss_mb", "peak_rss_end_mb"):
+        merged[key] = median([r[key] for r in results])
+    merged["latency"] = {
+        beams: {
+            "median_ms": median([r["latency"][beams]["median_ms"] for r in results]),
+            "p90_ms": median([r["latency"][beams]["p90_ms"] for r in results]),
+            "samples": sum(r["latency"][beams]["samples"] for r in results),
+        }
+        for beams in results[0]["latency"]
+    }
+    merged["throughput"] = {
+        key: {
+            "tokens_per_s": median([r["throughput"][key]["tokens_per_s"] for r in results]),
+            "runs": [run for r in results for run in r["throughput"][key]["runs"]],
+            "texts": value["texts"],
+        }
+        for key, value in results[0]["throughput"].items()
+    }
+    merged["rounds"] = [report.flatten(e) for e in entries]
+    return {**entries[0], "result": merged}
+
+
 def mark_agreement(results: list[dict[str, Any]], n: int) -> None:
     """How many greedy outputs of the cold batch equal onnxmt fp32's, on the first n - 1 tokens (the n-th is the
     forced eos in transformers-style engines; CTranslate2 has no forced eos). fp32 engines running the same model
@@ -137,6 +173,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, help="new tokens forced per sentence (default 30; quick 5)")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads for every engine (default 2)")
     p.add_argument("--repeats", type=int, help="passes over the inputs per figure (default 3; quick 1)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every engine this many times, interleaved (A B C, A B C, ...), each in a fresh process, and report "
+        "the median of the rounds: ratios that a machine's changing load skews less (e.g. --rounds 3 --repeats 1)",
+    )
     p.add_argument("--beams", default="1,4", help="beam sizes (default 1,4)")
     p.add_argument("--batch-sizes", help="throughput batch sizes (default 8,32; quick 2)")
     p.add_argument("--engines", help="comma-separated engine names to run (default: all available)")
@@ -152,6 +195,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.latency_sentences = min(args.latency_sentences or (2 if quick else 20), args.sentences)
     args.tokens = args.tokens or (5 if quick else 30)
     args.repeats = args.repeats or (1 if quick else 3)
+    if args.rounds < 1 or args.repeats < 1:
+        p.error("--rounds and --repeats must be at least 1")
     args.beams = [int(b) for b in args.beams.split(",")]
     args.batch_sizes = [int(b) for b in (args.batch_sizes or ("2" if quick else "8,32")).split(",")]
     args.envsize = not quick if args.envsize is None else args.envsize
@@ -190,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_new_tokens": args.tokens,
         "threads": args.threads,
         "repeats": args.repeats,
+        "rounds": args.rounds,
         "beams": args.beams,
         "batch_sizes": args.batch_sizes,
         "cold_batch": min(COLD_BATCH, len(texts)),
@@ -211,16 +257,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.engines:
         wanted = set(args.engines.split(","))
         selected = [e for e in selected if e.name in wanted or e.name == "onnxmt-fp32"]
-    results = []
-    for engine in selected:
-        log(f"running {engine.label}")
-        start = time.monotonic()
-        entry = run_engine(engine, config, args.timeout)
-        log(
-            f"  {entry['status']} in {time.monotonic() - start:.0f} s"
-            + (f": {entry.get('error', '')[-500:]}" if entry["status"] != "ok" else "")
-        )
-        results.append(entry)
+    rounds: dict[str, list[dict[str, Any]]] = {engine.name: [] for engine in selected}
+    for r in range(args.rounds):
+        for engine in selected:
+            if rounds[engine.name] and rounds[engine.name][-1]["status"] != "ok":
+                continue  # failed once: not again
+            log(f"running {engine.label}" + (f" (round {r + 1} of {args.rounds})" if args.rounds > 1 else ""))
+            start = time.monotonic()
+            entry = run_engine(engine, config, args.timeout)
+            log(
+                f"  {entry['status']} in {time.monotonic() - start:.0f} s"
+                + (f": {entry.get('error', '')[-500:]}" if entry["status"] != "ok" else "")
+            )
+            rounds[engine.name].append(entry)
+    results = [merge_rounds(rounds[engine.name]) for engine in selected]
     mark_agreement(results, args.tokens)
     info["load_average_end"] = os.getloadavg()
     result = {"mode": mode, "settings": settings, "machine": info, "engines": results, "skipped": art.skipped}

@@ -75,7 +75,14 @@ def legend(result: dict[str, Any]) -> str:
     return (
         f"{s['sentences']} sentences of {s['data_file']} ({s['source_tokens']['min']}–{s['source_tokens']['max']} "
         f"source tokens, median {s['source_tokens']['median']}); exactly {s['max_new_tokens']} new tokens per "
-        f"sentence; {s['threads']} threads; {s['repeats']} repeat(s). bs1: median / p90 latency per sentence over the "
+        f"sentence; {s['threads']} threads; {s['repeats']} repeat(s)"
+        + (
+            f" in each of {s['rounds']} interleaved rounds (every engine in a fresh process per round; each figure the "
+            "median of the rounds')"
+            if s.get("rounds", 1) > 1
+            else ""
+        )
+        + f". bs1: median / p90 latency per sentence over the "
         f"first {s['latency_sentences']}; bsN: generated tokens/s (beam search counts the returned tokens, not every "
         f"beam's). Peak RSS and cold start: a fresh process that loads the model and translates a batch of "
         f"{s['cold_batch']} (greedy). (×): the engine's value divided by onnxmt fp32's. Same tokens: greedy outputs of "

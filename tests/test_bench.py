@@ -61,3 +61,34 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: Path) -> None:
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "quick.png").stat().st_size > 10_000
     assert set(result["machine"]) >= {"cpu", "simd", "versions", "load_average"}
+
+
+def _entry(cold: float, latency: float, tps: float, runs: list[float]) -> dict:
+    result = {
+        "cold_start_s": cold,
+        "load_s": cold / 2,
+        "first_batch_s": cold / 4,
+        "peak_rss_mb": 100 + cold,
+        "peak_rss_end_mb": 200 + cold,
+        "latency": {"1": {"median_ms": latency, "p90_ms": 2 * latency, "samples": 20}},
+        "throughput": {"1x8": {"tokens_per_s": tps, "runs": runs, "texts": 64}},
+        "cold_batch_tokens": [[1, 2, 0]],
+    }
+    return {"name": "e", "label": "e", "disk_bytes": 1 << 20, "status": "ok", "result": result}
+
+
+def test_rounds_merge_into_medians() -> None:
+    import bench
+
+    entries = [_entry(1.0, 30.0, 500.0, [500.0]), _entry(3.0, 10.0, 700.0, [700.0]), _entry(2.0, 20.0, 900.0, [900.0])]
+    merged = bench.merge_rounds(entries)
+    r = merged["result"]
+    assert (r["cold_start_s"], r["load_s"], r["peak_rss_mb"]) == (2.0, 1.0, 102.0)
+    assert r["latency"]["1"] == {"median_ms": 20.0, "p90_ms": 40.0, "samples": 60}
+    assert r["throughput"]["1x8"] == {"tokens_per_s": 700.0, "runs": [500.0, 700.0, 900.0], "texts": 64}
+    assert [round(f["cold"], 1) for f in r["rounds"]] == [1.0, 3.0, 2.0]  # each round's own figures are kept
+    assert report.flatten(merged)["tps1x8"] == 700.0
+    # One round: the entry as it is; a failed round makes the engine's entry failed.
+    assert bench.merge_rounds(entries[:1]) is entries[0]
+    failed = {**entries[1], "status": "failed", "error": "boom"}
+    assert bench.merge_rounds([entries[0], failed])["status"] == "failed"
