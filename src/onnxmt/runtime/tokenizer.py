@@ -62,8 +62,8 @@ _LARGE = int(1e20)
 class Vocab:
     """`vocab.json` (token -> id) in a few flat arrays instead of dicts: 3 MB instead of 14 for opus-mt's 65k tokens.
 
-    The tokens are slices of one string; a token is found by binary search of its hash among the sorted hashes of
-    all tokens, a token by binary search of its id among the sorted ids. A lookup costs about a microsecond, once
+    The tokens are slices of one string; a token's id is found by binary search of its hash among the sorted hashes
+    of all tokens, an id's token by binary search among the sorted ids. A lookup costs about a microsecond, once
     per token of a text. Duplicate ids resolve like `{id: token for token, id in vocab.items()}`: the last wins.
     """
 
@@ -160,7 +160,6 @@ class MarianTokenizer:
         # decode's `use_source_tokenizer` defaults to `not separate_vocabs`: a shared vocab decodes with source.spm.
         self._decode_spm = target_spm if self.separate_vocabs else source_spm
         self._vocab = vocab
-        self._vocab_unk = vocab[_named(config, "unk_token")]
         # The vocab the model writes with; duplicate ids resolve like transformers (last wins).
         self._output_vocab = target_vocab or vocab
         self._added = added_tokens
@@ -168,6 +167,7 @@ class MarianTokenizer:
         self._special_tokens = set(special_tokens)
         self._special_ids = {added_tokens[t] for t in special_tokens}
         self.unk_token = _named(config, "unk_token")
+        self._vocab_unk = vocab[self.unk_token]  # what a piece missing from vocab.json becomes
         self.unk_id = added_tokens[self.unk_token]
         self.eos_id = added_tokens[_named(config, "eos_token")]
         self.pad_id = added_tokens[_named(config, "pad_token")]
