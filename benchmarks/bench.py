@@ -126,10 +126,7 @@ def merge_rounds(entries: list[dict[str, Any]]) -> dict[str, Any]:
     if len(entries) == 1:
         return entries[0]
     results = [e["result"] for e in entries]
-
-    def median(values: list[float]) -> float:
-        return statistics.median(values)
-
+    median = statistics.median
     merged = dict(results[0])  # versions, cold-batch tokens (each round checks them against the count)
     for key in ("cold_start_s", "load_s", "first_batch_s", "peak_rss_mb", "peak_rss_end_mb"):
         merged[key] = median([r[key] for r in results])
