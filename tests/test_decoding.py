@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from onnxmt.runtime.decoding import Settings, build_processors, topk
-from onnxmt.runtime.graphs import VocabOps
+from onnxmt.runtime.graphs import CHUNKED_TOPK_MIN, VocabOps, chunk_length
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translator
 
@@ -215,6 +215,42 @@ def test_vocab_ops_log_softmax_and_topk() -> None:
     assert indices[1, :2].tolist() == [10, 20]
     assert indices.tolist() == topk(x, 8).tolist()
     np.testing.assert_array_equal(values, np.take_along_axis(x, indices, axis=1))
+
+
+def test_chunk_length_divides_the_vocabulary_or_is_none() -> None:
+    assert chunk_length(65001, 8) == 141  # opus-mt: 65001 = 3 * 47 * 461
+    for vocab, k in ((65001, 8), (32000, 8), (250_000, 12), (1000, 2)):
+        chunk = chunk_length(vocab, k)
+        assert chunk is not None and vocab % chunk == 0 and chunk >= 16 and vocab // chunk >= 4 * k
+    assert chunk_length(65003, 8) is None  # a prime: the plain TopK
+    assert chunk_length(64, 8) is None  # too few chunks
+
+
+@pytest.mark.parametrize("values", ["normal", "ties", "infinite"])
+def test_chunked_topk_is_the_plain_topk(values: str) -> None:
+    # Rows of 65001 (opus-mt's vocabulary) big enough for the chunked graph; the reference is numpy's stable
+    # sort (ties to the lower index). "ties": a handful of distinct values, so the chunk maxima tie everywhere.
+    ops = VocabOps(RuntimeOptions(threads=2))
+    rng = np.random.default_rng(1)
+    rows, vocab, k = 8, 65001, 8
+    assert rows * vocab >= CHUNKED_TOPK_MIN
+    if values == "normal":
+        x = rng.normal(size=(rows, vocab)).astype(np.float32)
+        x[0, [5, 60000, 30000]] = 9.0  # equal entries in different chunks
+        x[1, 141:150] = 7.0  # a whole run of equal entries inside one chunk
+    elif values == "ties":
+        x = rng.integers(0, 4, size=(rows, vocab)).astype(np.float32)
+    else:
+        x = np.full((rows, vocab), -np.inf, dtype=np.float32)
+        x[1, [3, 70, 64999]] = [-1.0, 2.0, 2.0]  # fewer finite entries than k: the rest are -inf, lowest first
+    values_, indices = ops.topk(x, k)
+    assert indices.tolist() == topk(x, k).tolist()
+    np.testing.assert_array_equal(values_, np.take_along_axis(x, indices, axis=1))
+    # The same through the chunked graph directly, at several chunk lengths, and the plain graph agrees.
+    for chunk in (47, 141, 461):
+        feed = {"scores": x, "k": np.array([k]), "chunk": np.array([chunk])}
+        assert ops._topk_chunked.run(None, feed)[1].tolist() == indices.tolist()
+    assert ops._topk.run(None, {"scores": x, "k": np.array([k])})[1].tolist() == indices.tolist()
 
 
 def test_greedy_scores_match_transformers_transition_scores(translator: Translator, tiny_hf_dir: Path) -> None:
