@@ -1,12 +1,14 @@
-"""Decoder step time of several model directories, interleaved in one process: what did a graph change buy?
+"""Decoder step and encoder time of several model directories, interleaved in one process: what did a graph
+change buy?
 
     python benchmarks/steps.py DIR [DIR ...] [--rows 1,8,128] [--past 15] [--steps 40]
 
 For each number of rows, each directory's Translator encodes that many FLORES devtest sentences (one row each),
 runs `--past` decoder steps to fill the self-attention cache, then times `--steps` more calls of the decoder on
-that same cache, the directories taking turns call by call, so the machine's drift hits them alike. Prints a
-Markdown table of the median (and minimum) milliseconds per step. Unlike ab.py, which compares code on the same
-model, this compares models (say, one exported before and one after a change to the exporter) under the same code.
+that same cache, and as many calls of the encoder on those sentences, the directories taking turns call by call,
+so the machine's drift hits them alike. Prints Markdown tables of the median (and minimum) milliseconds per call.
+Unlike ab.py, which compares code on the same model, this compares models (say, one exported before and one after
+a change to the exporter) under the same code.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,20 +28,31 @@ from onnxmt.runtime.translator import Translator
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "flores200" / "devtest.eng_Latn"
 
 
-def filled_cache(translator: Translator, texts: list[str], past: int) -> tuple[np.ndarray, Cache]:
-    """The start token for each row and the decoder cache after `past` steps on `texts`."""
+def encoder_inputs(translator: Translator, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The padded (rows, src_len) ids and mask of `texts`."""
     encoded = [translator.tokenizer.encode(t) for t in texts]
     width = max(map(len, encoded))
     ids = np.full((len(texts), width), translator.manifest.tokens["pad"], dtype=np.int64)
     mask = np.zeros_like(ids)
     for i, row in enumerate(encoded):
         ids[i, : len(row)], mask[i, : len(row)] = row, 1
+    return ids, mask
+
+
+def filled_cache(translator: Translator, ids: np.ndarray, mask: np.ndarray, past: int) -> tuple[np.ndarray, Cache]:
+    """The start token for each row and the decoder cache after `past` steps."""
     graphs = translator.graphs
     cache = graphs.encode(ids, mask)
-    tokens = np.full((len(texts), 1), translator.manifest.tokens["decoder_start"], dtype=np.int64)
+    tokens = np.full((len(ids), 1), translator.manifest.tokens["decoder_start"], dtype=np.int64)
     for _ in range(past):
         _, cache = graphs.step(tokens, cache)
     return tokens, cache
+
+
+def timed(call: Callable[..., object], *args: object) -> float:
+    start = time.perf_counter()
+    call(*args)
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -53,21 +67,28 @@ def main() -> None:
     rows_list = [int(r) for r in args.rows.split(",")]
     texts = [line.strip() for line in args.data.read_text(encoding="utf-8").splitlines() if line.strip()]
     translators = [Translator(d, RuntimeOptions(threads=args.threads)) for d in args.models]
-    print("| model | " + " | ".join(f"{r} rows" for r in rows_list) + " |")
-    print("| --- |" + " --- |" * len(rows_list))
-    cells: list[list[str]] = [[] for _ in translators]
+    tables: dict[str, list[list[str]]] = {
+        "decoder step": [[] for _ in translators],
+        "encoder": [[] for _ in translators],
+    }
     for rows in rows_list:
-        states = [filled_cache(t, texts[:rows], args.past) for t in translators]
-        times: list[list[float]] = [[] for _ in translators]
+        inputs = [encoder_inputs(t, texts[:rows]) for t in translators]
+        states = [filled_cache(t, ids, mask, args.past) for t, (ids, mask) in zip(translators, inputs, strict=True)]
+        times: dict[str, list[list[float]]] = {name: [[] for _ in translators] for name in tables}
         for _ in range(args.steps):
-            for t, (tokens, cache), out in zip(translators, states, times, strict=True):
-                start = time.perf_counter()
-                t.graphs.step(tokens, cache)
-                out.append(time.perf_counter() - start)
-        for cell, ts in zip(cells, times, strict=True):
-            cell.append(f"{1e3 * statistics.median(ts):.2f} ms (min {1e3 * min(ts):.2f})")
-    for model, cell in zip(args.models, cells, strict=True):
-        print(f"| {model} | " + " | ".join(cell) + " |")
+            for i, t in enumerate(translators):
+                tokens, cache = states[i]
+                times["decoder step"][i].append(timed(t.graphs.step, tokens, cache))
+                times["encoder"][i].append(timed(t.graphs.encode, *inputs[i]))
+        for name, cells in tables.items():
+            for cell, ts in zip(cells, times[name], strict=True):
+                cell.append(f"{1e3 * statistics.median(ts):.2f} ms (min {1e3 * min(ts):.2f})")
+    for name, cells in tables.items():
+        print(f"\n{name}, per call\n")
+        print("| model | " + " | ".join(f"{r} rows" for r in rows_list) + " |")
+        print("| --- |" + " --- |" * len(rows_list))
+        for model, cell in zip(args.models, cells, strict=True):
+            print(f"| {model} | " + " | ".join(cell) + " |")
 
 
 if __name__ == "__main__":
