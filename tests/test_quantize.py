@@ -121,21 +121,25 @@ def test_every_weight_matrix_is_quantized_and_the_lm_head_reads_the_int8_embeddi
     decoder = _ops(int8_dir / DECODER_FILE)
     assert decoder["Gemm"] == 0 and decoder["MatMulInteger"] == 12  # 6 per layer (query, key and value in one)
     graph = _graph(int8_dir / DECODER_FILE)
-    (head,) = [n for n in graph.node if n.op_type == "QGemm"]
+    (head,) = [n for n in graph.node if n.op_type == "DynamicQuantizeMatMul" and "tied" in n.name]
     assert head.name == LM_HEAD
     # One int8 vocabulary matrix, row-major (vocab, d_model), read by the token lookup and by the head. The head reads
     # it through a Transpose of a second initializer on the same bytes: ONNX Runtime folds the Transpose at load
     # and packs the head from it, with no scratch copy kept (export/weights.py). Nothing is stored twice.
-    flip = next(n for n in graph.node if n.output[0] == head.input[3])
-    assert flip.op_type == "Transpose" and {a.name: a.i for a in head.attribute}.get("transB", 0) == 0
+    flip = next(n for n in graph.node if n.output[0] == head.input[1])
+    assert flip.op_type == "Transpose"
     lookups = [n.name for n in graph.node if n.op_type == "Gather" and n.input[0] == "embed_tokens.weight_int8"]
     assert lookups == ["/embed_tokens/Gather"]
     where = _where(int8_dir / DECODER_FILE)
     assert where[flip.input[0]] == where["embed_tokens.weight_int8"]
     matrix = next(i for i in graph.initializer if i.name == "embed_tokens.weight_int8")
     assert matrix.data_type == onnx.TensorProto.INT8 and list(matrix.dims) == [354, 32]
-    scales = next(i for i in graph.initializer if i.name == head.input[4])
+    scales = next(i for i in graph.initializer if i.name == head.input[2])
     assert list(scales.dims) == [354]  # one per vocabulary entry: per output channel of the head
+    # The logits' bias goes into the head's own epilogue (its fifth input), not a pass over the logits after it.
+    assert len(head.input) == 5 and head.input[3] == "" and head.output[0] == "logits"
+    bias = next(i for i in graph.initializer if i.name == head.input[4])
+    assert list(bias.dims) == [354]
 
 
 def test_int8_lookup_is_the_row_times_its_scale(int8_dir: Path, tiny_onnx_dir: Path, tmp_path: Path) -> None:

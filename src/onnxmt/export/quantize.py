@@ -9,9 +9,10 @@ initializer as the token-embedding `Gather` (one copy on disk). ONNX Runtime's d
 not Gemm, and untying the head into a MatMul on a transposed copy stores the vocabulary matrix twice in int8 (33 MB
 each for opus-mt). So in int8 the vocabulary tables are quantized here, not by `quantize_dynamic`: one row-major
 int8 matrix with a scale per row (per vocabulary entry), read by the lookups as contiguous rows (`Gather` + scale)
-and by the head as `QGemm(transB=1)`, whose per-row scales are exactly per-output-channel scales (stored
-as a `Transpose` that ONNX Runtime folds at load: export/weights.py). Measured on the
-opus-mt architecture: same speed as the untied MatMul head, 33 MB less on disk (docs/performance.md). A Gemm that
+and by the head as `DynamicQuantizeMatMul` on its transpose, whose per-row scales are exactly per-output-channel
+scales (the transpose is a `Transpose` that ONNX Runtime folds at load: export/weights.py), with the logits' bias
+in the kernel's epilogue. Measured on the opus-mt architecture: same speed as the untied MatMul head, 33 MB less on
+disk (docs/performance.md). A Gemm that
 stays float keeps sharing the float embedding, and the Gathers on it stay float too: quantizing them would only add
 a second copy. int4 (MatMulNBits) unties the head into a MatMul.
 """
@@ -399,23 +400,20 @@ def _int8_tables(model: Any, options: QuantizeOptions, excluded: set[str]) -> li
         graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
 
     for head in heads:
-        rows, scale, zero = tables[head.input[1]]
-        x, out, base = head.input[0], head.output[0], head.name
+        rows, scale, _ = tables[head.input[1]]
+        base = head.name
+        # B as (d_model, vocab): a Transpose of a second initializer on the int8 rows' bytes, which ONNX Runtime
+        # folds at load and packs from, then frees (export/weights.py); the bias goes into the kernel's epilogue.
+        twin = TensorProto()
+        twin.CopyFrom(next(i for i in graph.initializer if i.name == rows))
+        twin.name = f"{base}.weight"  # stored once with the rows: store_weights keeps identical bytes once
+        graph.initializer.append(twin)
         has_bias = len(head.input) > 2 and bool(head.input[2])
-        product = out + "_qgemm" if has_bias else out
+        inputs = [head.input[0], twin.name + ".T", scale] + (["", head.input[2]] if has_bias else [])  # no zero point
         nodes = [
-            helper.make_node("DynamicQuantizeLinear", [x], [f"{base}_xq", f"{base}_xscale", f"{base}_xzero"]),
-            helper.make_node(
-                "QGemm",
-                [f"{base}_xq", f"{base}_xscale", f"{base}_xzero", rows, scale, zero],
-                [product],
-                name=base,
-                domain="com.microsoft",
-                transB=1,
-            ),
+            helper.make_node("Transpose", [twin.name], [twin.name + ".T"], name=twin.name + ".T", perm=[1, 0]),
+            helper.make_node("DynamicQuantizeMatMul", inputs, list(head.output), name=base, domain="com.microsoft"),
         ]
-        if has_bias:
-            nodes.append(helper.make_node("Add", [product, head.input[2]], [out], name=base + "_bias"))
         replace_node(graph, head, nodes)
     for lookup in lookups:
         rows, scale, _ = tables[lookup.input[0]]
@@ -565,7 +563,7 @@ def _record(manifest: Manifest, results: list[FileResult], options: QuantizeOpti
         "method": method,
         "operators": "MatMulNBits, GatherBlockQuantized"
         if options.int4
-        else "MatMulInteger; QGemm and Gather on int8 rows for the vocabulary tables",
+        else "MatMulInteger; DynamicQuantizeMatMul and Gather on int8 rows for the vocabulary tables",
         "weights": f"int4 symmetric, blocks of {options.block_size}" if options.int4 else "QInt8",
         "per_channel": None if options.int4 else options.per_channel,
         "op_types": list(options.op_types),

@@ -13,10 +13,11 @@
   and is released as soon as that chunk is packed: one chunk is resident beyond the packed copy. The bias `Add`
   after the head goes into the chunks (Gemm's C), so the `Concat` is the only pass over the logits, as the `Add`
   was. `join_heads` undoes the cut: the quantizer works on whole heads.
-- The int8 head `QGemm(x, E8, transB=1)` reads E8 through a `Transpose` of a second initializer on the same bytes.
-  ONNX Runtime folds the `Transpose` at load and packs `QGemm`'s B from the folded copy, which it then frees; given
-  transB=1 it would transpose into a scratch buffer from its memory arena instead, which the arena keeps (33 MB for
-  opus-mt). The packed weight, hence the speed, is the same either way.
+- The int8 head reads the int8 vocabulary rows E8 through a `Transpose` of a second initializer on the same bytes
+  (`DynamicQuantizeMatMul(x, Transpose(E8'))`, as the quantizer writes it). ONNX Runtime folds the `Transpose` at
+  load and packs the head's B from the folded copy, which it then frees. Older quantized directories have
+  `QGemm(x, E8, transB=1)`, which `transpose_quantized_heads` rewrites the same way: given transB=1, ONNX Runtime
+  would transpose into a scratch buffer from its memory arena instead, which the arena keeps (33 MB for opus-mt).
 """
 
 from __future__ import annotations
