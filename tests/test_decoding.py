@@ -67,6 +67,24 @@ def test_batch_size_one_matches_transformers(translator: Translator, tiny_hf_dir
     assert [t.token_ids for t in translator.translate(texts, beams=beams, batch_size=1)] == expected
 
 
+def test_beam_search_runs_its_first_step_once_per_sentence(tiny_onnx_dir: Path, tiny_hf_dir: Path) -> None:
+    # At the first step every beam holds only the start token: one decoder row per sentence, the beams after it,
+    # and still transformers' tokens and beam scores (which come from all beams' rows).
+    translator = Translator(tiny_onnx_dir)
+    rows: list[int] = []
+    step = translator.graphs.step
+
+    def counted(tokens: np.ndarray, cache):  # type: ignore[no-untyped-def]
+        rows.append(len(tokens))
+        return step(tokens, cache)
+
+    translator.graphs.step = counted  # type: ignore[method-assign]
+    texts = SENTENCES[:3]
+    got = translator.translate(texts, beams=4, batch_size=3, max_new_tokens=6)
+    assert rows[:2] == [3, 12]
+    assert [t.token_ids for t in got] == reference(tiny_hf_dir, texts, num_beams=4, max_new_tokens=6)
+
+
 @pytest.mark.parametrize("beams", [1, 4])
 def test_max_new_tokens_reached_and_not_reached(translator: Translator, tiny_hf_dir: Path, beams: int) -> None:
     limit = 20

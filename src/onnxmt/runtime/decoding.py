@@ -237,22 +237,23 @@ def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Logi
         improvable=np.ones(batch, dtype=bool),
         ids=np.arange(batch),
     )
-    cache = cache.expand_beams(k)  # (batch * beams) rows
     results: dict[int, _Beams] = {}
     for cur_len in range(1, s.max_length):
         n = len(state.ids)
         flat = state.running.reshape(n * k, -1)[:, :cur_len]  # (n*beams, cur_len)
-        logits, cache = graphs.step(flat[:, -1:], cache)
-        scores = graphs.ops.log_softmax(logits)  # (n*beams, vocab)
-        _apply(processors, flat, scores)
-        # The best `keep` continuations of a sentence are among the best `keep` of each of its beams (a beam's
-        # score shifts its whole row), so only (n, beams*keep) candidates are compared across beams.
-        values, tokens = graphs.ops.topk(scores, keep)  # (n*beams, keep)
-        vocab = scores.shape[-1]
+        if cur_len == 1:
+            # Every beam of a sentence holds only the decoder start token, so every beam's row of this step would
+            # be the same row: computed once per sentence, then repeated, and the cache expanded to beams after.
+            values, tokens, vocab, cache = _candidates(graphs, flat[::k], cache, processors, keep)
+            values, tokens = np.repeat(values, k, axis=0), np.repeat(tokens, k, axis=0)
+            cache = cache.expand_beams(k)  # (batch * beams) rows from here on
+        else:
+            values, tokens, vocab, cache = _candidates(graphs, flat, cache, processors, keep)  # (n*beams, keep)
         totals = (values.reshape(n, k, keep) + state.running_scores[:, :, None]).reshape(n, k * keep)
         flat_ids = (np.arange(k)[None, :, None] * vocab + tokens.reshape(n, k, keep)).reshape(n, k * keep)
         cache_rows = _advance(state, totals, flat_ids, vocab, keep, cur_len, s)
-        cache = cache.reorder_beams(cache_rows)
+        if cur_len > 1:  # (at the first step every beam's cache row is the same one: nothing to move)
+            cache = cache.reorder_beams(cache_rows)
         # Sentences whose finished beams can no longer change leave the batch.
         frozen = ~state.improvable
         if s.early_stopping is True:
@@ -268,6 +269,20 @@ def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Logi
             state = state.take(live)
             cache = cache.select(live, k)
     return [_hypotheses(results[b], s) for b in range(batch)]
+
+
+def _candidates(
+    graphs: Graphs, sequences: np.ndarray, cache: Cache, processors: list[LogitsProcessor], keep: int
+) -> tuple[np.ndarray, np.ndarray, int, Cache]:
+    """One decoder step for `sequences` (rows, cur_len): each row's best `keep` log-probabilities after the
+    processors and their tokens ((rows, keep) each), the vocabulary size, and the grown cache."""
+    logits, cache = graphs.step(sequences[:, -1:], cache)
+    scores = graphs.ops.log_softmax(logits)  # (rows, vocab)
+    _apply(processors, sequences, scores)
+    # The best `keep` continuations of a sentence are among the best `keep` of each of its beams (a beam's score
+    # shifts its whole row), so only (n, beams*keep) candidates are compared across beams.
+    values, tokens = graphs.ops.topk(scores, keep)
+    return values, tokens, scores.shape[-1], cache
 
 
 def _advance(
