@@ -263,3 +263,22 @@ def test_biases_that_are_not_one_value_per_logit_keep_their_add() -> None:
         constant.attribute[0].t.CopyFrom(tensor)
         assert chunk_heads(model, chunk_bytes=1 << 16)
         assert ("Add" in [n.op_type for n in model.graph.node]) is not folded
+
+
+def test_int8_head_takes_a_following_bias_add_and_computes_what_qgemm_did(tmp_path: Path) -> None:
+    # A head the exporter did not cut keeps its bias as an `Add` after the Gemm (here from a `Constant` node, as
+    # torch leaves it): the quantizer moves it into DynamicQuantizeMatMul's bias, and the logits are those of the
+    # previous layout, DynamicQuantizeLinear + QGemm on the same int8 rows + Add (bit for bit).
+    from onnxmt.export.quantize import QuantizeOptions, _int8_tables
+
+    model = _tied_model(int8=False)
+    rewritten = _int8_tables(model, QuantizeOptions(), excluded=set())
+    assert rewritten[0] == "head" and len(rewritten) == 2  # the head, then the (unnamed) lookup
+    nodes = list(model.graph.node)
+    (head,) = [n for n in nodes if n.op_type == "DynamicQuantizeMatMul"]
+    assert head.output[0] == "logits" and len(head.input) == 5 and head.input[3] == ""
+    assert not any(n.op_type == "Add" for n in nodes)
+    onnx.save(model, str(tmp_path / "new.onnx"))
+    onnx.save(_tied_model(int8=True), str(tmp_path / "old.onnx"))
+    new, old = _run(tmp_path / "new.onnx"), _run(tmp_path / "old.onnx")
+    np.testing.assert_array_equal(new[0], old[0])

@@ -56,7 +56,11 @@ def chunked_topk() -> bytes:
     is larger than e or equal to it at a lower index, so e is not among the k largest. (The plain TopK over
     65k-entry rows does its comparisons one at a time: about twice as slow at 128 rows.)
 
-    Inputs: scores (rows, vocab), k (int64[1]), chunk (int64[1]; vocab must be a multiple of it).
+    Rows with NaN are the exception: ReduceMax skips a NaN that is not first in its chunk, where the plain TopK ranks
+    NaN largest (log-probabilities are NaN only if a logit was infinite).
+
+    Inputs: scores (rows, vocab), k (int64[1]), chunk (int64[1]; vocab must be a multiple of it, with at least k
+    chunks: `runtime.graphs.chunk_length` picks one with 4k or more).
     Outputs: values (rows, k), indices (rows, k), largest first.
     """
     import numpy as np

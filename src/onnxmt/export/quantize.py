@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest import WEIGHTS_FILE, Manifest, describe_files, read_manifest, verify_files
-from .weights import join_heads, replace_node, store_weights
+from .weights import bias_add, join_heads, replace_node, store_weights
 
 PARTS = ("encoder", "decoder", "all")
 LM_HEAD = "lm_head"  # an --exclude name for the tied LM head, whatever the exporter called its node
@@ -388,35 +388,43 @@ def _int8_tables(model: Any, options: QuantizeOptions, excluded: set[str]) -> li
         and _attribute(n, "axis", 0) == 0
         and _is_float_matrix(graph, n.input[0])
     ]
-    tables: dict[str, tuple[str, str, str]] = {}  # float table -> (int8 rows, scale, zero point)
+    tables: dict[str, tuple[str, str]] = {}  # float table -> (int8 rows, scale); symmetric: no zero point
     for table in dict.fromkeys([n.input[1] for n in heads] + [n.input[0] for n in lookups]):
         values, scales = _int8_rows(numpy_helper.to_array(inits[table]), options.per_channel)
-        names = (f"{table}_int8", f"{table}_int8_scale", f"{table}_int8_zero_point")
-        arrays = (values, scales, np.zeros(scales.shape, np.int8))
-        graph.initializer.extend(numpy_helper.from_array(a, n) for a, n in zip(arrays, names, strict=True))
+        names = (f"{table}_int8", f"{table}_int8_scale")
+        for array, name in zip((values, scales), names, strict=True):
+            inits[name] = numpy_helper.from_array(array, name)
+            graph.initializer.append(inits[name])
         tables[table] = names
     axes = "int8_rows_unsqueeze_axes"
     if options.per_channel and lookups:
         graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
 
     for head in heads:
-        rows, scale, _ = tables[head.input[1]]
+        rows, scale = tables[head.input[1]]
         base = head.name
         # B as (d_model, vocab): a Transpose of a second initializer on the int8 rows' bytes, which ONNX Runtime
         # folds at load and packs from, then frees (export/weights.py); the bias goes into the kernel's epilogue.
         twin = TensorProto()
-        twin.CopyFrom(next(i for i in graph.initializer if i.name == rows))
+        twin.CopyFrom(inits[rows])
         twin.name = f"{base}.weight"  # stored once with the rows: store_weights keeps identical bytes once
+        while twin.name in inits:
+            twin.name += "_"
         graph.initializer.append(twin)
-        has_bias = len(head.input) > 2 and bool(head.input[2])
-        inputs = [head.input[0], twin.name + ".T", scale] + (["", head.input[2]] if has_bias else [])  # no zero point
+        inits[twin.name] = twin
+        output, bias = head.output[0], head.input[2] if len(head.input) > 2 else ""
+        if not bias and (found := bias_add(graph, head, inits[rows].dims[0], inits)):
+            add, bias = found  # a bias Add after the Gemm (a head the exporter did not cut) goes in too
+            output = add.output[0]
+            graph.node.remove(add)
+        inputs = [head.input[0], twin.name + ".T", scale] + (["", bias] if bias else [])  # no zero point: symmetric
         nodes = [
             helper.make_node("Transpose", [twin.name], [twin.name + ".T"], name=twin.name + ".T", perm=[1, 0]),
-            helper.make_node("DynamicQuantizeMatMul", inputs, list(head.output), name=base, domain="com.microsoft"),
+            helper.make_node("DynamicQuantizeMatMul", inputs, [output], name=base, domain="com.microsoft"),
         ]
         replace_node(graph, head, nodes)
     for lookup in lookups:
-        rows, scale, _ = tables[lookup.input[0]]
+        rows, scale = tables[lookup.input[0]]
         ids, out, base = lookup.input[1], lookup.output[0], lookup.output[0]
         nodes = [
             helper.make_node("Gather", [rows, ids], [base + "_int8"], name=lookup.name),
@@ -503,7 +511,6 @@ def _one_zero_point(path: Path) -> None:
     zero = "int8_weights_zero_point"
     changed = False
     for node in graph.node:
-        # (QGemm wants its zero point in the shape of its scale.)
         if node.op_type != "MatMulInteger" or len(node.input) < 4 or node.input[3] not in inits:
             continue
         init = inits[node.input[3]]

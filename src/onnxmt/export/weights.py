@@ -135,7 +135,7 @@ def chunk_heads(model: Any, chunk_bytes: int | None = None) -> dict[str, tuple[s
             continue  # a companion that is neither one value nor one per row could not be cut with the rows
         whole_inputs, output, absorbed = list(node.input), node.output[0], []
         beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0)  # Gemm scales C by beta
-        add = _bias_add(graph, node, rows, inits) if len(node.input) == 2 and beta == 1.0 else None
+        add = bias_add(graph, node, rows, inits) if len(node.input) == 2 and beta == 1.0 else None
         if add is not None:  # Gemm adds the bias in its output pass: the chunks cost no extra pass over the logits
             whole_inputs.append(add[1])
             layout = (*layout, 2)
@@ -240,7 +240,7 @@ def _per_row(tensor: Any, rows: int) -> bool:
     return tensor is not None and (size == 1 or list(tensor.dims) == [rows])
 
 
-def _bias_add(graph: Any, gemm: Any, rows: int, inits: dict[str, Any]) -> tuple[Any, str] | None:
+def bias_add(graph: Any, gemm: Any, rows: int, inits: dict[str, Any]) -> tuple[Any, str] | None:
     """The `Add` of a constant bias of one value per row of B (per logit) that alone reads `gemm`'s output, and the
     bias as an initializer (made from a `Constant` node where the exporter left one), or None."""
     from onnx import helper, numpy_helper
