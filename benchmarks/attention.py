@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+from probes import emit, interleaved
 
 HEADS, HEAD_DIM, PAST, CAPACITY = 8, 64, 15, 64
 D = HEADS * HEAD_DIM
@@ -167,21 +168,13 @@ def main() -> None:
         }
         # Each in-place call writes position PAST again, so every timed call does the same work.
         diffs = {name: float(np.abs(call() - reference).max()) for name, call in calls.items()}
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for _ in range(200 if rows < 128 else 50):
-            for name, call in calls.items():
-                start = time.perf_counter()
-                call()
-                times[name].append(time.perf_counter() - start)
+        times = interleaved(calls, 200 if rows < 128 else 50)
         cells = [
             f"{1e6 * statistics.median(times[n]):.0f} µs" + (f" ({diffs[n]:.0e})" if n != "separate" else "")
             for n in calls
         ]
         lines.append(f"| {rows} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

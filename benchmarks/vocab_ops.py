@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import numpy as np
 
 from onnxmt.runtime.graphs import OPS_DIR, load_session
 from onnxmt.runtime.options import RuntimeOptions
+from probes import emit, interleaved
 
 CHUNKS = (47, 141, 461, 1383)  # divisors of 65001
 
@@ -55,17 +55,9 @@ def main() -> None:
         for name, call in calls.items():
             if name.startswith("chunked"):
                 assert np.array_equal(call()[1], expected), name
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for _ in range(40 if rows == 128 else 200):
-            for name, call in calls.items():
-                start = time.perf_counter()
-                call()
-                times[name].append(time.perf_counter() - start)
+        times = interleaved(calls, 40 if rows == 128 else 200)
         lines.append(f"| {rows} | " + " | ".join(f"{1e3 * statistics.median(t):.3f}" for t in times.values()) + " |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":
