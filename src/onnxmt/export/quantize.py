@@ -12,9 +12,8 @@ int8 matrix with a scale per row (per vocabulary entry), read by the lookups as 
 and by the head as `DynamicQuantizeMatMul` on its transpose, whose per-row scales are exactly per-output-channel
 scales (the transpose is a `Transpose` that ONNX Runtime folds at load: export/weights.py), with the logits' bias
 in the kernel's epilogue. Measured on the opus-mt architecture: same speed as the untied MatMul head, 33 MB less on
-disk (docs/performance.md). A Gemm that
-stays float keeps sharing the float embedding, and the Gathers on it stay float too: quantizing them would only add
-a second copy. int4 (MatMulNBits) unties the head into a MatMul.
+disk (docs/performance.md). A Gemm that stays float keeps sharing the float embedding, and the Gathers on it stay
+float too: quantizing them would only add a second copy. int4 (MatMulNBits) unties the head into a MatMul.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest import WEIGHTS_FILE, Manifest, describe_files, read_manifest, verify_files
-from .weights import bias_add, join_heads, replace_node, store_weights
+from .weights import bias_add, join_heads, replace_node, store_weights, twin_transpose
 
 PARTS = ("encoder", "decoder", "all")
 LM_HEAD = "lm_head"  # an --exclude name for the tied LM head, whatever the exporter called its node
@@ -403,26 +402,17 @@ def _int8_tables(model: Any, options: QuantizeOptions, excluded: set[str]) -> li
     for head in heads:
         rows, scale = tables[head.input[1]]
         base = head.name
-        # B as (d_model, vocab): a Transpose of a second initializer on the int8 rows' bytes, which ONNX Runtime
-        # folds at load and packs from, then frees (export/weights.py); the bias goes into the kernel's epilogue.
-        twin = TensorProto()
-        twin.CopyFrom(inits[rows])
-        twin.name = f"{base}.weight"  # stored once with the rows: store_weights keeps identical bytes once
-        while twin.name in inits:
-            twin.name += "_"
-        graph.initializer.append(twin)
-        inits[twin.name] = twin
+        # B as (d_model, vocab): a Transpose of a twin of the int8 rows, which ONNX Runtime folds at load and packs
+        # from, then frees (export/weights.py); the bias goes into the kernel's epilogue.
+        flip = twin_transpose(graph, inits, rows, f"{base}.weight")
         output, bias = head.output[0], head.input[2] if len(head.input) > 2 else ""
         if not bias and (found := bias_add(graph, head, inits[rows].dims[0], inits)):
             add, bias = found  # a bias Add after the Gemm (a head the exporter did not cut) goes in too
             output = add.output[0]
             graph.node.remove(add)
-        inputs = [head.input[0], twin.name + ".T", scale] + (["", bias] if bias else [])  # no zero point: symmetric
-        nodes = [
-            helper.make_node("Transpose", [twin.name], [twin.name + ".T"], name=twin.name + ".T", perm=[1, 0]),
-            helper.make_node("DynamicQuantizeMatMul", inputs, [output], name=base, domain="com.microsoft"),
-        ]
-        replace_node(graph, head, nodes)
+        inputs = [head.input[0], flip.output[0], scale] + (["", bias] if bias else [])  # no zero point: symmetric
+        matmul = helper.make_node("DynamicQuantizeMatMul", inputs, [output], name=base, domain="com.microsoft")
+        replace_node(graph, head, [flip, matmul])
     for lookup in lookups:
         rows, scale = tables[lookup.input[0]]
         ids, out, base = lookup.input[1], lookup.output[0], lookup.output[0]

@@ -204,11 +204,26 @@ def join_heads(model: Any) -> int:
     return joined
 
 
+def twin_transpose(graph: Any, inits: dict[str, Any], weight: str, name: str) -> Any:
+    """A `Transpose` node (not yet in `graph`) of a second initializer holding `weight`'s bytes, named `name` (made
+    unique), which it adds to `graph` and `inits`. ONNX Runtime folds the `Transpose` at load, and the twin's mapping
+    goes once folded, while `weight`'s stays with only the rows its other readers touch; stored once
+    (`store_weights` keeps identical tensors once)."""
+    from onnx import helper
+
+    twin = type(inits[weight])()
+    twin.CopyFrom(inits[weight])
+    twin.name = name
+    while twin.name in inits:
+        twin.name += "_"
+    graph.initializer.append(twin)
+    inits[twin.name] = twin
+    return helper.make_node("Transpose", [twin.name], [twin.name + ".T"], name=twin.name + ".T", perm=[1, 0])
+
+
 def transpose_quantized_heads(model: Any) -> int:
     """Each `QGemm` with transB=1 on a constant B reads `Transpose(B')` with transB=0 instead, B' a second
     initializer holding B's bytes (stored once: `store_weights` keeps identical tensors once). Returns the count."""
-    from onnx import helper
-
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
     done = 0
@@ -216,15 +231,7 @@ def transpose_quantized_heads(model: Any) -> int:
         transposed = any(a.name == "transB" and a.i == 1 for a in node.attribute)
         if node.op_type != "QGemm" or node.domain != "com.microsoft" or not transposed or node.input[3] not in inits:
             continue
-        weight = inits[node.input[3]]
-        twin = type(weight)()
-        twin.CopyFrom(weight)
-        twin.name = f"{node.name}.weight"
-        while twin.name in inits:
-            twin.name += "_"
-        graph.initializer.append(twin)
-        inits[twin.name] = twin
-        flip = helper.make_node("Transpose", [twin.name], [twin.name + ".T"], name=twin.name + ".T", perm=[1, 0])
+        flip = twin_transpose(graph, inits, node.input[3], f"{node.name}.weight")
         node.input[3] = flip.output[0]
         kept = [a for a in node.attribute if a.name != "transB"]
         del node.attribute[:]
