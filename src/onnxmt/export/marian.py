@@ -109,6 +109,7 @@ class MarianDecoderExport(nn.Module):
         n = len(self.layers)
         past, cross = cache[: 2 * n], cache[2 * n :]
         rows, new_len = input_ids.shape
+        sentences = encoder_attention_mask.shape[0]  # one cross-attention K/V per sentence, its beams are rows
         past_len = past[0].shape[2]
         positions = torch.arange(new_len, device=input_ids.device) + past_len
         hidden = self.embed_tokens(input_ids) * self.embed_scale + self.embed_positions.weight[positions]
@@ -122,19 +123,21 @@ class MarianDecoderExport(nn.Module):
         cross_mask = (1.0 - encoder_attention_mask[:, None, None, :].to(hidden.dtype)) * min_value
 
         presents: list[torch.Tensor] = []
+        masks = (self_mask, cross_mask)
         for i, layer in enumerate(self.layers):
             self_kv, cross_kv = past[2 * i : 2 * i + 2], cross[2 * i : 2 * i + 2]
-            hidden, key, value = self._layer(i, layer, hidden, rows, self_kv, cross_kv, self_mask, cross_mask)
+            hidden, key, value = self._layer(i, layer, hidden, rows, sentences, self_kv, cross_kv, masks)
             presents += [key, value]
         # Only the last position's logits leave the graph: the loop never needs the others.
         last = hidden.reshape(rows, -1, self.d_model)[:, -1, :]
         logits = F.linear(last, self.lm_head.weight) + self.final_logits_bias  # (batch, vocab)
         return (logits, *presents)
 
-    def _layer(self, i, layer, hidden, rows, self_kv, cross_kv, self_mask, cross_mask):
+    def _layer(self, i, layer, hidden, rows, sentences, self_kv, cross_kv, masks):
         # Self-attention over the cache plus the new positions (post-layer-norm, as Marian/BART).
         attn = layer.self_attn
         heads, head_dim = self.heads, self.head_dim
+        self_mask, cross_mask = masks
         qkv = torch.matmul(hidden, self.qkv_weight[i]) + self.qkv_bias[i]  # (rows * new_len, 3 * d_model)
         qkv = qkv.reshape(rows, -1, 3 * heads, head_dim).transpose(1, 2)  # (rows, 3 * heads, new_len, hd)
         query, new_key, new_value = qkv.split(heads, dim=1)
@@ -146,7 +149,6 @@ class MarianDecoderExport(nn.Module):
         # Cross-attention on the keys/values the encoder graph computed once.
         cross = layer.encoder_attn
         query = _linear(hidden, cross.q_proj)  # (rows * new_len, d_model): split into heads inside _attend_beams
-        sentences = cross_mask.shape[0]
         attended = _attend_beams(query, cross_kv[0], cross_kv[1], cross_mask, sentences, cross.scaling, heads, head_dim)
         hidden = layer.encoder_attn_layer_norm(hidden + _linear(attended, cross.out_proj))
 
