@@ -23,20 +23,9 @@ import numpy as np
 
 from onnxmt.runtime.graphs import Cache
 from onnxmt.runtime.options import RuntimeOptions
-from onnxmt.runtime.translator import Translator
+from onnxmt.runtime.translator import Translator, pad_batch
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "flores200" / "devtest.eng_Latn"
-
-
-def encoder_inputs(translator: Translator, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """The padded (rows, src_len) ids and mask of `texts`."""
-    encoded = [translator.tokenizer.encode(t) for t in texts]
-    width = max(map(len, encoded))
-    ids = np.full((len(texts), width), translator.manifest.tokens["pad"], dtype=np.int64)
-    mask = np.zeros_like(ids)
-    for i, row in enumerate(encoded):
-        ids[i, : len(row)], mask[i, : len(row)] = row, 1
-    return ids, mask
 
 
 def filled_cache(translator: Translator, ids: np.ndarray, mask: np.ndarray, past: int) -> tuple[np.ndarray, Cache]:
@@ -72,7 +61,9 @@ def main() -> None:
         "encoder": [[] for _ in translators],
     }
     for rows in rows_list:
-        inputs = [encoder_inputs(t, texts[:rows]) for t in translators]
+        inputs = [
+            pad_batch([t.tokenizer.encode(x) for x in texts[:rows]], t.manifest.tokens["pad"]) for t in translators
+        ]
         states = [filled_cache(t, ids, mask, args.past) for t, (ids, mask) in zip(translators, inputs, strict=True)]
         times: dict[str, list[list[float]]] = {name: [[] for _ in translators] for name in tables}
         for _ in range(args.steps):

@@ -120,18 +120,23 @@ class Translator:
         return [r for r in results if r is not None]
 
     def _decode_batch(self, ids: list[list[int]], settings: Settings) -> list[Translation]:
-        pad = self.manifest.tokens["pad"]
-        width = max(len(x) for x in ids)
-        input_ids = np.full((len(ids), width), pad, dtype=np.int64)
-        mask = np.zeros((len(ids), width), dtype=np.int64)
-        for row, x in enumerate(ids):
-            input_ids[row, : len(x)] = x
-            mask[row, : len(x)] = 1
+        input_ids, mask = pad_batch(ids, self.manifest.tokens["pad"])
         out = []
         for hyps in decode(self.graphs, input_ids, mask, settings):
             first, *rest = (Translation(self.tokenizer.decode(h.tokens), h.tokens, h.score) for h in hyps)
             out.append(Translation(first.text, first.token_ids, first.score, tuple(rest)))
         return out
+
+
+def pad_batch(ids: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token id lists as one right-padded (rows, longest) batch and its attention mask (1 for real tokens)."""
+    width = max(len(x) for x in ids)
+    input_ids = np.full((len(ids), width), pad, dtype=np.int64)
+    mask = np.zeros((len(ids), width), dtype=np.int64)
+    for row, x in enumerate(ids):
+        input_ids[row, : len(x)] = x
+        mask[row, : len(x)] = 1
+    return input_ids, mask
 
 
 def _check_texts(texts: object) -> None:
