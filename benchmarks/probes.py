@@ -1,16 +1,19 @@
-"""What the small probes (attention.py, vocab_ops.py) share: interleaved timing and their Markdown output."""
+"""What the small probes (attention.py, steps.py, vocab_ops.py) share: interleaved timing and their Markdown output."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
+
+K = TypeVar("K")
 
 
-def interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+def interleaved(calls: Mapping[K, Callable[[], object]], repeats: int) -> dict[K, list[float]]:
     """Seconds per call of each of `calls`, `repeats` times, taking turns call by call so that the machine's drift
     hits them alike."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
+    times: dict[K, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
             start = time.perf_counter()

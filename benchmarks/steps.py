@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,7 @@ import numpy as np
 from onnxmt.runtime.graphs import Cache
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translator, pad_batch
+from probes import interleaved
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "flores200" / "devtest.eng_Latn"
 
@@ -36,12 +37,6 @@ def filled_cache(translator: Translator, ids: np.ndarray, mask: np.ndarray, past
     for _ in range(past):
         _, cache = graphs.step(tokens, cache)
     return tokens, cache
-
-
-def timed(call: Callable[..., object], *args: object) -> float:
-    start = time.perf_counter()
-    call(*args)
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -65,15 +60,13 @@ def main() -> None:
             pad_batch([t.tokenizer.encode(x) for x in texts[:rows]], t.manifest.tokens["pad"]) for t in translators
         ]
         states = [filled_cache(t, ids, mask, args.past) for t, (ids, mask) in zip(translators, inputs, strict=True)]
-        times: dict[str, list[list[float]]] = {name: [[] for _ in translators] for name in tables}
-        for _ in range(args.steps):
-            for i, t in enumerate(translators):
-                tokens, cache = states[i]
-                times["decoder step"][i].append(timed(t.graphs.step, tokens, cache))
-                times["encoder"][i].append(timed(t.graphs.encode, *inputs[i]))
-        for name, cells in tables.items():
-            for cell, ts in zip(cells, times[name], strict=True):
-                cell.append(f"{1e3 * statistics.median(ts):.2f} ms (min {1e3 * min(ts):.2f})")
+        calls: dict[tuple[str, int], Callable[[], object]] = {}
+        for i, t in enumerate(translators):
+            calls["decoder step", i] = partial(t.graphs.step, *states[i])
+            calls["encoder", i] = partial(t.graphs.encode, *inputs[i])
+        times = interleaved(calls, args.steps)
+        for (name, i), ts in times.items():
+            tables[name][i].append(f"{1e3 * statistics.median(ts):.2f} ms (min {1e3 * min(ts):.2f})")
     for name, cells in tables.items():
         print(f"\n{name}, per call\n")
         print("| model | " + " | ".join(f"{r} rows" for r in rows_list) + " |")
