@@ -56,6 +56,17 @@ def tiny_onnx_dir(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="session")
+def tiny_buffered_onnx_dir(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_hf_dir` exported with `--cache-buffer` (the decoder reads a self-attention cache buffer and returns the
+    new token's key and value). Read-only."""
+    from onnxmt.export.exporter import ExportOptions, export
+
+    out = tmp_path_factory.mktemp("tiny-buffered-onnx") / "model"
+    export(str(tiny_hf_dir), out, ExportOptions(buffered_cache=True), progress=lambda _: None)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_multi_onnx_dir(tiny_multi_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`tiny_multi_hf_dir` exported by onnxmt (no default target language). Read-only."""
     from onnxmt.export.exporter import export

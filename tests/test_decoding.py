@@ -180,6 +180,58 @@ def test_logits_with_and_without_cache_agree(translator: Translator) -> None:
         np.testing.assert_allclose(full, step_logits[length - 1], atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def buffered(tiny_buffered_onnx_dir: Path) -> Translator:
+    return Translator(tiny_buffered_onnx_dir)
+
+
+def test_cache_buffer_steps_match_transformers_past_its_growth(buffered: Translator, tiny_hf_dir: Path) -> None:
+    # Teacher-forced: each step's logits against transformers' full forward pass at that position, for more steps
+    # than the buffer first holds (so it grows, three times), on a padded batch.
+    from onnxmt.runtime.graphs import SELF_KV_CHUNK
+
+    assert buffered.graphs.buffered
+    model = transformers.MarianMTModel.from_pretrained(tiny_hf_dir).eval()
+    pad = buffered.manifest.tokens["pad"]
+    ids = np.array([[5, 6, 7, 8, 0], [9, 10, 0, pad, pad]], dtype=np.int64)
+    mask = (ids != pad).astype(np.int64)
+    steps = 2 * SELF_KV_CHUNK + 3
+    tokens = np.random.default_rng(0).integers(2, pad, size=(2, steps)).astype(np.int64)
+    tokens[:, 0] = pad  # the decoder start token
+    cache = buffered.graphs.encode(ids, mask)
+    got = []
+    for t in range(steps):
+        logits, cache = buffered.graphs.step(tokens[:, t : t + 1], cache)
+        got.append(logits)
+    assert cache.self_len == steps and cache.self_kv[0].shape[2] == 1 + 3 * SELF_KV_CHUNK
+    with torch.no_grad():
+        source, source_mask, target = (torch.from_numpy(a) for a in (ids, mask, tokens))
+        expected = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=target).logits.numpy()
+    np.testing.assert_allclose(np.stack(got, axis=1), expected, atol=1e-4)
+    with pytest.raises(ValueError, match="one new token per row"):
+        buffered.graphs.step(tokens[:, :3], buffered.graphs.encode(ids, mask))
+
+
+def test_a_step_leaves_the_cache_buffer_it_was_given_valid(buffered: Translator) -> None:
+    # The step writes the new key/value into the buffers past the cache's length: stepping the same cache again
+    # (as a caller that keeps it may) gives the same logits.
+    ids = np.array([[5, 6, 7, 0]], dtype=np.int64)
+    cache = buffered.graphs.encode(ids, np.ones_like(ids))
+    for token in (11, 12, 13):
+        _, cache = buffered.graphs.step(np.array([[token]], dtype=np.int64), cache)
+    first, _ = buffered.graphs.step(np.array([[20]], dtype=np.int64), cache)
+    buffered.graphs.step(np.array([[21]], dtype=np.int64), cache)
+    again, _ = buffered.graphs.step(np.array([[20]], dtype=np.int64), cache)
+    np.testing.assert_array_equal(first, again)
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_cache_buffer_translates_like_transformers(buffered: Translator, tiny_hf_dir: Path, beams: int) -> None:
+    expected = reference(tiny_hf_dir, SENTENCES, num_beams=beams)
+    out = buffered.translate(SENTENCES, beams=beams, batch_size=3)  # batches of 3: finished rows leave mid-batch
+    assert [t.token_ids for t in out] == expected
+
+
 def test_processors_edit_scores_like_transformers() -> None:
     from transformers.generation.logits_process import (
         ForcedEOSTokenLogitsProcessor,

@@ -70,6 +70,22 @@ def test_manifest_describes_graphs_tokens_and_generation(tiny_onnx_dir: Path, ti
     assert manifest.provenance["check"]["first_step_logits_max_abs_diff"] < 1e-4
 
 
+def test_cache_buffer_decoder_reads_a_buffer_and_returns_the_new_key_and_value(tiny_buffered_onnx_dir: Path) -> None:
+    manifest = read_manifest(tiny_buffered_onnx_dir)
+    layers, heads, head_dim = (manifest.model[k] for k in ("num_layers", "num_heads", "head_dim"))
+    decoder = manifest.graphs["decoder"]
+    past = [f"past_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
+    cross = [f"cross_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
+    assert [t.role for t in decoder.inputs] == ["input_ids", "encoder_attention_mask", "past_length", *past, *cross]
+    by_role = {t.role: t.shape for t in decoder.inputs}
+    assert by_role["input_ids"] == ["rows", 1] and by_role["past_length"] == [1]
+    assert by_role["past_key.0"] == ["rows", heads, "capacity", head_dim]  # spare capacity past past_length
+    new = [f"new_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
+    assert [t.role for t in decoder.outputs] == ["logits", *new]
+    assert {tuple(t.shape) for t in decoder.outputs[1:]} == {("rows", heads, 1, head_dim)}
+    assert manifest.provenance["check"]["cached_step_logits_max_abs_diff"] < 1e-4
+
+
 def test_no_decoder_weight_is_stored_twice(tiny_onnx_dir: Path) -> None:
     from onnx import numpy_helper
 
@@ -197,7 +213,10 @@ def test_weights_are_stored_once_and_the_chunked_head_reads_the_embedding(tiny_o
     assert len(big) == len(set(big)), "a weight is stored in both graph files"
 
 
-def test_decoder_step_needs_no_shape_arithmetic_and_one_op_per_projection(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("form", ["tiny_onnx_dir", "tiny_buffered_onnx_dir"])
+def test_decoder_step_needs_no_shape_arithmetic_and_one_op_per_projection(
+    form: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     # As ONNX Runtime runs the decoder (optimised): the reshapes take their sizes from the tensor they reshape or
     # from the rows and sentences read once per graph, so the Shape nodes do not grow with the layers; every
     # projection is one Gemm with its bias (the hidden states are 2-D), and the self-attention's query, key and
@@ -205,11 +224,12 @@ def test_decoder_step_needs_no_shape_arithmetic_and_one_op_per_projection(tiny_o
     import onnx
     import onnxruntime as ort
 
-    layers = read_manifest(tiny_onnx_dir).model["num_layers"]
+    directory: Path = request.getfixturevalue(form)
+    layers = read_manifest(directory).model["num_layers"]
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(tiny_onnx_dir / DECODER_FILE), so, providers=["CPUExecutionProvider"])
+    ort.InferenceSession(str(directory / DECODER_FILE), so, providers=["CPUExecutionProvider"])
     graph = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph
     ops = [n.op_type for n in graph.node]
     assert ops.count("Shape") <= 3, ops.count("Shape")  # was 3 per layer + 2, then 2 per layer + 2

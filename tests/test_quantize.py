@@ -206,6 +206,20 @@ def test_result_loads_and_translates(int8_dir: Path, tiny_onnx_dir: Path) -> Non
     assert np.corrcoef(a[0], b[0])[0, 1] > 0.9
 
 
+def test_cache_buffer_export_quantizes_and_translates_like_the_concat_one(
+    tiny_buffered_onnx_dir: Path, int8_dir: Path, tmp_path: Path
+) -> None:
+    # The same weights in the other decoder form: quantized the same way, it gives the same translations.
+    buffered = Translator(_quantize(tiny_buffered_onnx_dir, tmp_path / "q"))
+    assert buffered.graphs.buffered
+    concat = Translator(int8_dir)
+    for beams in (1, 4):
+        got = buffered.translate(TEXTS, beams=beams, max_new_tokens=10)
+        assert [t.token_ids for t in got] == [
+            t.token_ids for t in concat.translate(TEXTS, beams=beams, max_new_tokens=10)
+        ]
+
+
 def test_source_directory_is_not_modified(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     before = {p.name: sha256_file(p) for p in tiny_onnx_dir.iterdir()}
     _quantize(tiny_onnx_dir, tmp_path / "q")

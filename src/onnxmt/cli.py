@@ -52,6 +52,14 @@ def export(
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUTPUT_DIR.")] = False,
     check: Annotated[bool, typer.Option(help="Compare the ONNX graphs with PyTorch after export.")] = True,
+    cache_buffer: Annotated[
+        bool,
+        typer.Option(
+            "--cache-buffer",
+            help="Decoder self-attention cache as a buffer written in place, not grown by a Concat in the graph: "
+            "less memory in large beam batches, a little slower there (docs/performance.md).",
+        ),
+    ] = False,
 ) -> None:
     """Export a MarianMT model to a self-contained onnxmt model directory (needs onnxmt\\[export])."""
     try:
@@ -59,7 +67,14 @@ def export(
         from .export.exporter import export as run_export
     except ImportError as e:
         fail(f"export needs torch and transformers: pip install 'onnxmt[export]' ({e})")
-    options = ExportOptions(opset=opset, revision=revision, force=force, default_target=default_target, check=check)
+    options = ExportOptions(
+        opset=opset,
+        revision=revision,
+        force=force,
+        default_target=default_target,
+        check=check,
+        buffered_cache=cache_buffer,
+    )
     with err.status("exporting") as status:
         try:
             _, report = run_export(model, output_dir, options, progress=lambda msg: status.update(msg))

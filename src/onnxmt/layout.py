@@ -20,8 +20,11 @@ _FIXED_ROLES = {
     "last_hidden_state": "encoder_hidden_states",
     "logits": "logits",
     "use_cache_branch": "use_cache_branch",
+    "past_length": "past_length",
 }
-_ONNXMT_CACHE = re.compile(r"^(past_key|past_value|present_key|present_value|cross_key|cross_value)\.(\d+)$")
+_ONNXMT_CACHE = re.compile(
+    r"^(past_key|past_value|present_key|present_value|new_key|new_value|cross_key|cross_value)\.(\d+)$"
+)
 # Optimum: decoder-side cache is the self-attention cache, encoder-side is the cross-attention K/V.
 _OPTIMUM_CACHE = re.compile(r"^(past_key_values|present)\.(\d+)\.(decoder|encoder)\.(key|value)$")
 

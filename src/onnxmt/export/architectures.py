@@ -43,7 +43,8 @@ class Architecture:
     def encoder(self, model: Any) -> Any:
         raise NotImplementedError
 
-    def decoder(self, model: Any) -> Any:
+    def decoder(self, model: Any, buffered: bool = False) -> Any:
+        """The decoder step module; `buffered`: the self-attention cache is a buffer the runtime writes (marian.py)."""
         raise NotImplementedError
 
     def facts(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -69,10 +70,10 @@ class Marian(Architecture):
 
         return MarianEncoderExport(model).eval()
 
-    def decoder(self, model: Any) -> Any:
+    def decoder(self, model: Any, buffered: bool = False) -> Any:
         from .marian import MarianDecoderExport
 
-        return MarianDecoderExport(model).eval()
+        return MarianDecoderExport(model, buffered=buffered).eval()
 
     def facts(self, config: dict[str, Any]) -> dict[str, Any]:
         return model_facts(config)

@@ -45,6 +45,9 @@ class ExportOptions:
     force: bool = False
     default_target: str | None = None  # e.g. "cmn_Hans" for multi-target models
     check: bool = True
+    # The decoder's self-attention cache as a buffer the runtime writes in place, instead of grown by a Concat in the
+    # graph (marian.py): less memory in large beam batches, a little slower there (docs/performance.md).
+    buffered_cache: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ def _export_into(
     progress(f"exporting the encoder ({ENCODER_FILE})")
     export_encoder(arch.encoder(model), staging / ENCODER_FILE, facts, options.opset)
     progress(f"exporting the decoder ({DECODER_FILE})")
-    export_decoder(arch.decoder(model), staging / DECODER_FILE, facts, options.opset)
+    export_decoder(arch.decoder(model, options.buffered_cache), staging / DECODER_FILE, facts, options.opset)
     stored = store_weights([staging / ENCODER_FILE, staging / DECODER_FILE], WEIGHTS_FILE)
     graph_files = [ENCODER_FILE, DECODER_FILE] + ([WEIGHTS_FILE] if stored else [])
     copied = _copy_side_files(source, staging, arch)
@@ -239,11 +242,21 @@ def check_against_pytorch(model: Any, directory: Path, manifest: Manifest) -> Ch
     encoded = encoder.run(None, {"input_ids": ids, "attention_mask": mask})
     start = np.full((2, 1), manifest.tokens["decoder_start"], dtype=np.int64)
     feed = {"input_ids": start, "encoder_attention_mask": mask}
-    feed.update({name: np.zeros((2, heads, 0, head_dim), np.float32) for name in cache_names("past", layers)})
+    buffered = manifest.graphs["decoder"].has_input("past_length")
+    past = [np.zeros((2, heads, 4 if buffered else 0, head_dim), np.float32) for _ in cache_names("past", layers)]
+    feed.update(zip(cache_names("past", layers), past, strict=True))
     feed.update(dict(zip(cache_names("cross", layers), encoded[1:], strict=True)))
+    if buffered:
+        feed["past_length"] = np.array([0], dtype=np.int64)
     first = decoder.run(None, feed)
     second_ids = np.array([[5], [6]], dtype=np.int64)
-    feed.update({"input_ids": second_ids, **dict(zip(cache_names("past", layers), first[1:], strict=True))})
+    feed["input_ids"] = second_ids
+    if buffered:  # the new key/value go into the buffers, at position 0
+        for buffer, new in zip(past, first[1:], strict=True):
+            buffer[:, :, :1] = new
+        feed["past_length"] = np.array([1], dtype=np.int64)
+    else:
+        feed.update(zip(cache_names("past", layers), first[1:], strict=True))
     second = decoder.run(None, feed)
     with torch.no_grad():
         t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)

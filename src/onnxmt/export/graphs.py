@@ -37,29 +37,36 @@ def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -
     import torch
 
     layers, heads, head_dim = facts["num_layers"], facts["num_heads"], facts["head_dim"]
+    buffered = bool(getattr(module, "buffered", False))
     # Two sentences with two beams each: the decoder rows are sentences x beams, the encoder's K/V and mask are one
-    # per sentence (the graph broadcasts them over the beams), so the trace must see the two counts differ.
+    # per sentence (the graph broadcasts them over the beams), so the trace must see the two counts differ. A
+    # buffer holds more positions than are filled, so the trace sees capacity and length differ too.
     sentences, rows, src_len, past_len = 2, 4, 5, 3
     ids = torch.tensor([[3], [4], [5], [6]], dtype=torch.int64)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.int64)
-    past = [torch.randn(rows, heads, past_len, head_dim) for _ in range(2 * layers)]
+    past = [torch.randn(rows, heads, past_len + 2 * buffered, head_dim) for _ in range(2 * layers)]
     cross = [torch.randn(sentences, heads, src_len, head_dim) for _ in range(2 * layers)]
+    length = [torch.tensor([past_len], dtype=torch.int64)] if buffered else []
     inputs = [
         "input_ids",
         "encoder_attention_mask",
+        *(["past_length"] if buffered else []),
         *cache_names("past", layers),
         *cache_names("cross", layers),
     ]
-    outputs = ["logits", *cache_names("present", layers)]
+    outputs = ["logits", *cache_names("new" if buffered else "present", layers)]
     axes: dict[str, dict[int, str]] = {
-        "input_ids": {0: "rows", 1: "new_len"},
+        "input_ids": {0: "rows"} if buffered else {0: "rows", 1: "new_len"},
         "encoder_attention_mask": {0: "batch", 1: "src_len"},
         "logits": {0: "rows"},
     }
-    axes.update({name: {0: "rows", 2: "past_len"} for name in cache_names("past", layers)})
+    axes.update({name: {0: "rows", 2: "capacity" if buffered else "past_len"} for name in cache_names("past", layers)})
     axes.update({name: {0: "batch", 2: "src_len"} for name in cache_names("cross", layers)})
-    axes.update({name: {0: "rows", 2: "total_len"} for name in cache_names("present", layers)})
-    _export(module, (ids, mask, *past, *cross), path, inputs, outputs, axes, opset)
+    if buffered:
+        axes.update({name: {0: "rows"} for name in cache_names("new", layers)})
+    else:
+        axes.update({name: {0: "rows", 2: "total_len"} for name in cache_names("present", layers)})
+    _export(module, (ids, mask, *length, *past, *cross), path, inputs, outputs, axes, opset)
     tie_transposed_weights(path)
     fix_static_dims(path, facts)
 
@@ -77,7 +84,9 @@ def fix_static_dims(path: Path, facts: dict[str, Any]) -> None:
     for value in [*model.graph.input, *model.graph.output]:
         dims = value.type.tensor_type.shape.dim
         role = role_of(value.name)
-        if role.startswith(("past_", "present_", "cross_")):
+        if role.startswith("new_"):  # one new token's key or value per row
+            fixed = {**known, 2: 1}
+        elif role.startswith(("past_key", "past_value", "present_", "cross_")):
             fixed = known
         elif role == "encoder_hidden_states":
             fixed = {2: facts["d_model"]}

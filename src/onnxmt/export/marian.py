@@ -7,6 +7,13 @@ The decoder graph takes a (possibly empty) self-attention cache, so one graph se
 step: no second copy of the decoder weights (Optimum's decoder + decoder_with_past) and no If node (Optimum's merged
 decoder, which `quantize_dynamic` leaves fp32). The decoder step is written out here rather than traced through
 transformers' Cache classes: the cache objects change between transformers releases, the arithmetic does not.
+
+The self-attention cache is grown by a Concat in the graph and returned whole (`present`), or, with `buffered`
+(`onnxmt export --cache-buffer`), it is a buffer the runtime owns and writes: the graph reads the first
+`past_length` positions of each layer's key/value buffer (the rest masked out) and returns only the new token's key
+and value, which the runtime stores at position `past_length`. The buffered cache is held once, instead of a grown
+`present` beside the `past` it came from at every step: less memory in large beam batches, for copies in Python
+that cost a few percent of their speed (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -76,7 +83,13 @@ class MarianEncoderExport(nn.Module):
 
 
 class MarianDecoderExport(nn.Module):
-    """One decoder call: new tokens + cache in, last-position logits + grown cache out.
+    """One decoder call: last-position logits out, and the grown cache or (`buffered`) the new token's K/V.
+
+    Buffered: input_ids (rows, 1), encoder_attention_mask, past_length (1,) int64, then per layer the key and value
+    buffers (rows, heads, capacity >= past_length, head_dim) and the cross-attention K/V; out: logits and per layer
+    the new token's key and value (rows, heads, 1, head_dim). One new token per row: what the decoding loop feeds.
+    Otherwise: input_ids (rows, new_len), encoder_attention_mask, the cache (rows, heads, past_len, head_dim) and
+    the cross-attention K/V; out: logits and the cache grown by new_len positions.
 
     Written for a small step: the hidden states are one (rows * new_len, d_model) matrix, so every projection is
     one 2-D MatMul and bias, which ONNX Runtime fuses into a Gemm; each layer's self-attention query, key and value
@@ -84,8 +97,9 @@ class MarianDecoderExport(nn.Module):
     in its own projection), split once into heads. At one new token per row this is ~120 fewer kernels a step.
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, buffered: bool = False) -> None:
         super().__init__()
+        self.buffered = buffered
         decoder = model.model.decoder
         self.embed_tokens = decoder.embed_tokens
         self.embed_positions = decoder.embed_positions
@@ -105,45 +119,61 @@ class MarianDecoderExport(nn.Module):
             torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]) for a in (layer.self_attn for layer in self.layers)
         )
 
-    def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor, *cache: torch.Tensor):
+    def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor, *inputs: torch.Tensor):
         n = len(self.layers)
-        past, cross = cache[: 2 * n], cache[2 * n :]
         rows, new_len = input_ids.shape
         sentences = encoder_attention_mask.shape[0]  # one cross-attention K/V per sentence, its beams are rows
-        past_len = past[0].shape[2]
-        positions = torch.arange(new_len, device=input_ids.device) + past_len
+        past_length: Any  # a (1,) tensor when buffered, else the traced size of the cache
+        if self.buffered:
+            past_length, past, cross = inputs[0], inputs[1 : 2 * n + 1], inputs[2 * n + 1 :]
+        else:
+            past, cross = inputs[: 2 * n], inputs[2 * n :]
+            past_length = past[0].shape[2]
+        positions = torch.arange(new_len, device=input_ids.device) + past_length
         hidden = self.embed_tokens(input_ids) * self.embed_scale + self.embed_positions.weight[positions]
         hidden = hidden.reshape(-1, self.d_model)  # (rows * new_len, d_model)
 
-        # Query t sits at position past_len + t and may see keys 0..past_len + t.
-        key_pos = torch.arange(past_len + new_len, device=input_ids.device)
-        blocked = key_pos[None, :] > positions[:, None]  # (new_len, total_len)
         min_value = torch.finfo(hidden.dtype).min
+        capacity = past[0].shape[2]  # buffered: every layer's buffers have this many positions, read once here
+        if self.buffered:
+            # Buffer positions from past_length on hold nothing yet.
+            key_pos = torch.arange(capacity, device=input_ids.device)
+            blocked = key_pos[None, :] >= past_length  # (1, capacity)
+        else:
+            # Query t sits at position past_length + t and may see keys 0..past_length + t.
+            key_pos = torch.arange(past_length + new_len, device=input_ids.device)
+            blocked = key_pos[None, :] > positions[:, None]  # (new_len, total_len)
         self_mask = blocked.to(hidden.dtype)[None, None] * min_value
         cross_mask = (1.0 - encoder_attention_mask[:, None, None, :].to(hidden.dtype)) * min_value
 
-        presents: list[torch.Tensor] = []
+        outputs: list[torch.Tensor] = []
         masks = (self_mask, cross_mask)
         for i, layer in enumerate(self.layers):
             self_kv, cross_kv = past[2 * i : 2 * i + 2], cross[2 * i : 2 * i + 2]
-            hidden, key, value = self._layer(i, layer, hidden, rows, sentences, self_kv, cross_kv, masks)
-            presents += [key, value]
+            hidden, key, value = self._layer(i, layer, hidden, (rows, sentences, capacity), self_kv, cross_kv, masks)
+            outputs += [key, value]
         # Only the last position's logits leave the graph: the loop never needs the others.
         last = hidden.reshape(rows, -1, self.d_model)[:, -1, :]
         logits = F.linear(last, self.lm_head.weight) + self.final_logits_bias  # (batch, vocab)
-        return (logits, *presents)
+        return (logits, *outputs)
 
-    def _layer(self, i, layer, hidden, rows, sentences, self_kv, cross_kv, masks):
+    def _layer(self, i, layer, hidden, sizes, self_kv, cross_kv, masks):
         # Self-attention over the cache plus the new positions (post-layer-norm, as Marian/BART).
+        rows, sentences, capacity = sizes
         attn = layer.self_attn
         heads, head_dim = self.heads, self.head_dim
         self_mask, cross_mask = masks
         qkv = torch.matmul(hidden, self.qkv_weight[i]) + self.qkv_bias[i]  # (rows * new_len, 3 * d_model)
         qkv = qkv.reshape(rows, -1, 3 * heads, head_dim).transpose(1, 2)  # (rows, 3 * heads, new_len, hd)
         query, new_key, new_value = qkv.split(heads, dim=1)
-        key = torch.cat([self_kv[0], new_key], dim=2)  # (rows, heads, total_len, hd)
-        value = torch.cat([self_kv[1], new_value], dim=2)
-        attended = _attend(query, key, value, self_mask, attn.scaling).transpose(1, 2).reshape(-1, self.d_model)
+        if self.buffered:
+            attended = _attend_buffer(query, new_key, new_value, self_kv, capacity, self_mask, attn.scaling)
+            key, value = new_key, new_value
+        else:
+            key = torch.cat([self_kv[0], new_key], dim=2)  # (rows, heads, total_len, hd)
+            value = torch.cat([self_kv[1], new_value], dim=2)
+            attended = _attend(query, key, value, self_mask, attn.scaling)
+        attended = attended.transpose(1, 2).reshape(-1, self.d_model)
         hidden = layer.self_attn_layer_norm(hidden + _linear(attended, attn.out_proj))
 
         # Cross-attention on the keys/values the encoder graph computed once.
@@ -154,6 +184,25 @@ class MarianDecoderExport(nn.Module):
 
         ffn = _linear(layer.activation_fn(_linear(hidden, layer.fc1)), layer.fc2)
         return layer.final_layer_norm(hidden + ffn), key, value
+
+
+def _attend_buffer(
+    q: torch.Tensor,
+    new_key: torch.Tensor,
+    new_value: torch.Tensor,
+    buffers: tuple[torch.Tensor, ...],
+    capacity: Any,
+    mask: torch.Tensor,
+    scaling: float,
+) -> torch.Tensor:
+    """Attention of one new token per row on the cache buffers (masked past their valid positions) and on itself,
+    without joining the two: q, new_key, new_value (rows, heads, 1, hd); buffers (rows, heads, capacity, hd); mask
+    (1, 1, 1, capacity). The scores are transformers' (product, then scale, plus the mask); the masked positions
+    get a weight of exactly 0. Returns (rows, heads, 1, hd)."""
+    past_scores = torch.matmul(q, buffers[0].transpose(2, 3)) * scaling + mask  # (rows, heads, 1, capacity)
+    own_score = (q * new_key).sum(-1, keepdim=True) * scaling  # (rows, heads, 1, 1)
+    weights = F.softmax(torch.cat([past_scores, own_score], dim=-1), dim=-1)
+    return torch.matmul(weights[..., :capacity], buffers[1]) + weights[..., capacity:] * new_value
 
 
 def _linear(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:

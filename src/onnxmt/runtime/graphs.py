@@ -4,7 +4,8 @@
 logits and the grown cache. The decoding loop sees only that, whatever the directory's layout:
 
 - onnxmt's own: the encoder also returns every layer's cross-attention K/V; one decoder graph takes an empty or
-  filled self-attention cache.
+  filled self-attention cache, and returns it grown by the new positions, or (exported with `--cache-buffer`) takes
+  a buffer per layer that this module grows and writes the new positions into.
 - Optimum's: `decoder_model.onnx` for the first step (it returns the cross-attention K/V), then
   `decoder_with_past_model.onnx`; or `decoder_model_merged.onnx` with its `use_cache_branch` switch.
 """
@@ -40,6 +41,8 @@ class Cache:
     cross_kv: tuple[np.ndarray, ...] | None  # per layer key, value: (sentences or rows, heads, src_len, head_dim)
     encoder_states: np.ndarray | None = None  # (rows, src_len, d_model); only Optimum's first step needs it
     per_sentence: bool = False
+    # Buffers: the positions of self_kv that hold the cache (the rest is spare capacity); None: all of them.
+    self_len: int | None = None
 
     @property
     def sentences(self) -> int:
@@ -60,6 +63,7 @@ class Cache:
             cross_kv=take(self.cross_kv, shared),
             encoder_states=None if self.encoder_states is None else self.encoder_states[rows],
             per_sentence=self.per_sentence,
+            self_len=self.self_len,
         )
 
     def expand_beams(self, beams: int) -> Cache:
@@ -84,7 +88,9 @@ class Cache:
         kv = []
         for a in self.self_kv:
             if a.flags.writeable and a.flags.c_contiguous:
-                a[moved] = a[sources]  # the right side is gathered into a new array first: cycles are safe
+                # The right side is gathered into a new array first: cycles are safe. Spare capacity stays.
+                filled = a.shape[2] if self.self_len is None else self.self_len
+                a[moved, :, :filled] = a[sources, :, :filled]
             else:
                 a = a[rows]
             kv.append(a)
@@ -227,6 +233,19 @@ def _kv_roles(prefix: str, layers: int) -> list[str]:
     return [f"{prefix}_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
 
 
+# Positions a self-attention cache buffer grows by. Attention reads the whole buffer (the spare positions masked), so
+# a larger step wastes reads and a smaller one copies the cache more often: on opus-mt's shape over 30 steps, 16 was
+# as fast as the Concat of the other form at 1 to 128 rows, 8 was 5-14% slower (docs/performance.md).
+SELF_KV_CHUNK = 16
+
+
+def grown(buffer: np.ndarray, filled: int, capacity: int) -> np.ndarray:
+    """A copy of `buffer` (rows, heads, positions, head_dim) with `capacity` positions, its first `filled` kept."""
+    out = np.zeros((*buffer.shape[:2], capacity, *buffer.shape[3:]), dtype=buffer.dtype)
+    out[:, :, :filled] = buffer[:, :, :filled]
+    return out
+
+
 class OnnxmtGraphs(Graphs):
     def __init__(self, directory: Path, manifest: Manifest, options: RuntimeOptions) -> None:
         super().__init__(manifest, options)
@@ -242,26 +261,54 @@ class OnnxmtGraphs(Graphs):
         self.dec_ids, self.dec_mask = dec.input_name("input_ids"), dec.input_name("encoder_attention_mask")
         self.dec_past = [dec.input_name(r) for r in _kv_roles("past", self.layers)]
         self.dec_cross = [dec.input_name(r) for r in _kv_roles("cross", self.layers)]
-        self.dec_out = [dec.output_name("logits")] + [dec.output_name(r) for r in _kv_roles("present", self.layers)]
+        # Buffered: the graph reads `past_length` positions of the buffers and returns the new token's K/V.
+        self.buffered = dec.has_input("past_length")
+        self.dec_length = dec.input_name("past_length") if self.buffered else ""
+        returned = _kv_roles("new" if self.buffered else "present", self.layers)
+        self.dec_out = [dec.output_name("logits")] + [dec.output_name(r) for r in returned]
         # Exports before this flag existed take the cross-attention K/V repeated per beam.
         self.per_sentence = bool(manifest.model.get("cross_kv_per_sentence", False))
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Cache:
         cross = self.encoder.run(self.enc_out, dict(zip(self.enc_in, (input_ids, attention_mask), strict=True)))
+        rows = len(input_ids)
+        if self.buffered:
+            # Room for the first step only: beam search repeats the rows per beam after it, which then copies one
+            # position per row; the buffers grow by SELF_KV_CHUNK at the second step.
+            shape = (rows, self.heads, 1, self.head_dim)
+            self_kv = tuple(np.zeros(shape, dtype=np.float32) for _ in range(2 * self.layers))
+        else:
+            self_kv = self._empty_self_kv(rows)
         return Cache(
             mask=attention_mask,
-            self_kv=self._empty_self_kv(len(input_ids)),
+            self_kv=self_kv,
             cross_kv=tuple(cross),
             per_sentence=self.per_sentence,
+            self_len=0 if self.buffered else None,
         )
 
     def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
+        """Buffered graphs: one token per row; the new K/V are written into the cache's buffers at its length (or
+        into grown copies), which leaves the cache passed in valid (its positions are not touched)."""
         assert cache.cross_kv is not None
         feed = {self.dec_ids: tokens, self.dec_mask: cache.mask}
-        feed.update(zip(self.dec_past, cache.self_kv, strict=True))
         feed.update(zip(self.dec_cross, cache.cross_kv, strict=True))
-        logits, *present = self.decoder.run(self.dec_out, feed)
-        return logits, replace(cache, self_kv=tuple(present))  # logits: (rows, vocab)
+        if not self.buffered:
+            feed.update(zip(self.dec_past, cache.self_kv, strict=True))
+            logits, *present = self.decoder.run(self.dec_out, feed)
+            return logits, replace(cache, self_kv=tuple(present))  # logits: (rows, vocab)
+        if tokens.shape[1] != 1:
+            raise ValueError(f"this decoder graph takes one new token per row, got {tokens.shape[1]}")
+        filled = cache.self_len or 0
+        buffers = cache.self_kv
+        if filled == buffers[0].shape[2]:
+            buffers = tuple(grown(b, filled, filled + SELF_KV_CHUNK) for b in buffers)
+        feed.update(zip(self.dec_past, buffers, strict=True))
+        feed[self.dec_length] = np.array([filled], dtype=np.int64)
+        logits, *new = self.decoder.run(self.dec_out, feed)
+        for buffer, kv in zip(buffers, new, strict=True):
+            buffer[:, :, filled] = kv[:, :, 0]
+        return logits, replace(cache, self_kv=buffers, self_len=filled + 1)
 
 
 class OptimumGraphs(Graphs):
