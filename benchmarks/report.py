@@ -20,7 +20,8 @@ def metrics(settings: dict[str, Any]) -> list[tuple[str, str, str]]:
         for b in settings["beams"]
         for bs in settings["batch_sizes"]
     ]
-    cols += [("peak RSS", "rss", "MB"), ("cold start", "cold", "s"), ("on disk", "disk", "MB")]
+    cols += [("peak RSS", "rss", "MB"), ("peak RSS, whole run", "rss_end", "MB")]
+    cols += [("cold start", "cold", "s"), ("on disk", "disk", "MB")]
     return cols
 
 
@@ -33,6 +34,8 @@ def flatten(engine: dict[str, Any]) -> dict[str, float]:
     out |= {f"lat{b}_p90": v["p90_ms"] for b, v in r["latency"].items()}
     out |= {f"tps{k}": v["tokens_per_s"] for k, v in r["throughput"].items()}
     out |= {"rss": r["peak_rss_mb"], "cold": r["cold_start_s"], "disk": engine["disk_bytes"] / MB}
+    if "peak_rss_end_mb" in r:  # results from before it was recorded have no whole-run peak
+        out["rss_end"] = r["peak_rss_end_mb"]
     return out
 
 
@@ -57,6 +60,9 @@ def table(result: dict[str, Any]) -> str:
             continue
         cells = []
         for _, key, unit in cols:
+            if key not in values:
+                cells.append("—")
+                continue
             cell = _fmt(values[key], unit)
             if key.startswith("lat"):
                 cell += f" / {_fmt(values[key + '_p90'], unit)}"
@@ -85,8 +91,9 @@ def legend(result: dict[str, Any]) -> str:
         + f". bs1: median / p90 latency per sentence over the "
         f"first {s['latency_sentences']}; bsN: generated tokens/s (beam search counts the returned tokens, not every "
         f"beam's). Peak RSS and cold start: a fresh process that loads the model and translates a batch of "
-        f"{s['cold_batch']} (greedy). (×): the engine's value divided by onnxmt fp32's. Same tokens: greedy outputs of "
-        f"that batch equal to onnxmt fp32's."
+        f"{s['cold_batch']} (greedy); peak RSS, whole run: the same process's peak at its end, after every column "
+        f"(the largest batches set it). (×): the engine's value divided by onnxmt fp32's. Same tokens: greedy "
+        f"outputs of that batch equal to onnxmt fp32's."
     )
 
 
@@ -112,7 +119,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
     panels = [
         ("batch-1 latency, median (ms, lower is better)", [c for c in cols if c[2] == "ms"]),
         ("throughput (generated tokens/s, higher is better)", [c for c in cols if c[2] == "tok/s"]),
-        ("peak RSS (MB)", [c for c in cols if c[1] == "rss"]),
+        ("peak RSS (MB): cold batch, whole run", [c for c in cols if c[1] in ("rss", "rss_end")]),
         ("cold start (s)", [c for c in cols if c[1] == "cold"]),
         ("on disk (MB)", [c for c in cols if c[1] == "disk"]),
     ]
@@ -121,7 +128,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
     for ax, (title, group) in zip(axes.flat, panels, strict=False):
         for i, (label, v) in enumerate(zip(labels, values, strict=True)):
             xs = [g + (i - (len(engines) - 1) / 2) * width for g in range(len(group))]
-            ax.bar(xs, [v[c[1]] for c in group], width, label=label, color=colors[i % len(colors)])
+            ax.bar(xs, [v.get(c[1], 0.0) for c in group], width, label=label, color=colors[i % len(colors)])
         ax.set_xticks(range(len(group)))
         ax.set_xticklabels([c[0] if len(group) > 1 else "" for c in group])
         ax.set_title(title, fontsize=10)
