@@ -241,9 +241,11 @@ def check_against_pytorch(model: Any, directory: Path, manifest: Manifest) -> Ch
     decoder = ort.InferenceSession(str(directory / DECODER_FILE), providers=["CPUExecutionProvider"])
     encoded = encoder.run(None, {"input_ids": ids, "attention_mask": mask})
     start = np.full((2, 1), manifest.tokens["decoder_start"], dtype=np.int64)
-    feed = {"input_ids": start, "encoder_attention_mask": mask}
+    feed: dict[str, np.ndarray] = {"input_ids": start, "encoder_attention_mask": mask}
     buffered = manifest.graphs["decoder"].has_input("past_length")
-    past = [np.zeros((2, heads, 4 if buffered else 0, head_dim), np.float32) for _ in cache_names("past", layers)]
+    # A buffer's spare positions hold junk here, so that the check also proves they are masked out.
+    size = (2, heads, 4 if buffered else 0, head_dim)
+    past = [(rng.standard_normal(size) * 100).astype(np.float32) for _ in cache_names("past", layers)]
     feed.update(zip(cache_names("past", layers), past, strict=True))
     feed.update(dict(zip(cache_names("cross", layers), encoded[1:], strict=True)))
     if buffered:

@@ -44,7 +44,8 @@ def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -
     sentences, rows, src_len, past_len = 2, 4, 5, 3
     ids = torch.tensor([[3], [4], [5], [6]], dtype=torch.int64)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.int64)
-    past = [torch.randn(rows, heads, past_len + 2 * buffered, head_dim) for _ in range(2 * layers)]
+    capacity = past_len + (2 if buffered else 0)
+    past = [torch.randn(rows, heads, capacity, head_dim) for _ in range(2 * layers)]
     cross = [torch.randn(sentences, heads, src_len, head_dim) for _ in range(2 * layers)]
     length = [torch.tensor([past_len], dtype=torch.int64)] if buffered else []
     inputs = [

@@ -263,7 +263,7 @@ class OnnxmtGraphs(Graphs):
         self.dec_cross = [dec.input_name(r) for r in _kv_roles("cross", self.layers)]
         # Buffered: the graph reads `past_length` positions of the buffers and returns the new token's K/V.
         self.buffered = dec.has_input("past_length")
-        self.dec_length = dec.input_name("past_length") if self.buffered else ""
+        self.dec_length = dec.input_name("past_length") if self.buffered else None
         returned = _kv_roles("new" if self.buffered else "present", self.layers)
         self.dec_out = [dec.output_name("logits")] + [dec.output_name(r) for r in returned]
         # Exports before this flag existed take the cross-attention K/V repeated per beam.
@@ -289,7 +289,8 @@ class OnnxmtGraphs(Graphs):
 
     def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
         """Buffered graphs: one token per row; the new K/V are written into the cache's buffers at its length (or
-        into grown copies), which leaves the cache passed in valid (its positions are not touched)."""
+        into grown copies). The cache passed in stays valid (its positions are not touched), but the one returned
+        shares its buffers: stepping the cache passed in again overwrites the returned one's last position."""
         assert cache.cross_kv is not None
         feed = {self.dec_ids: tokens, self.dec_mask: cache.mask}
         feed.update(zip(self.dec_cross, cache.cross_kv, strict=True))
@@ -299,7 +300,8 @@ class OnnxmtGraphs(Graphs):
             return logits, replace(cache, self_kv=tuple(present))  # logits: (rows, vocab)
         if tokens.shape[1] != 1:
             raise ValueError(f"this decoder graph takes one new token per row, got {tokens.shape[1]}")
-        filled = cache.self_len or 0
+        assert cache.self_len is not None and self.dec_length is not None  # encode() made a buffered cache
+        filled = cache.self_len
         buffers = cache.self_kv
         if filled == buffers[0].shape[2]:
             buffers = tuple(grown(b, filled, filled + SELF_KV_CHUNK) for b in buffers)
