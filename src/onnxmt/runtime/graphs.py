@@ -85,12 +85,11 @@ class Cache:
         if len(moved) == 0:
             return self
         sources = rows[moved]
+        filled = self.self_kv[0].shape[2] if self.self_len is None else self.self_len  # spare capacity stays
         kv = []
         for a in self.self_kv:
             if a.flags.writeable and a.flags.c_contiguous:
-                # The right side is gathered into a new array first: cycles are safe. Spare capacity stays.
-                filled = a.shape[2] if self.self_len is None else self.self_len
-                a[moved, :, :filled] = a[sources, :, :filled]
+                a[moved, :, :filled] = a[sources, :, :filled]  # the right side is gathered first: cycles are safe
             else:
                 a = a[rows]
             kv.append(a)
@@ -218,9 +217,10 @@ class Graphs:
         self.heads = int(manifest.model["num_heads"])
         self.head_dim = int(manifest.model["head_dim"])
 
-    def _empty_self_kv(self, rows: int) -> tuple[np.ndarray, ...]:
-        empty = np.zeros((rows, self.heads, 0, self.head_dim), dtype=np.float32)
-        return tuple(empty for _ in range(2 * self.layers))
+    def _empty_self_kv(self, rows: int, capacity: int = 0) -> tuple[np.ndarray, ...]:
+        """Per layer key, value: (rows, heads, capacity, head_dim) zeros, each its own array (buffers are written)."""
+        shape = (rows, self.heads, capacity, self.head_dim)
+        return tuple(np.zeros(shape, dtype=np.float32) for _ in range(2 * self.layers))
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Cache:
         raise NotImplementedError
@@ -271,17 +271,11 @@ class OnnxmtGraphs(Graphs):
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Cache:
         cross = self.encoder.run(self.enc_out, dict(zip(self.enc_in, (input_ids, attention_mask), strict=True)))
-        rows = len(input_ids)
-        if self.buffered:
-            # Room for the first step only: beam search repeats the rows per beam after it, which then copies one
-            # position per row; the buffers grow by SELF_KV_CHUNK at the second step.
-            shape = (rows, self.heads, 1, self.head_dim)
-            self_kv = tuple(np.zeros(shape, dtype=np.float32) for _ in range(2 * self.layers))
-        else:
-            self_kv = self._empty_self_kv(rows)
+        # Buffers have room for the first step only: beam search repeats the rows per beam after it, which then
+        # copies one position per row; they grow by SELF_KV_CHUNK at the second step.
         return Cache(
             mask=attention_mask,
-            self_kv=self_kv,
+            self_kv=self._empty_self_kv(len(input_ids), capacity=1 if self.buffered else 0),
             cross_kv=tuple(cross),
             per_sentence=self.per_sentence,
             self_len=0 if self.buffered else None,
