@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from onnxmt.export.random_model import RandomMarianSpec
+from onnxmt.export.random_model import OPUS_MT_EN_ZH_TARGETS, RandomMarianSpec
 
-TINY = RandomMarianSpec(eos_bias=3.0)
-TINY_MULTI = RandomMarianSpec(target_languages=("cmn_Hans", "yue_Hant"), eos_bias=3.0, seed=1)
+# init_std and eos_bias chosen by measurement so that outputs have many lengths (assert_varied_outputs): with
+# larger weights a random model loops until the length limit, with a larger eos bias it stops at the first step.
+TINY = RandomMarianSpec(init_std=0.2, eos_bias=2.0)
+TINY_MULTI = RandomMarianSpec(target_languages=OPUS_MT_EN_ZH_TARGETS, init_std=0.2, eos_bias=2.0, seed=1)
 # A tiny model's tied LM head (~45 kB) is far below the size real heads are cut into chunks at (48 MiB, see
 # export/weights.py): cut it anyway (12 chunks in fp32, 3 in int8), so that every test runs the chunked head.
 TINY_HEAD_CHUNK_BYTES = 4 << 10
@@ -29,12 +31,35 @@ def _chunked_heads() -> Iterator[None]:
         yield
 
 
+def assert_varied_outputs(model_dir: Path, target_token: str | None = None) -> None:
+    """Greedy and the model's own beam search on tests/sentences.py give outputs of many lengths: some end within
+    5 tokens, some run to the length limit, most are longer than 10 tokens."""
+    import torch
+    import transformers
+
+    from sentences import SENTENCES
+
+    tokenizer = transformers.MarianTokenizer.from_pretrained(model_dir)
+    model = transformers.MarianMTModel.from_pretrained(model_dir).eval()
+    texts = [f"{target_token} {t}" for t in SENTENCES] if target_token else SENTENCES
+    limit = model.config.max_position_embeddings
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=limit)
+    for beams in (1, model.generation_config.num_beams):
+        with torch.no_grad():
+            out = model.generate(**encoded, num_beams=beams)
+        lengths = sorted(int((row != model.generation_config.pad_token_id).sum()) for row in out[:, 1:])
+        assert min(lengths) <= 5 and max(lengths) == limit - 1, (beams, lengths)
+        assert sum(n > 10 for n in lengths) >= len(lengths) / 2 and len(set(lengths)) >= 6, (beams, lengths)
+
+
 @pytest.fixture(scope="session")
 def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random MarianMT directory (single target language), as transformers saves it."""
     from onnxmt.export.random_model import build_random_marian
 
-    return build_random_marian(tmp_path_factory.mktemp("tiny-hf"), TINY)
+    directory = build_random_marian(tmp_path_factory.mktemp("tiny-hf"), TINY)
+    assert_varied_outputs(directory)
+    return directory
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +67,9 @@ def tiny_multi_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random multi-target MarianMT directory (`>>cmn_Hans<<`, `>>yue_Hant<<` tokens in the vocab)."""
     from onnxmt.export.random_model import build_random_marian
 
-    return build_random_marian(tmp_path_factory.mktemp("tiny-multi-hf"), TINY_MULTI)
+    directory = build_random_marian(tmp_path_factory.mktemp("tiny-multi-hf"), TINY_MULTI)
+    assert_varied_outputs(directory, ">>cmn_Hans<<")
+    return directory
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,31 +13,28 @@ from onnxmt.runtime.decoding import Settings, build_processors, topk
 from onnxmt.runtime.graphs import CHUNKED_TOPK_MIN, VocabOps, chunk_length
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translator
+from sentences import SENTENCES
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-# Very different lengths, including one that the tokenizer truncates (the fixture's max length is 64).
-SENTENCES = [
-    "Hello world.",
-    "The river is long and the mountain is high",
-    "a",
-    "Could these two may first then do any like my now over such our man me even most made after also did many "
-    "before must through back years where much your way well down should because each just those people how too",
-    "Good morning!",
-    "What is this?",
-    "music",
-    "He came from the city with three friends and a green paper for the school market.",
-]
+
+@functools.cache
+def hf_model(model_dir: Path) -> tuple[Any, Any]:
+    return transformers.MarianTokenizer.from_pretrained(model_dir), transformers.MarianMTModel.from_pretrained(
+        model_dir
+    ).eval()
 
 
 def reference(model_dir: Path, texts: list[str], target_token: str | None = None, **generate_kwargs) -> list[list[int]]:
-    """transformers' generate() token ids: decoder start dropped, trailing padding dropped, eos kept."""
-    tokenizer = transformers.MarianTokenizer.from_pretrained(model_dir)
-    model = transformers.MarianMTModel.from_pretrained(model_dir).eval()
+    """transformers' generate() token ids under the model's generation config: decoder start dropped, trailing
+    padding dropped, eos kept. Sources are truncated at the model's positions, as onnxmt does (opus-mt's
+    tokenizer_config.json names no length, so MarianTokenizer alone would keep 512 tokens)."""
+    tokenizer, model = hf_model(model_dir)
     if target_token:
         texts = [f"{target_token} {t}" for t in texts]
-    encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True)
+    limit = model.config.max_position_embeddings
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=limit)
     with torch.no_grad():
         out = model.generate(**encoded, **generate_kwargs)
     pad = model.generation_config.pad_token_id
@@ -53,18 +52,25 @@ def translator(tiny_onnx_dir: Path) -> Translator:
     return Translator(tiny_onnx_dir)
 
 
+def test_the_fixture_carries_the_real_generation_config(tiny_hf_dir: Path) -> None:
+    # What the tests below call "the model's own generation config" is opus-mt-en-zh's: renormalised beam search.
+    config = transformers.GenerationConfig.from_pretrained(tiny_hf_dir)
+    assert (config.num_beams, config.renormalize_logits) == (4, True)
+    assert config.bad_words_ids == [[config.pad_token_id]] and config.forced_eos_token_id == 0
+
+
+@pytest.mark.parametrize("batch_size", [16, 5, 1])
 @pytest.mark.parametrize("beams", [1, 4])
-def test_batch_of_eight_matches_transformers(translator: Translator, tiny_hf_dir: Path, beams: int) -> None:
-    expected = reference(tiny_hf_dir, SENTENCES, num_beams=beams)
-    got = [t.token_ids for t in translator.translate(SENTENCES, beams=beams, batch_size=8)]
+def test_translations_match_transformers(
+    translator: Translator, tiny_hf_dir: Path, beams: int, batch_size: int
+) -> None:
+    # batch 16: one padded batch; 5: mixed batches (sorted by length, so rows of other lengths pad each other); 1.
+    if batch_size == 1:
+        expected = [reference(tiny_hf_dir, [t], num_beams=beams)[0] for t in SENTENCES]
+    else:
+        expected = reference(tiny_hf_dir, SENTENCES, num_beams=beams)
+    got = [t.token_ids for t in translator.translate(SENTENCES, beams=beams, batch_size=batch_size)]
     assert got == expected
-
-
-@pytest.mark.parametrize("beams", [1, 4])
-def test_batch_size_one_matches_transformers(translator: Translator, tiny_hf_dir: Path, beams: int) -> None:
-    texts = SENTENCES[:4]
-    expected = [reference(tiny_hf_dir, [t], num_beams=beams)[0] for t in texts]
-    assert [t.token_ids for t in translator.translate(texts, beams=beams, batch_size=1)] == expected
 
 
 def test_beam_search_runs_its_first_step_once_per_sentence(tiny_onnx_dir: Path, tiny_hf_dir: Path) -> None:
@@ -131,6 +137,32 @@ def test_generation_options_match_transformers(translator: Translator, tiny_hf_d
         assert [t.token_ids for t in got] == expected, (beams, kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs", [{"min_new_tokens": 10}, {"no_repeat_ngram_size": 3}, {"repetition_penalty": 1.3}, {"min_length": 6}]
+)
+@pytest.mark.parametrize("batch_size", [16, 5])
+@pytest.mark.parametrize("beams", [1, 4])
+def test_renormalised_search_with_processors_matches_transformers(
+    translator: Translator, tiny_hf_dir: Path, beams: int, batch_size: int, kwargs: dict
+) -> None:
+    # Each processor removes probability mass; the model's config renormalises after them (renormalize_logits).
+    expected = reference(tiny_hf_dir, SENTENCES, num_beams=beams, **kwargs)
+    got = translator.translate(SENTENCES, beams=beams, batch_size=batch_size, **kwargs)
+    assert [t.token_ids for t in got] == expected, (beams, batch_size, kwargs)
+
+
+def test_renormalisation_changes_beams_and_is_honoured(translator: Translator, tiny_hf_dir: Path) -> None:
+    # The case the real opus-mt-en-zh config hits: banned pad + min length, beam 4. On this fixture renormalising
+    # changes some beams (so the parity above proves something), and both settings match transformers.
+    kwargs = {"num_beams": 4, "min_new_tokens": 10}
+    renormalised = reference(tiny_hf_dir, SENTENCES, **kwargs)
+    plain = reference(tiny_hf_dir, SENTENCES, renormalize_logits=False, **kwargs)
+    assert renormalised != plain
+    assert [t.token_ids for t in translator.translate(SENTENCES, beams=4, min_new_tokens=10)] == renormalised
+    got = translator.translate(SENTENCES, beams=4, min_new_tokens=10, renormalize_logits=False)
+    assert [t.token_ids for t in got] == plain
+
+
 def test_num_return_sequences_match_transformers(translator: Translator, tiny_hf_dir: Path) -> None:
     expected = reference(tiny_hf_dir, SENTENCES[:3], num_beams=4, num_return_sequences=3, max_new_tokens=8)
     got = translator.translate(SENTENCES[:3], beams=4, num_return_sequences=3, max_new_tokens=8)
@@ -141,7 +173,7 @@ def test_num_return_sequences_match_transformers(translator: Translator, tiny_hf
 def test_beam_scores_match_transformers(translator: Translator, tiny_hf_dir: Path) -> None:
     tokenizer = transformers.MarianTokenizer.from_pretrained(tiny_hf_dir)
     model = transformers.MarianMTModel.from_pretrained(tiny_hf_dir).eval()
-    encoded = tokenizer(SENTENCES, return_tensors="pt", padding=True, truncation=True)
+    encoded = tokenizer(SENTENCES, return_tensors="pt", padding=True, truncation=True, max_length=64)
     with torch.no_grad():
         out = model.generate(**encoded, num_beams=4, output_scores=True, return_dict_in_generate=True)
     got = [t.score for t in translator.translate(SENTENCES, beams=4)]
@@ -151,7 +183,7 @@ def test_beam_scores_match_transformers(translator: Translator, tiny_hf_dir: Pat
 def test_first_step_logits_within_1e4(translator: Translator, tiny_hf_dir: Path) -> None:
     tokenizer = transformers.MarianTokenizer.from_pretrained(tiny_hf_dir)
     model = transformers.MarianMTModel.from_pretrained(tiny_hf_dir).eval()
-    encoded = tokenizer(SENTENCES, return_tensors="np", padding=True, truncation=True)
+    encoded = tokenizer(SENTENCES, return_tensors="np", padding=True, truncation=True, max_length=64)
     start = model.config.decoder_start_token_id
     cache = translator.graphs.encode(encoded["input_ids"].astype(np.int64), encoded["attention_mask"].astype(np.int64))
     logits, _ = translator.graphs.step(np.full((len(SENTENCES), 1), start, dtype=np.int64), cache)
@@ -328,7 +360,7 @@ def test_greedy_scores_match_transformers_transition_scores(translator: Translat
     # transformers' normalised transition scores.
     tokenizer = transformers.MarianTokenizer.from_pretrained(tiny_hf_dir)
     model = transformers.MarianMTModel.from_pretrained(tiny_hf_dir).eval()
-    encoded = tokenizer(SENTENCES, return_tensors="pt", padding=True, truncation=True)
+    encoded = tokenizer(SENTENCES, return_tensors="pt", padding=True, truncation=True, max_length=64)
     with torch.no_grad():
         out = model.generate(**encoded, num_beams=1, max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
     steps = model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)

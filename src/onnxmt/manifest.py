@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-FORMAT_VERSION = 1
+# 2: the generation section holds every honoured field (renormalize_logits, forced_bos_token_id were added).
+FORMAT_VERSION = 2
 MANIFEST_NAME = "onnxmt.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
@@ -22,7 +23,8 @@ CONFIG_FILES = ("config.json", "generation_config.json")
 MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json")
 OPTIONAL_TOKENIZER_FILES = ("target_vocab.json", "special_tokens_map.json")
 
-# Generation settings copied from generation_config.json; anything else there is ignored.
+# Generation settings copied from generation_config.json into the manifest: the fields that change scores or the
+# search and that the decoding loop honours (docs/decoding.md lists every GenerationConfig field).
 GENERATION_KEYS = (
     "num_beams",
     "max_length",
@@ -34,11 +36,35 @@ GENERATION_KEYS = (
     "no_repeat_ngram_size",
     "repetition_penalty",
     "num_return_sequences",
+    "forced_bos_token_id",
     "forced_eos_token_id",
     "bad_words_ids",
     "suppress_tokens",
     "begin_suppress_tokens",
+    "renormalize_logits",
 )
+# Fields that would change the output but that onnxmt does not implement, with the value(s) at which they are
+# inactive. A config that sets one to anything else is refused at export and load, never silently ignored.
+REFUSED_GENERATION = {
+    "do_sample": (False,),
+    "num_beam_groups": (1,),
+    "diversity_penalty": (0.0,),
+    "penalty_alpha": (),
+    "guidance_scale": (1.0,),
+    "sequence_bias": (),
+    "encoder_repetition_penalty": (1.0,),
+    "encoder_no_repeat_ngram_size": (0,),
+    "exponential_decay_length_penalty": (),
+    "remove_invalid_values": (False,),
+    "constraints": (),
+    "force_words_ids": (),
+    "forced_decoder_ids": (),
+    "max_time": (),
+    "stop_strings": (),
+    "dola_layers": (),
+    "token_healing": (False,),
+    "watermarking_config": (),
+}
 
 
 class ModelDirError(ValueError):
@@ -152,9 +178,26 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise ModelDirError(f"{path}: no {MANIFEST_NAME} in this directory")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and data.get("format_version") == 1:
+            data = _upgrade_v1(directory, data)
         return Manifest.from_dict(data)
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise ModelDirError(f"{path}: malformed manifest ({e.__class__.__name__}: {e})") from e
+
+
+def _upgrade_v1(directory: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 copied fewer generation fields (no renormalize_logits): they are read again from the
+    generation_config.json and config.json that every export keeps beside the manifest."""
+
+    def side(name: str) -> dict[str, Any]:
+        path = directory / name
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+    return {
+        **data,
+        "generation": generation_defaults(side("generation_config.json"), side("config.json")),
+        "format_version": FORMAT_VERSION,
+    }
 
 
 def verify_files(directory: str | Path, manifest: Manifest, *, check_hash: bool = True) -> None:
@@ -202,8 +245,31 @@ def special_tokens(config: dict[str, Any], generation_config: dict[str, Any], un
     }
 
 
+def refused_generation_fields(generation_config: dict[str, Any]) -> list[str]:
+    """`field=value` for each field of `generation_config` that changes the output and that onnxmt cannot honour.
+    None and the inactive values pass; so do the sampling knobs (temperature, top_k, ...) while do_sample is off,
+    as transformers ignores them then."""
+    return [
+        f"{key}={generation_config[key]!r}"
+        for key, inactive in REFUSED_GENERATION.items()
+        if generation_config.get(key) is not None and generation_config[key] not in inactive
+    ]
+
+
+def check_generation_config(generation_config: dict[str, Any], where: str) -> None:
+    refused = refused_generation_fields(generation_config)
+    if refused:
+        raise ModelDirError(
+            f"{where}: generation setting(s) onnxmt does not implement: {', '.join(refused)}; onnxmt decodes with "
+            "greedy or beam search (docs/decoding.md lists what is honoured). Remove them from "
+            "generation_config.json (or set them to their defaults) to decode without them."
+        )
+
+
 def generation_defaults(generation_config: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """Generation defaults as transformers resolves them: generation_config.json first, then config.json."""
+    """Generation defaults as transformers resolves them: generation_config.json first, then config.json. Settings
+    onnxmt cannot honour raise ModelDirError."""
+    check_generation_config(generation_config, "generation_config.json")
     out: dict[str, Any] = {}
     for key in GENERATION_KEYS:
         if key in generation_config and generation_config[key] is not None:

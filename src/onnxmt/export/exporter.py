@@ -21,6 +21,7 @@ from ..manifest import (
     ENCODER_FILE,
     WEIGHTS_FILE,
     Manifest,
+    check_generation_config,
     describe_files,
     generation_defaults,
     special_tokens,
@@ -79,6 +80,8 @@ def export(
     source, revision = resolve_model(model, options.revision)
     config = json.loads((source / "config.json").read_text(encoding="utf-8"))
     arch = get_architecture(config.get("model_type"))
+    # Refuse generation settings onnxmt cannot honour before any work is done (ModelDirError names them).
+    check_generation_config(_read_json(source / "generation_config.json"), str(source / "generation_config.json"))
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:

@@ -1,7 +1,9 @@
 """Randomly initialised MarianMT models with a working tokenizer, built offline.
 
 Real weights cannot be downloaded on our machines, so tests and benchmarks build models here: a sentencepiece model
-trained on generated text, a Marian `vocab.json`, a `MarianConfig` and a generation config shaped like opus-mt's.
+trained on generated text, a Marian `vocab.json`, a `MarianConfig`, and the metadata files of the real
+Helsinki-NLP/opus-mt-en-zh (its `tokenizer_config.json` byte for byte, its generation config with only the sizes
+changed, no `special_tokens_map.json`, no `tokenizer.json`), so that what is tested is what users load.
 `MarianTokenizer.from_pretrained(path)` and `MarianMTModel.from_pretrained(path)` load the result.
 """
 
@@ -37,6 +39,31 @@ _HANZI = (
 
 SPECIAL_PIECES = ("</s>", "<unk>")
 
+# The real opus-mt-en-zh metadata (hub snapshot 408d9bc4; tests/test_random_model.py compares these with the files
+# under ../shared/data/opus-mt-en-zh/). Its tokenizer_config.json gives ISO 639-3 languages and no model_max_length.
+OPUS_MT_EN_ZH_TOKENIZER_CONFIG = '{"target_lang": "zho", "source_lang": "eng"}'
+# generation_config.json with the ids of opus-mt-en-zh (pad 65000); the random model's own pad id and length limit
+# replace 65000 and 512. renormalize_logits and num_beams 4 make the default decoding a renormalised beam search.
+OPUS_MT_EN_ZH_GENERATION_CONFIG = {
+    "bad_words_ids": [[65000]],
+    "bos_token_id": 0,
+    "decoder_start_token_id": 65000,
+    "eos_token_id": 0,
+    "forced_eos_token_id": 0,
+    "max_length": 512,
+    "num_beams": 4,
+    "pad_token_id": 65000,
+    "renormalize_logits": True,
+}
+# Keys of the real config.json that MarianConfig does not write itself (generation keys kept there by older
+# transformers; max_length is the position count there too).
+OPUS_MT_EN_ZH_CONFIG_EXTRAS = {"bos_token_id": 0, "num_beams": 4, "static_position_embeddings": True}
+# The 13 target-language tokens of opus-mt-en-zh's model card.
+OPUS_MT_EN_ZH_TARGETS = (
+    "cjy_Hans", "cjy_Hant", "cmn", "cmn_Hans", "cmn_Hant", "gan", "lzh", "lzh_Hans", "nan", "wuu", "yue", "yue_Hans",
+    "yue_Hant",
+)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class RandomMarianSpec:
@@ -54,7 +81,6 @@ class RandomMarianSpec:
     target_languages: tuple[str, ...] = ()  # e.g. ("cmn_Hans", "yue_Hant") for a multi-target model
     init_std: float = 0.3
     eos_bias: float = 0.0  # added to the eos logit, so short sentences can finish before the length limit
-    num_beams: int = 4
     seed: int = 0
 
 
@@ -68,20 +94,23 @@ OPUS_MT_EN_ZH = RandomMarianSpec(
     vocab_size=65001,
     source_pieces=2000,
     target_pieces=2000,
-    target_languages=("cmn_Hans", "cmn_Hant", "yue_Hans", "yue_Hant"),
+    target_languages=OPUS_MT_EN_ZH_TARGETS,
     init_std=0.02,
 )
 
 
 def generate_corpus(seed: int, lines: int = 3000) -> tuple[list[str], list[str]]:
-    """Deterministic English-like and Chinese-like sentences for training the sentencepiece models."""
+    """Deterministic English-like sentences and their word-by-word "translations" into Chinese characters (one
+    to three characters a word, from a seeded dictionary), for the sentencepiece models."""
     rng = random.Random(seed)
+    dictionary = {word: "".join(rng.choices(_HANZI, k=rng.randint(1, 3))) for word in _WORDS}
+    marks = {".": "。", "?": "？", "!": "！", ",": "，"}
     english, chinese = [], []
     for _ in range(lines):
         words = rng.choices(_WORDS, k=rng.randint(3, 18))
-        sentence = " ".join(words).capitalize() + rng.choice([".", ".", "?", "!", ","])
-        english.append(sentence)
-        chinese.append("".join(rng.choices(_HANZI, k=rng.randint(4, 30))) + rng.choice(["。", "？", "！"]))
+        mark = rng.choice([".", ".", "?", "!", ","])
+        english.append(" ".join(words).capitalize() + mark)
+        chinese.append("".join(dictionary[w] for w in words) + marks[mark])
     return english, chinese
 
 
@@ -140,17 +169,7 @@ def build_random_marian(output_dir: str | Path, spec: RandomMarianSpec = RandomM
     (out / "target.spm").write_bytes(target_spm)
     vocab = build_vocab(spm_pieces(source_spm), spm_pieces(target_spm), spec.target_languages, spec.vocab_size)
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
-    tokenizer_config = {
-        "source_lang": "en",
-        "target_lang": "zh",
-        "model_max_length": spec.max_position_embeddings,
-        "separate_vocabs": False,
-        "tokenizer_class": "MarianTokenizer",
-        "unk_token": "<unk>",
-        "eos_token": "</s>",
-        "pad_token": "<pad>",
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=1), encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(OPUS_MT_EN_ZH_TOKENIZER_CONFIG, encoding="utf-8")
 
     pad = len(vocab) - 1
     config = MarianConfig(
@@ -183,14 +202,17 @@ def build_random_marian(output_dir: str | Path, spec: RandomMarianSpec = RandomM
     with torch.no_grad():
         model.final_logits_bias[0, 0] += spec.eos_bias
     model.generation_config = GenerationConfig(
-        bad_words_ids=[[pad]],
-        bos_token_id=0,
-        decoder_start_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=0,
-        max_length=spec.max_position_embeddings,
-        num_beams=spec.num_beams,
-        pad_token_id=pad,
+        **{
+            **OPUS_MT_EN_ZH_GENERATION_CONFIG,
+            "bad_words_ids": [[pad]],
+            "decoder_start_token_id": pad,
+            "pad_token_id": pad,
+            "max_length": spec.max_position_embeddings,
+        }
     )
     model.save_pretrained(out)
+    config_path = out / "config.json"
+    saved = json.loads(config_path.read_text(encoding="utf-8"))
+    saved.update({**OPUS_MT_EN_ZH_CONFIG_EXTRAS, "max_length": spec.max_position_embeddings})
+    config_path.write_text(json.dumps(saved, indent=2), encoding="utf-8")
     return out

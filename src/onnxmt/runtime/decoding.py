@@ -8,7 +8,7 @@ there. The model's work is behind `Graphs` (graphs.py): `encode` once per batch,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,6 +41,8 @@ class Settings:
     forced_eos: int | None = None
     no_repeat_ngram_size: int = 0
     repetition_penalty: float = 1.0
+    forced_bos: int | None = None  # forced first generated token (NLLB, M2M100, mBART-50: the target language)
+    renormalize: bool = False  # log-softmax again after the processors (generation_config.renormalize_logits)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,16 @@ class MinLength:
 
 
 @dataclass(frozen=True)
+class ForcedBos:
+    bos: int
+
+    def __call__(self, sequences: np.ndarray, scores: np.ndarray) -> None:
+        if sequences.shape[1] == 1:
+            scores[:] = NEG_INF
+            scores[:, self.bos] = 0.0
+
+
+@dataclass(frozen=True)
 class ForcedEos:
     max_length: int
     eos: int
@@ -131,7 +143,23 @@ class SuppressTokens:
             scores[:, list(self.tokens)] = NEG_INF
 
 
-def build_processors(s: Settings) -> list[LogitsProcessor]:
+@dataclass(frozen=True)
+class Renormalize:
+    """transformers' LogitNormalization, always last: the processors above remove probability mass (a banned pad
+    token, a too-early eos), and beam scores are then summed from log-probabilities that sum to 1 again."""
+
+    log_softmax: Callable[[np.ndarray], np.ndarray]
+
+    def __call__(self, sequences: np.ndarray, scores: np.ndarray) -> None:
+        scores[:] = self.log_softmax(scores)
+
+
+def build_processors(
+    s: Settings, log_softmax: Callable[[np.ndarray], np.ndarray] | None = None
+) -> list[LogitsProcessor]:
+    """The processors `s` asks for, in the order transformers' `_get_logits_processor` applies them. Renormalising
+    needs `log_softmax`; greedy search leaves it out (it cannot change an argmax, and greedy scores are already
+    log-probabilities of the processed logits)."""
     processors: list[LogitsProcessor] = []
     if s.repetition_penalty != 1.0:
         processors.append(RepetitionPenalty(s.repetition_penalty))
@@ -143,12 +171,17 @@ def build_processors(s: Settings) -> list[LogitsProcessor]:
         processors.append(BadWords(tuple(w[0] for w in words if len(w) == 1), tuple(w for w in words if len(w) > 1)))
     if s.min_length > 0:
         processors.append(MinLength(s.min_length, s.eos_ids))
+    if s.forced_bos is not None:
+        processors.append(ForcedBos(s.forced_bos))
     if s.forced_eos is not None:
         processors.append(ForcedEos(s.max_length, s.forced_eos))
     if s.suppress:
         processors.append(SuppressTokens(s.suppress))
     if s.begin_suppress:
-        processors.append(SuppressTokens(s.begin_suppress, at_length=1))
+        # The first free position: after the decoder start token, and after the forced token when there is one.
+        processors.append(SuppressTokens(s.begin_suppress, at_length=1 if s.forced_bos is None else 2))
+    if s.renormalize and log_softmax is not None:
+        processors.append(Renormalize(log_softmax))
     return processors
 
 
@@ -172,10 +205,9 @@ def topk(x: np.ndarray, k: int, tiebreak: np.ndarray | None = None) -> np.ndarra
 def decode(graphs: Graphs, input_ids: np.ndarray, attention_mask: np.ndarray, s: Settings) -> list[list[Hypothesis]]:
     """Translate one padded batch: (batch, src_len) ids and mask in, `num_return_sequences` hypotheses per row."""
     cache = graphs.encode(input_ids, attention_mask)
-    processors = build_processors(s)
     if s.num_beams == 1:
-        return [[h] for h in greedy_search(graphs, cache, s, processors)]
-    return beam_search(graphs, cache, s, processors)
+        return [[h] for h in greedy_search(graphs, cache, s, build_processors(s))]
+    return beam_search(graphs, cache, s, build_processors(s, graphs.ops.log_softmax))
 
 
 def greedy_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[LogitsProcessor]) -> list[Hypothesis]:

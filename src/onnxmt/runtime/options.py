@@ -28,6 +28,8 @@ class DecodeOptions:
     beams: 1 is greedy search. max_new_tokens takes precedence over max_length (which counts the decoder start
     token, as in transformers). min_new_tokens = max_new_tokens forces an exact output length (benchmarks).
     target_lang: a target language of a multi-target model ("cmn_Hans"), or its token (">>cmn_Hans<<").
+    renormalize_logits: log-softmax the beam scores again after the logits processors (the model's
+    generation_config decides by default; opus-mt models set it).
     """
 
     beams: int | None = None
@@ -39,6 +41,7 @@ class DecodeOptions:
     early_stopping: bool | str | None = None
     no_repeat_ngram_size: int | None = None
     repetition_penalty: float | None = None
+    renormalize_logits: bool | None = None
     num_return_sequences: int = 1
     batch_size: int = 16
     target_lang: str | None = None

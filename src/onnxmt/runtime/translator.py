@@ -54,6 +54,12 @@ class Translator:
             hashes = pool.submit(verify_files, self.directory, self.manifest) if runtime.verify else None
             try:
                 self.tokenizer = MarianTokenizer.from_dir(self.directory)
+                # Truncate at the model's positions even where the tokenizer's own limit is larger: opus-mt's
+                # tokenizer_config.json names no length, so MarianTokenizer's 512 applies, past a smaller model's
+                # position table.
+                self.tokenizer.model_max_length = min(
+                    self.tokenizer.model_max_length, int(self.manifest.model["max_positions"])
+                )
                 self.graphs: Graphs = open_graphs(self.directory, self.manifest, runtime, sessions)
             except Exception:
                 if hashes is not None:
@@ -196,4 +202,6 @@ def resolve_settings(manifest: Manifest, options: DecodeOptions) -> Settings:
         forced_eos=gen.get("forced_eos_token_id"),
         no_repeat_ngram_size=int(pick(options.no_repeat_ngram_size, "no_repeat_ngram_size", 0)),
         repetition_penalty=float(pick(options.repetition_penalty, "repetition_penalty", 1.0)),
+        forced_bos=gen.get("forced_bos_token_id"),
+        renormalize=bool(pick(options.renormalize_logits, "renormalize_logits", False)),
     )
