@@ -116,7 +116,8 @@ def tiny_optimum_merged_dir(tiny_hf_dir: Path, optimum_python: Path, tmp_path_fa
 def tiny_optimum_int8_dir(
     tiny_optimum_dir: Path, optimum_python: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """`tiny_optimum_dir` quantized by Optimum (ORTQuantizer, dynamic int8 per tensor): `*_quantized.onnx` files."""
+    """`tiny_optimum_dir` quantized by Optimum (ORTQuantizer, its avx2 dynamic recipe: uint8 weights per tensor):
+    `*_quantized.onnx` files."""
     from optimum_env import quantize
 
     return quantize(tiny_optimum_dir, tmp_path_factory.mktemp("tiny-optimum-int8") / "model", python=optimum_python)

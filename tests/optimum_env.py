@@ -8,7 +8,7 @@ per machine and reused (a stamp file records what was installed; a different pin
     python tests/optimum_env.py export HF_DIR OUT          # encoder + decoder + decoder_with_past
     python tests/optimum_env.py export HF_DIR OUT --merged # those three + decoder_model_merged (the default)
 
-`quantize(EXPORT_DIR, OUT)` makes Optimum's dynamic int8 of a three-file export (ORTQuantizer, `*_quantized.onnx`).
+`quantize(EXPORT_DIR, OUT)` quantizes a three-file export with Optimum's ORTQuantizer (`*_quantized.onnx`).
 
 The venv lives in $ONNXMT_OPTIMUM_VENV, else in $XDG_CACHE_HOME/onnxmt-test/optimum-venv (~/.cache by default).
 """
@@ -126,7 +126,7 @@ def export(model_dir: Path, out: Path, *, merged: bool = False, python: Path | N
     return out
 
 
-# Optimum's dynamic int8 recipe for AVX2 CPUs (per tensor), run by its ORTQuantizer in the venv.
+# Optimum's dynamic 8-bit recipe for AVX2 CPUs (uint8 weights, per tensor), run by its ORTQuantizer in the venv.
 _QUANTIZE = """
 import sys
 from optimum.onnxruntime import ORTQuantizer
