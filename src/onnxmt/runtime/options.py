@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from ..layout import canonical_variant
+
 
 @dataclass(frozen=True)
 class RuntimeOptions:
@@ -25,8 +27,6 @@ class RuntimeOptions:
 
     def __post_init__(self) -> None:
         if self.variant is not None:
-            from ..layout import canonical_variant
-
             canonical_variant(self.variant)  # ValueError naming the valid ones, before anything is loaded
 
 
