@@ -310,9 +310,10 @@ class OnnxmtGraphs(Graphs):
 class OptimumGraphs(Graphs):
     """Optimum's files: the first step computes the cross-attention K/V, later steps reuse them.
 
-    fp16 graphs (Transformers.js `_fp16`, `_q4f16`) may take and return float16 states and caches: every float input
-    is fed in the dtype its graph declares (caches stay in it between steps, so only an fp32 encoder's states meet an
-    fp16 decoder, or the reverse, with a cast), and the logits are returned as float32 for the decoding loop.
+    fp16 graphs (Optimum `--dtype fp16`, some Transformers.js `_fp16`, `_q4f16`) take and return float16 states and
+    caches: every float input is fed in the dtype its graph declares (only the empty first-step caches and the
+    placeholders, made here in float32, are cast; what the graphs return stays in their dtype between steps), and the
+    logits are returned as float32 for the decoding loop.
     """
 
     def __init__(
@@ -368,7 +369,7 @@ class OptimumGraphs(Graphs):
             assert cross_kv is not None
             feed.update(zip((spec.input_name(r) for r in _kv_roles("cross", self.layers)), cross_kv, strict=True))
         for name, dtype in self.float_inputs[part].items():
-            if feed[name].dtype != dtype:
+            if name in feed and feed[name].dtype != dtype:
                 feed[name] = feed[name].astype(dtype)
         wanted = ["logits", *_kv_roles("present", self.layers)]
         if first:
