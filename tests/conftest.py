@@ -137,3 +137,71 @@ def tiny_optimum_merged_dir(tiny_hf_dir: Path, optimum_python: Path, tmp_path_fa
 
     out = tmp_path_factory.mktemp("tiny-optimum-merged") / "model"
     return export(tiny_hf_dir, out, merged=True, python=optimum_python)
+
+
+@pytest.fixture(scope="session")
+def tiny_optimum_int8_dir(
+    tiny_optimum_dir: Path, optimum_python: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """`tiny_optimum_dir` quantized by Optimum (ORTQuantizer, its avx2 dynamic recipe: uint8 weights per tensor):
+    `*_quantized.onnx` files."""
+    from optimum_env import quantize
+
+    return quantize(tiny_optimum_dir, tmp_path_factory.mktemp("tiny-optimum-int8") / "model", python=optimum_python)
+
+
+# Transformers.js variants (its scripts/quantize.py): "quantized" is its q8, dynamic 8-bit with int8 weights (uint8
+# only for models with Conv), per channel and reduced range for Marian, subgraphs (the merged decoder's If branches)
+# included; int8 and uint8 force the weight type.
+TRANSFORMERSJS_Q8 = {"quantized": "QInt8", "uint8": "QUInt8"}
+TRANSFORMERSJS_GRAPHS = ("encoder_model", "decoder_model_merged")
+
+
+@pytest.fixture(scope="session")
+def tiny_transformersjs_dir(tiny_optimum_merged_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_optimum_merged_dir` laid out as Transformers.js / onnx-community repositories are: configs and tokenizer
+    at the top, `onnx/encoder_model{suffix}.onnx` and `onnx/decoder_model_merged{suffix}.onnx` for the variants
+    fp32, quantized, uint8, q4, fp16, and an encoder-only `_q4f16` (a variant the decoder lacks). Read-only."""
+    import shutil
+
+    out = tmp_path_factory.mktemp("tiny-transformersjs") / "model"
+    shutil.copytree(tiny_optimum_merged_dir, out, ignore=shutil.ignore_patterns("*.onnx"))
+    onnx_dir = out / "onnx"
+    onnx_dir.mkdir()
+    for stem in TRANSFORMERSJS_GRAPHS:
+        shutil.copy2(tiny_optimum_merged_dir / f"{stem}.onnx", onnx_dir / f"{stem}.onnx")
+        make_transformersjs_variants(onnx_dir / f"{stem}.onnx")
+    # Only its encoder: a variant listed as incomplete, never mixed with another variant's decoder.
+    shutil.copy2(onnx_dir / "encoder_model_fp16.onnx", onnx_dir / "encoder_model_q4f16.onnx")
+    return out
+
+
+def make_transformersjs_variants(path: Path) -> None:
+    """`{stem}_quantized`, `_uint8`, `_q4` and `_fp16` beside the fp32 graph at `path`, made as Transformers.js does."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    stem = path.with_suffix("")
+    for suffix, weight_type in TRANSFORMERSJS_Q8.items():
+        quantize_dynamic(
+            path,
+            f"{stem}_{suffix}.onnx",
+            per_channel=True,
+            reduce_range=True,
+            weight_type=getattr(QuantType, weight_type),
+            op_types_to_quantize=list(IntegerOpsRegistry),
+            extra_options={"EnableSubgraph": True, "MatMulConstBOnly": True},
+        )
+    q4 = MatMulNBitsQuantizer(onnx.load(path), block_size=32, is_symmetric=True)
+    q4.process()
+    q4.model.save_model_to_file(f"{stem}_q4.onnx")
+    # fp16 inputs and outputs (keep_io_types=False), the case the runtime has to cast for. Range stays off the
+    # block list: blocking it makes the converter put its input Cast in the outer graph of the merged decoder, out
+    # of reach of the If branch that uses it (an invalid model); its inputs here are integers anyway.
+    blocked = [op for op in DEFAULT_OP_BLOCK_LIST if op != "Range"]
+    onnx.save(
+        convert_float_to_float16(onnx.load(path), keep_io_types=False, op_block_list=blocked), f"{stem}_fp16.onnx"
+    )

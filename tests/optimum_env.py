@@ -8,6 +8,8 @@ per machine and reused (a stamp file records what was installed; a different pin
     python tests/optimum_env.py export HF_DIR OUT          # encoder + decoder + decoder_with_past
     python tests/optimum_env.py export HF_DIR OUT --merged # those three + decoder_model_merged (the default)
 
+`quantize(EXPORT_DIR, OUT)` quantizes a three-file export with Optimum's ORTQuantizer (`*_quantized.onnx`).
+
 The venv lives in $ONNXMT_OPTIMUM_VENV, else in $XDG_CACHE_HOME/onnxmt-test/optimum-venv (~/.cache by default).
 """
 
@@ -121,6 +123,28 @@ def export(model_dir: Path, out: Path, *, merged: bool = False, python: Path | N
     for name in MODEL_FILES:
         if (model_dir / name).is_file() and not (out / name).is_file():
             shutil.copy2(model_dir / name, out / name)
+    return out
+
+
+# Optimum's dynamic 8-bit recipe for AVX2 CPUs (uint8 weights, per tensor), run by its ORTQuantizer in the venv.
+_QUANTIZE = """
+import sys
+from optimum.onnxruntime import ORTQuantizer
+from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+source, out, *names = sys.argv[1:]
+config = AutoQuantizationConfig.avx2(is_static=False, per_channel=False)
+for name in names:
+    ORTQuantizer.from_pretrained(source, file_name=name).quantize(save_dir=out, quantization_config=config)
+"""
+
+
+def quantize(export_dir: Path, out: Path, *, python: Path | None = None) -> Path:
+    """Quantize a three-file export (see `export`) with Optimum's ORTQuantizer into `out`: `*_quantized.onnx` files,
+    Optimum's naming, beside the config and tokenizer files (Optimum copies all but generation_config.json)."""
+    python = python or ensure_venv()
+    names = ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx")
+    _run([python, "-c", _QUANTIZE, export_dir, out, *names], env={"HF_HUB_OFFLINE": "1"})
     return out
 
 

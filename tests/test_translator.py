@@ -143,7 +143,7 @@ def test_corrupted_weight_is_named_though_the_graphs_load(tiny_onnx_dir: Path, t
 def test_not_a_model_directory(tmp_path: Path) -> None:
     with pytest.raises(ModelDirError, match="model directory not found"):
         Translator(tmp_path / "absent")
-    with pytest.raises(ModelDirError, match="neither an onnxmt model directory"):
+    with pytest.raises(ModelDirError, match="incomplete model directory: found nothing"):
         Translator(tmp_path)
     (tmp_path / MANIFEST_NAME).write_text("{not json")
     with pytest.raises(ModelDirError, match="malformed manifest"):

@@ -30,6 +30,16 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(code=2)
 
 
+VariantOption = Annotated[
+    str | None,
+    typer.Option(
+        "--variant",
+        envvar="ONNXMT_VARIANT",
+        help="Graphs of an Optimum/Transformers.js directory to load: fp32, quantized (q8), int8, uint8, q4, bnb4, "
+        "fp16, q4f16 (default: fp32 if present, else the first of those present).",
+    ),
+]
+
 ModelOption = Annotated[
     str | None,
     typer.Option(
@@ -90,13 +100,20 @@ def export(
 
 
 @app.command()
-def inspect(model_dir: Annotated[Path, typer.Argument(help="onnxmt or Optimum model directory.")]) -> None:
-    """Show a model directory: manifest summary and every graph's inputs and outputs."""
+def inspect(
+    model_dir: Annotated[Path, typer.Argument(help="onnxmt, Optimum or Transformers.js model directory.")],
+    variant: VariantOption = None,
+) -> None:
+    """Show a model directory: manifest summary, each graph's quantization (read from the graph) and its inputs and
+    outputs."""
+    from .runtime.graphinfo import read_graph
     from .runtime.modeldir import load_manifest
+    from .runtime.options import RuntimeOptions
 
     try:
-        manifest = load_manifest(model_dir, verify=True)
-    except (ModelDirError, OSError) as e:
+        manifest = load_manifest(model_dir, verify=True, options=RuntimeOptions(threads=1, variant=variant))
+        found = {part: read_graph(model_dir / graph.file) for part, graph in manifest.graphs.items()}
+    except (ModelDirError, ValueError, OSError) as e:
         fail(str(e))
     out = Console()
     summary = Table(title=f"{model_dir}", show_header=False)
@@ -111,7 +128,9 @@ def inspect(model_dir: Annotated[Path, typer.Argument(help="onnxmt or Optimum mo
         "languages": f"{langs.get('source')} -> {langs.get('target')}",
         "target tokens": ", ".join(sorted(langs.get("target_tokens", {}))) or "(single target)",
         "default target": str(langs.get("default_target")),
-        "quantization": str(manifest.quantization or "none (fp32)"),
+        "variant": _variants(manifest),
+        "quantization (manifest)": str(manifest.quantization.get("method")) if manifest.quantization else "none",
+        **{f"{part} graph": contents.quantization() for part, contents in found.items()},
         "files": ", ".join(f"{n} ({_size(i.get('bytes'))})" for n, i in manifest.files.items()),
     }
     for key, value in rows.items():
@@ -125,6 +144,21 @@ def inspect(model_dir: Annotated[Path, typer.Argument(help="onnxmt or Optimum mo
             for spec in specs:
                 table.add_row(kind, spec.name, spec.role, spec.dtype, "(" + ", ".join(map(str, spec.shape)) + ")")
         out.print(table)
+
+
+def _variants(manifest: Any) -> str:
+    """`quantized (also present: fp32, q4)` for Optimum/Transformers.js directories; the onnxmt directory's one."""
+    from .layout import onnxmt_variant
+
+    chosen = manifest.provenance.get("variant") or onnxmt_variant(manifest.quantization)
+    others = [v for v in manifest.provenance.get("variants", []) if v != chosen]
+    return chosen + (f" (also present: {', '.join(others)}; choose with --variant)" if others else "")
+
+
+def _report_variant(manifest: Any) -> None:
+    """On stderr, which variant of an Optimum/Transformers.js directory runs, when it holds more than one."""
+    if len(manifest.provenance.get("variants", [])) > 1:
+        err.print(f"variant: {escape(_variants(manifest))}", highlight=False)
 
 
 def _size(n: int | None) -> str:
@@ -161,6 +195,7 @@ def translate(
     batch_size: Annotated[int, typer.Option(help="Texts per decoder batch.")] = 16,
     target_lang: Annotated[str | None, typer.Option(help="Target language of a multi-target model.")] = None,
     threads: Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads (default: all cores).")] = None,
+    variant: VariantOption = None,
 ) -> None:
     """Translate texts, one translation per line, in input order (empty line in, empty line out)."""
     from .models import resolve_model_dir
@@ -173,7 +208,8 @@ def translate(
         decoding = DecodeOptions(
             beams=beams, max_new_tokens=max_new_tokens, batch_size=batch_size, target_lang=target_lang
         )
-        translator = Translator(directory, RuntimeOptions(threads=threads), decoding)
+        translator = Translator(directory, RuntimeOptions(threads=threads, variant=variant), decoding)
+        _report_variant(translator.manifest)
         _write(translator.translate_iter(lines), output_file, total, show_progress=input_file is not None)
     except (ModelDirError, ValueError, ImportError, OSError) as e:
         fail(str(e))
@@ -240,6 +276,7 @@ def serve(
     ] = None,
     log_level: Annotated[str, typer.Option(envvar="ONNXMT_LOG_LEVEL", help="debug, info, warning or error.")] = "info",
     access_log: Annotated[bool, typer.Option(envvar="ONNXMT_ACCESS_LOG", help="Log every request.")] = True,
+    variant: VariantOption = None,
 ) -> None:
     """Serve a LibreTranslate-compatible HTTP API (needs onnxmt\\[serve]); every flag defaults from ONNXMT_*."""
     from .models import resolve_model_dir
@@ -271,7 +308,7 @@ def serve(
         run(
             directory,
             options,
-            RuntimeOptions(threads=threads),
+            RuntimeOptions(threads=threads, variant=variant),
             DecodeOptions(beams=beams, max_new_tokens=max_new_tokens),
         )
     except (ModelDirError, ValueError, ImportError, OSError, ServeError) as e:
@@ -467,8 +504,11 @@ def tune(
     ] = 30,
     batch_size: Annotated[int, typer.Option(help="Batch size of the throughput figure.")] = 16,
     rounds: Annotated[int, typer.Option(help="Interleaved rounds over all settings; medians are reported.")] = 3,
+    variant: VariantOption = None,
 ) -> None:
     """Measure intra-op threads and thread spinning on this machine; prints the fastest settings."""
+    from dataclasses import replace
+
     from .models import resolve_model_dir
     from .runtime.tune import candidates
     from .runtime.tune import tune as run_tune
@@ -480,7 +520,7 @@ def tune(
         with err.status("measuring") as status:
             results = run_tune(
                 directory,
-                candidates(max_threads),
+                [replace(c, variant=variant) for c in candidates(max_threads)],
                 tokens=tokens,
                 batch_size=batch_size,
                 rounds=rounds,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import MISSING, asdict, dataclass, field
+from dataclasses import fields as dataclass_fields
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 # 2: the generation section holds every honoured field (renormalize_logits, forced_bos_token_id were added).
@@ -129,12 +130,18 @@ class Manifest:
         return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+    def from_dict(cls, data: Any) -> Manifest:
+        """A manifest from parsed `onnxmt.json`; ModelDirError naming the first field that is wrong: a type, a file
+        name that leaves the directory (absolute or with `..`), a token id outside the vocabulary."""
+        if not isinstance(data, dict):
+            raise ModelDirError(f"{MANIFEST_NAME}: expected a JSON object, got {_json_type(data)}")
         version = data.get("format_version")
         if version != FORMAT_VERSION:
             raise ModelDirError(
-                f"{MANIFEST_NAME}: format_version {version!r} is not supported (expected {FORMAT_VERSION})"
+                f"{MANIFEST_NAME}: format_version {version!r} is not supported (this onnxmt reads 1 and "
+                f"{FORMAT_VERSION}); export the model again with this onnxmt, or install the onnxmt that wrote it"
             )
+        _check_manifest_fields(data, {f.name: f for f in dataclass_fields(cls)})
         graphs = {
             key: GraphSpec(
                 file=g["file"],
@@ -144,7 +151,16 @@ class Manifest:
             for key, g in data["graphs"].items()
         }
         fields = {k: v for k, v in data.items() if k not in ("format", "graphs")}
-        return cls(graphs=graphs, **fields)
+        manifest = cls(graphs=graphs, **fields)
+        for name in manifest.referenced_files():
+            _check_file_name(name)
+        _check_token_ids(manifest)
+        return manifest
+
+    def referenced_files(self) -> list[str]:
+        """Every file name the manifest makes the runtime open: listed files, graphs, tokenizer files."""
+        names = [*self.files, *(g.file for g in self.graphs.values()), *self.tokenizer.get("files", [])]
+        return list(dict.fromkeys(names))
 
     def save(self, directory: Path) -> Path:
         path = Path(directory) / MANIFEST_NAME
@@ -169,7 +185,8 @@ def describe_files(directory: Path, names: list[str]) -> dict[str, dict[str, Any
 
 
 def read_manifest(directory: str | Path) -> Manifest:
-    """Read `onnxmt.json` from a model directory; a clear ModelDirError when it is missing or malformed."""
+    """Read `onnxmt.json` from a model directory; a clear ModelDirError when it is missing or malformed, or when it
+    names a file outside the directory (also through a symlink)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ModelDirError(f"model directory not found: {directory}")
@@ -178,11 +195,19 @@ def read_manifest(directory: str | Path) -> Manifest:
         raise ModelDirError(f"{path}: no {MANIFEST_NAME} in this directory")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise ModelDirError(f"{path}: malformed manifest ({e.__class__.__name__}: {e})") from e
+    try:
         if isinstance(data, dict) and data.get("format_version") == 1:
             data = _upgrade_v1(directory, data)
-        return Manifest.from_dict(data)
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        manifest = Manifest.from_dict(data)
+    except ModelDirError as e:
+        raise ModelDirError(f"{directory}/{e}") from e
+    except (KeyError, TypeError) as e:
         raise ModelDirError(f"{path}: malformed manifest ({e.__class__.__name__}: {e})") from e
+    for name in manifest.referenced_files():
+        _check_inside(directory, name)
+    return manifest
 
 
 def _upgrade_v1(directory: Path, data: dict[str, Any]) -> dict[str, Any]:
@@ -201,10 +226,12 @@ def _upgrade_v1(directory: Path, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def verify_files(directory: str | Path, manifest: Manifest, *, check_hash: bool = True) -> None:
-    """Check every file the manifest lists: present, the recorded size, and (optionally) the recorded sha256."""
+    """Check every file the manifest lists: inside the directory, present, the recorded size, and (optionally) the
+    recorded sha256."""
     directory = Path(directory)
+    paths = {name: _check_inside(directory, name) for name in manifest.files}  # all of them before opening any
     for name, info in manifest.files.items():
-        path = directory / name
+        path = paths[name]
         if not path.is_file():
             raise ModelDirError(f"{path}: file listed in {MANIFEST_NAME} is missing")
         size = path.stat().st_size
@@ -212,6 +239,169 @@ def verify_files(directory: str | Path, manifest: Manifest, *, check_hash: bool 
             raise ModelDirError(f"{path}: {size} bytes, the manifest says {info['bytes']} (truncated or replaced?)")
         if check_hash and "sha256" in info and sha256_file(path) != info["sha256"]:
             raise ModelDirError(f"{path}: sha256 does not match the manifest (the file is corrupted or was changed)")
+
+
+# Manifest checks (read_manifest, Manifest.from_dict, verify_files). A manifest is data from disk: whatever it holds
+# must fail here with one line that names the field, not later as a traceback or as a file opened elsewhere.
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number"}
+_INT = (int,)
+_NUMBER = (int, float)
+_OPTIONAL_INT = (int, type(None))
+# Sections that must be objects, and the types of the entries the runtime reads from them (absent is fine unless
+# listed in _REQUIRED).
+_SECTIONS = ("files", "graphs", "model", "tokens", "generation", "languages", "tokenizer", "provenance")
+_ENTRY_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
+    "model": {
+        k: _INT
+        for k in ("d_model", "encoder_layers", "num_layers", "num_heads", "head_dim", "vocab_size", "max_positions")
+    },
+    "tokens": {"decoder_start": _INT, "eos": _INT, "eos_ids": (list,), "pad": _OPTIONAL_INT, "unk": _OPTIONAL_INT},
+    "generation": {
+        **{
+            k: _OPTIONAL_INT
+            for k in (
+                "num_beams",
+                "max_length",
+                "max_new_tokens",
+                "min_length",
+                "min_new_tokens",
+                "no_repeat_ngram_size",
+                "num_return_sequences",
+            )
+        },
+        "length_penalty": (*_NUMBER, type(None)),
+        "repetition_penalty": (*_NUMBER, type(None)),
+        "early_stopping": (bool, str, type(None)),
+        "forced_eos_token_id": (int, list, type(None)),
+        "bad_words_ids": (list, type(None)),
+        "suppress_tokens": (list, type(None)),
+        "begin_suppress_tokens": (list, type(None)),
+    },
+    "languages": {"target_tokens": (dict,), "default_target": (str, type(None))},
+    "tokenizer": {"kind": (str,), "files": (list,)},
+}
+_REQUIRED = {
+    "model": ("num_layers", "num_heads", "head_dim", "vocab_size", "max_positions"),
+    "tokens": ("decoder_start", "eos"),
+}
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return next((name for t, name in _JSON_TYPES.items() if isinstance(value, t)), type(value).__name__)
+
+
+def _expect(value: Any, types: tuple[type, ...], where: str) -> None:
+    # JSON true/false are bools, which Python also counts as ints: an id or a size must not be `true`.
+    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+    if not ok:
+        wanted = " or ".join(dict.fromkeys(_json_type(t()) if t is not type(None) else "null" for t in types))
+        raise ModelDirError(f"{MANIFEST_NAME}: {where} should be {wanted}, got {_json_type(value)} ({value!r:.60})")
+
+
+def _check_manifest_fields(data: dict[str, Any], known: dict[str, Any]) -> None:
+    """Top-level fields, sections and graph specs have the types the runtime reads them as."""
+    unknown = sorted(set(data) - set(known) - {"format"})
+    if unknown:
+        raise ModelDirError(f"{MANIFEST_NAME}: unknown field(s) {unknown}")
+    missing = [k for k, f in known.items() if k not in data and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ModelDirError(f"{MANIFEST_NAME}: missing field(s) {missing}")
+    for key in ("architecture", "layout"):
+        _expect(data[key], (str,), key)
+    _expect(data.get("quantization"), (dict, type(None)), "quantization")
+    for section in _SECTIONS:
+        if section in data:
+            _expect(data[section], (dict,), section)
+    for section, types in _ENTRY_TYPES.items():
+        values = data.get(section, {})
+        for key in _REQUIRED.get(section, ()):
+            if key not in values:
+                raise ModelDirError(f"{MANIFEST_NAME}: {section}.{key} is missing")
+        for key, wanted in types.items():
+            if key in values:
+                _expect(values[key], wanted, f"{section}.{key}")
+    for name, info in data["files"].items():
+        _expect(info, (dict,), f"files[{name!r}]")
+        for key, wanted in (("bytes", _INT), ("sha256", (str,))):
+            if key in info:
+                _expect(info[key], wanted, f"files[{name!r}].{key}")
+    for part, graph in data["graphs"].items():
+        _check_graph(graph, f"graphs.{part}")
+    for i, name in enumerate(data["tokenizer"].get("files", [])):
+        _expect(name, (str,), f"tokenizer.files[{i}]")
+    for lang, token in data["languages"].get("target_tokens", {}).items():
+        _expect(token, (str,), f"languages.target_tokens[{lang!r}]")
+
+
+def _check_graph(graph: Any, where: str) -> None:
+    _expect(graph, (dict,), where)
+    for key, wanted in (("file", (str,)), ("inputs", (list,)), ("outputs", (list,))):
+        if key not in graph:
+            raise ModelDirError(f"{MANIFEST_NAME}: {where}.{key} is missing")
+        _expect(graph[key], wanted, f"{where}.{key}")
+    for side in ("inputs", "outputs"):
+        for i, spec in enumerate(graph[side]):
+            at = f"{where}.{side}[{i}]"
+            _expect(spec, (dict,), at)
+            if sorted(spec) != ["dtype", "name", "role", "shape"]:
+                raise ModelDirError(f"{MANIFEST_NAME}: {at} should have exactly name, role, dtype, shape")
+            for key in ("name", "role", "dtype"):
+                _expect(spec[key], (str,), f"{at}.{key}")
+            _expect(spec["shape"], (list,), f"{at}.shape")
+            for dim in spec["shape"]:
+                _expect(dim, (int, str), f"{at}.shape")
+
+
+def _check_file_name(name: str) -> None:
+    """A relative path that stays in the directory on any OS: no absolute path, drive, `..` or backslash."""
+    pure = PurePosixPath(name)
+    if not name or pure.is_absolute() or ".." in pure.parts or "\\" in name or ":" in name:
+        raise ModelDirError(f"{MANIFEST_NAME}: file name {name!r} points outside the model directory; refused")
+
+
+def _check_inside(directory: Path, name: str) -> Path:
+    """`directory / name`, refused when it resolves (following symlinks) outside `directory`."""
+    _check_file_name(name)
+    path = directory / name
+    if not path.resolve().is_relative_to(directory.resolve()):
+        raise ModelDirError(f"{path}: resolves outside the model directory (a symlink?); refused")
+    return path
+
+
+def _check_token_ids(manifest: Manifest) -> None:
+    """Every special and generation token id is in [0, vocab_size)."""
+    vocab = manifest.model["vocab_size"]
+    if vocab < 1:
+        raise ModelDirError(f"{MANIFEST_NAME}: model.vocab_size must be positive, got {vocab}")
+    tokens, gen = manifest.tokens, manifest.generation
+
+    def each(where: str, values: Any) -> list[tuple[str, Any]]:
+        _expect(values, (list, type(None)), where)
+        return [(f"{where}[{i}]", t) for i, t in enumerate(values or [])]
+
+    ids: list[tuple[str, Any]] = [(f"tokens.{k}", tokens.get(k)) for k in ("decoder_start", "eos", "pad", "unk")]
+    ids += each("tokens.eos_ids", tokens.get("eos_ids"))
+    forced = gen.get("forced_eos_token_id")  # one id or several
+    ids += (
+        each("generation.forced_eos_token_id", forced)
+        if isinstance(forced, list)
+        else [("generation.forced_eos_token_id", forced)]
+    )
+    ids += each("generation.suppress_tokens", gen.get("suppress_tokens"))
+    ids += each("generation.begin_suppress_tokens", gen.get("begin_suppress_tokens"))
+    for where, word in each("generation.bad_words_ids", gen.get("bad_words_ids")):
+        ids += each(where, word)
+    for where, token in ids:
+        if token is None:
+            continue
+        _expect(token, _INT, where)
+        if not 0 <= token < vocab:
+            raise ModelDirError(f"{MANIFEST_NAME}: {where} = {token} is outside the vocabulary [0, {vocab})")
 
 
 def model_facts(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Finding a runnable model directory for a `--model` argument.
 
-A directory that onnxmt or Optimum exported is used as it is. A hub id (default: Helsinki-NLP/opus-mt-en-zh) is
-exported once into the cache (`ONNXMT_CACHE`, default ~/.cache/onnxmt) on first use, which needs the export
-extra; after that the run side needs neither torch nor the hub.
+A directory that onnxmt, Optimum or Transformers.js exported is used as it is. A hub id (default:
+Helsinki-NLP/opus-mt-en-zh) is exported once into the cache (`ONNXMT_CACHE`, default ~/.cache/onnxmt) on first use,
+which needs the export extra; after that the run side needs neither torch nor the hub.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from .layout import find_optimum_files
+from .layout import diagnose, find_variants, is_complete
 from .manifest import MANIFEST_NAME, ModelDirError
 
 DEFAULT_MODEL = "Helsinki-NLP/opus-mt-en-zh"
@@ -26,7 +26,10 @@ def cache_dir() -> Path:
 
 
 def is_model_dir(path: Path) -> bool:
-    return path.is_dir() and ((path / MANIFEST_NAME).is_file() or bool(find_optimum_files(path)))
+    """A directory the runtime can try to load: an onnxmt manifest, or a complete Optimum/Transformers.js variant."""
+    if not path.is_dir():
+        return False
+    return (path / MANIFEST_NAME).is_file() or any(is_complete(parts) for parts in find_variants(path).values())
 
 
 def resolve_model_dir(model: str | None, progress: Callable[[str], None] = print) -> Path:
@@ -35,10 +38,8 @@ def resolve_model_dir(model: str | None, progress: Callable[[str], None] = print
     path = Path(model).expanduser()
     if is_model_dir(path):
         return path
-    if path.is_dir() and (path / "config.json").is_file():
-        raise ModelDirError(
-            f"{path} is a PyTorch model directory, not an exported one; run `onnxmt export {path} OUT_DIR` first"
-        )
+    if path.is_dir():
+        raise ModelDirError(diagnose(path))  # what it holds and what is missing: never a guess at what it is
     if path.exists() or not _HUB_ID.match(model):
         raise ModelDirError(f"model directory not found: {model}")
     cached = cache_dir() / "models" / model.replace("/", "--")

@@ -308,7 +308,13 @@ class OnnxmtGraphs(Graphs):
 
 
 class OptimumGraphs(Graphs):
-    """Optimum's files: the first step computes the cross-attention K/V, later steps reuse them."""
+    """Optimum's files: the first step computes the cross-attention K/V, later steps reuse them.
+
+    fp16 graphs (Optimum `--dtype fp16`, some Transformers.js `_fp16`, `_q4f16`) take and return float16 states and
+    caches: every float input is fed in the dtype its graph declares (only the empty first-step caches and the
+    placeholders, made here in float32, are cast; what the graphs return stays in their dtype between steps), and the
+    logits are returned as float32 for the decoding loop.
+    """
 
     def __init__(
         self, directory: Path, manifest: Manifest, options: RuntimeOptions, sessions: dict[str, Any] | None = None
@@ -323,6 +329,7 @@ class OptimumGraphs(Graphs):
             return opened[file] if file in opened else load_session(directory / file, options)
 
         self.encoder = session("encoder")
+        self.float_inputs = {part: _float_inputs(spec) for part, spec in self.specs.items()}
         self.merged = "decoder_merged" in self.specs
         if self.merged:
             self.first = self.later = session("decoder_merged")
@@ -330,10 +337,10 @@ class OptimumGraphs(Graphs):
             self.first, self.later = session("decoder"), session("decoder_with_past")
         release_load_memory(directory)
 
-    def _spec(self, first: bool) -> GraphSpec:
+    def _part(self, first: bool) -> str:
         if self.merged:
-            return self.specs["decoder_merged"]
-        return self.specs["decoder" if first else "decoder_with_past"]
+            return "decoder_merged"
+        return "decoder" if first else "decoder_with_past"
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Cache:
         spec = self.specs["encoder"]
@@ -343,7 +350,8 @@ class OptimumGraphs(Graphs):
 
     def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
         first = cache.cross_kv is None
-        spec = self._spec(first)
+        part = self._part(first)
+        spec = self.specs[part]
         feed: dict[str, np.ndarray] = {spec.input_name("input_ids"): tokens}
         if spec.has_input("encoder_attention_mask"):
             feed[spec.input_name("encoder_attention_mask")] = cache.mask
@@ -360,15 +368,19 @@ class OptimumGraphs(Graphs):
             feed.update(zip((spec.input_name(r) for r in _kv_roles("past", self.layers)), self_kv, strict=True))
             assert cross_kv is not None
             feed.update(zip((spec.input_name(r) for r in _kv_roles("cross", self.layers)), cross_kv, strict=True))
+        for name, dtype in self.float_inputs[part].items():
+            if name in feed and feed[name].dtype != dtype:
+                feed[name] = feed[name].astype(dtype)
         wanted = ["logits", *_kv_roles("present", self.layers)]
         if first:
             wanted += _kv_roles("cross", self.layers)
         outputs = (self.first if first else self.later).run([spec.output_name(r) for r in wanted], feed)
-        logits = outputs[0][:, -1, :]  # Optimum's graphs return every position: (rows, new_len, vocab)
+        # Every position (rows, new_len, vocab), maybe in fp16: the last one, as float32.
+        logits = np.ascontiguousarray(outputs[0][:, -1, :], dtype=np.float32)
         present = tuple(outputs[1 : 1 + 2 * self.layers])
         cross = tuple(outputs[1 + 2 * self.layers :]) if first else cache.cross_kv
         # The encoder states are not needed once the cross-attention K/V exist.
-        return np.ascontiguousarray(logits), Cache(mask=cache.mask, self_kv=present, cross_kv=cross)
+        return logits, Cache(mask=cache.mask, self_kv=present, cross_kv=cross)
 
     def _placeholder_cross(self, rows: int) -> tuple[np.ndarray, ...]:
         # The merged graph's first-step branch ignores its past inputs, but they must be fed.
@@ -378,6 +390,11 @@ class OptimumGraphs(Graphs):
         # Likewise its later-step branch ignores the encoder states (it has the cross-attention K/V): an empty
         # array instead of carrying (rows, src_len, d_model) through every step.
         return np.zeros((rows, 0, self.d_model), dtype=np.float32)
+
+
+def _float_inputs(spec: GraphSpec) -> dict[str, np.dtype]:
+    """Name -> dtype of a graph's floating-point inputs (states, caches)."""
+    return {t.name: np.dtype(t.dtype) for t in spec.inputs if t.dtype in ("float32", "float16")}
 
 
 def open_graphs(

@@ -1,4 +1,4 @@
-"""Opening a model directory: onnxmt's own (with `onnxmt.json`) or one exported by Optimum.
+"""Opening a model directory: onnxmt's own (with `onnxmt.json`), or one exported by Optimum or Transformers.js.
 
 For an Optimum directory the manifest is written in memory from its config files and its graphs' input and output
 names, so the rest of the runtime sees one kind of directory.
@@ -10,7 +10,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..layout import find_optimum_files, role_of
+from ..layout import (
+    VARIANT_METHODS,
+    canonical_variant,
+    diagnose,
+    find_variants,
+    is_complete,
+    onnxmt_variant,
+    role_of,
+    select_variant,
+)
 from ..manifest import (
     CONFIG_FILES,
     MANIFEST_NAME,
@@ -51,18 +60,29 @@ def load_manifest(
     pass a `sessions` dict (file name -> session) to keep them for running instead of loading every graph twice.
     """
     directory = Path(directory)
+    options = options or RuntimeOptions(threads=1)
     if not directory.is_dir():
         raise ModelDirError(f"model directory not found: {directory}")
     if (directory / MANIFEST_NAME).is_file():
         manifest = read_manifest(directory)
         verify_files(directory, manifest, check_hash=verify)
+        _check_onnxmt_variant(directory, manifest, options.variant)
         return manifest
-    if find_optimum_files(directory):
-        return optimum_manifest(directory, {} if sessions is None else sessions, options or RuntimeOptions(threads=1))
-    raise ModelDirError(
-        f"{directory}: neither an onnxmt model directory ({MANIFEST_NAME}) nor an Optimum export "
-        "(encoder_model.onnx, decoder_model*.onnx); create one with `onnxmt export MODEL DIR`"
-    )
+    if find_variants(directory):
+        return optimum_manifest(directory, {} if sessions is None else sessions, options)
+    raise ModelDirError(diagnose(directory))
+
+
+def _check_onnxmt_variant(directory: Path, manifest: Manifest, variant: str | None) -> None:
+    """An onnxmt directory holds one variant: asking for another is an error that names it."""
+    if variant is None:
+        return
+    present = onnxmt_variant(manifest.quantization)
+    if canonical_variant(variant) != present:
+        raise ModelDirError(
+            f"{directory}: no {canonical_variant(variant)!r} variant; this onnxmt directory holds {present} only "
+            "(make others with `onnxmt quantize`)"
+        )
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -75,14 +95,11 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def optimum_manifest(directory: Path, sessions: Sessions, options: RuntimeOptions) -> Manifest:
-    files = find_optimum_files(directory)
-    parts = set(files)
-    if "encoder" not in parts or not ({"decoder", "decoder_with_past"} <= parts or "decoder_merged" in parts):
-        raise ModelDirError(
-            f"{directory}: incomplete Optimum export; found {sorted(files.values())}, need encoder_model.onnx and "
-            "decoder_model.onnx + decoder_with_past_model.onnx, or decoder_model_merged.onnx"
-        )
-    if "decoder_merged" in parts:
+    """The manifest of an Optimum or Transformers.js directory, for the variant `options` asks for (see
+    layout.select_variant); its provenance records the variant chosen and the complete ones present."""
+    variant, files = select_variant(directory, options.variant)
+    complete = [v for v, parts in find_variants(directory).items() if is_complete(parts)]
+    if "decoder_merged" in files:
         files = {p: f for p, f in files.items() if p in ("encoder", "decoder_merged")}
     else:
         files.pop("decoder_merged", None)
@@ -119,7 +136,8 @@ def optimum_manifest(directory: Path, sessions: Sessions, options: RuntimeOption
             "model_max_length": tokenizer_config.get("model_max_length", config["max_position_embeddings"]),
             "separate_vocabs": bool(tokenizer_config.get("separate_vocabs", False)),
         },
-        provenance={"source_model": str(directory), "exporter": "optimum"},
+        provenance={"source_model": str(directory), "exporter": "optimum", "variant": variant, "variants": complete},
+        quantization=None if variant == "fp32" else {"method": VARIANT_METHODS[variant], "variant": variant},
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from ..layout import canonical_variant
+
 
 @dataclass(frozen=True)
 class RuntimeOptions:
@@ -12,13 +14,20 @@ class RuntimeOptions:
 
     threads: intra-op threads per session (None: one per core). spinning: let idle ORT threads busy-wait; off by
     default because on small machines the spinning threads steal the cores the work needs (measured 38-50% slower
-    at batch 1 on 2 cores). verify: check every file's sha256 against the manifest when loading.
+    at batch 1 on 2 cores). verify: check every file's sha256 against the manifest when loading. variant: which
+    graphs of an Optimum or Transformers.js directory to load (fp32, quantized or q8, int8, uint8, q4, bnb4, fp16,
+    q4f16); None takes fp32 if present, else the first complete one of layout.DEFAULT_VARIANT_ORDER.
     """
 
     threads: int | None = None
     spinning: bool = False
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     verify: bool = True
+    variant: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.variant is not None:
+            canonical_variant(self.variant)  # ValueError naming the valid ones, before anything is loaded
 
 
 @dataclass(frozen=True)

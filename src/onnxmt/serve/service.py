@@ -83,7 +83,9 @@ class Service:
         self.languages = Languages(translator.manifest)
         self._batcher.start()
         self.metrics.ready.set(1)
-        log.info("model %s loaded in %.1f s; ready", self.model_dir, time.perf_counter() - started)
+        variant = translator.manifest.provenance.get("variant")  # Optimum/Transformers.js directories
+        shown = f" (variant {variant})" if variant else ""
+        log.info("model %s%s loaded in %.1f s; ready", self.model_dir, shown, time.perf_counter() - started)
 
     async def stop(self) -> None:
         """After the server has finished the requests in flight: stop the batch loop and the inference thread."""
@@ -169,6 +171,7 @@ class Service:
                 "source_model": manifest.provenance.get("source_model"),
                 "revision": manifest.provenance.get("revision"),
                 "quantization": manifest.quantization,
+                "variant": manifest.provenance.get("variant"),
                 "bytes": sum(int(f.get("bytes") or 0) for f in manifest.files.values()),
                 "model": manifest.model,
                 "generation": manifest.generation,
