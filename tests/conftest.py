@@ -16,7 +16,11 @@ from onnxmt.export.random_model import OPUS_MT_EN_ZH_TARGETS, RandomMarianSpec
 # init_std and eos_bias chosen by measurement so that outputs have many lengths (assert_varied_outputs): with
 # larger weights a random model loops until the length limit, with a larger eos bias it stops at the first step.
 TINY = RandomMarianSpec(init_std=0.2, eos_bias=2.0)
-TINY_MULTI = RandomMarianSpec(target_languages=OPUS_MT_EN_ZH_TARGETS, init_std=0.2, eos_bias=2.0, seed=1)
+# The multi-target model (opus-mt-en-zh's 13 language tokens) was measured over seeds 0-8 and eos biases 1.5-3.5:
+# with a language token in front, no random draw had most outputs longer than 10 tokens; this one has outputs from
+# 1 token to the limit, which its tests (language tokens, max_new_tokens 16) need. The parity of long outputs is
+# proven on TINY.
+TINY_MULTI = RandomMarianSpec(target_languages=OPUS_MT_EN_ZH_TARGETS, init_std=0.2, eos_bias=3.0, seed=6)
 # A tiny model's tied LM head (~45 kB) is far below the size real heads are cut into chunks at (48 MiB, see
 # export/weights.py): cut it anyway (12 chunks in fp32, 3 in int8), so that every test runs the chunked head.
 TINY_HEAD_CHUNK_BYTES = 4 << 10
@@ -31,9 +35,10 @@ def _chunked_heads() -> Iterator[None]:
         yield
 
 
-def assert_varied_outputs(model_dir: Path, target_token: str | None = None) -> None:
+def assert_varied_outputs(model_dir: Path, target_token: str | None = None, *, most_long: bool = True) -> None:
     """Greedy and the model's own beam search on tests/sentences.py give outputs of many lengths: some end within
-    5 tokens, some run to the length limit, most are longer than 10 tokens."""
+    5 tokens, some run to the length limit, at least 4 different lengths, and (`most_long`) most are longer than
+    10 tokens and there are at least 6 lengths."""
     import torch
     import transformers
 
@@ -49,7 +54,9 @@ def assert_varied_outputs(model_dir: Path, target_token: str | None = None) -> N
             out = model.generate(**encoded, num_beams=beams)
         lengths = sorted(int((row != model.generation_config.pad_token_id).sum()) for row in out[:, 1:])
         assert min(lengths) <= 5 and max(lengths) == limit - 1, (beams, lengths)
-        assert sum(n > 10 for n in lengths) >= len(lengths) / 2 and len(set(lengths)) >= 6, (beams, lengths)
+        assert len(set(lengths)) >= 4, (beams, lengths)
+        if most_long:
+            assert sum(n > 10 for n in lengths) >= len(lengths) / 2 and len(set(lengths)) >= 6, (beams, lengths)
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +75,8 @@ def tiny_multi_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from onnxmt.export.random_model import build_random_marian
 
     directory = build_random_marian(tmp_path_factory.mktemp("tiny-multi-hf"), TINY_MULTI)
-    assert_varied_outputs(directory, ">>cmn_Hans<<")
+    for token in (">>cmn_Hans<<", ">>yue_Hant<<"):
+        assert_varied_outputs(directory, token, most_long=False)
     return directory
 
 
