@@ -11,9 +11,10 @@ from onnxmt.runtime.decoding import Settings, build_processors, topk
 from onnxmt.runtime.graphs import CHUNKED_TOPK_MIN, VocabOps, chunk_length
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translator
+from skips import importorskip
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = importorskip("torch")
+transformers = importorskip("transformers")
 
 # Very different lengths, including one that the tokenizer truncates (the fixture's max length is 64).
 SENTENCES = [

@@ -24,8 +24,9 @@ from onnxmt.manifest import (
     sha256_file,
     verify_files,
 )
+from skips import importorskip
 
-onnx = pytest.importorskip("onnx")
+onnx = importorskip("onnx")
 
 from onnxmt.export.quantize import QuantizeError, QuantizeOptions, quantize  # noqa: E402
 
