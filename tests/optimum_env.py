@@ -10,7 +10,10 @@ per machine and reused (a stamp file records what was installed; a different pin
 
 `quantize(EXPORT_DIR, OUT)` quantizes a three-file export with Optimum's ORTQuantizer (`*_quantized.onnx`).
 
-The venv lives in $ONNXMT_OPTIMUM_VENV, else in $XDG_CACHE_HOME/onnxmt-test/optimum-venv (~/.cache by default).
+The venv lives in $ONNXMT_OPTIMUM_VENV, else in $XDG_CACHE_HOME/onnxmt-test/optimum-venv (~/.cache by default);
+it takes ~1.3 GB. Creating it is the one step of the test suite that downloads (from PyPI): the `optimum_python`
+fixture does it on first use, and .ci/run does it as a step of its own before the tests, which under CI never
+create it.
 """
 
 from __future__ import annotations
@@ -79,8 +82,9 @@ def _run(command: list[str | Path], env: dict[str, str] | None = None) -> str:
     return result.stdout
 
 
-def ensure_venv(venv: Path | None = None, *, log: Callable[[str], object] = print) -> Path:
-    """The venv's python, creating the venv first when it is missing or was built from other requirements."""
+def ensure_venv(venv: Path | None = None, *, create: bool = True, log: Callable[[str], object] = print) -> Path:
+    """The venv's python, creating the venv first (from PyPI) when it is missing or was built from other
+    requirements; with create=False such a venv is an OptimumEnvError instead."""
     venv = venv or venv_path()
     venv.parent.mkdir(parents=True, exist_ok=True)
     wanted = "\n".join(REQUIREMENTS) + "\n"
@@ -90,9 +94,11 @@ def ensure_venv(venv: Path | None = None, *, log: Callable[[str], object] = prin
         stamp = venv / STAMP
         if stamp.is_file() and stamp.read_text() == wanted and _python(venv).is_file():
             return _python(venv)
+        if not create:
+            raise OptimumEnvError(f"{venv} is missing or out of date (its {STAMP} is not REQUIREMENTS)")
         shutil.rmtree(venv, ignore_errors=True)
         start = time.monotonic()
-        log(f"creating {venv} ({' '.join(REQUIREMENTS)})")
+        log(f"creating the Optimum venv {venv} from PyPI ({' '.join(REQUIREMENTS)})")
         try:
             _run([sys.executable, "-m", "venv", venv])
             _run([_python(venv), "-m", "pip", "install", "--no-input", "--progress-bar", "off", *REQUIREMENTS])

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from onnxmt import Translator
 from onnxmt.cli import app
 from onnxmt.manifest import MANIFEST_NAME, read_manifest
+from skips import importorskip
 
 runner = CliRunner()
 
@@ -79,7 +80,7 @@ def test_inspect_shows_manifest_and_graph_names(tiny_onnx_dir: Path) -> None:
 
 
 def test_export_via_cli_and_refusal_without_force(tiny_hf_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    importorskip("torch")
     out = tmp_path / "exported"
     result = runner.invoke(app, ["export", str(tiny_hf_dir), str(out), "--no-check"])
     assert result.exit_code == 0, result.output

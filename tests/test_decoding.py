@@ -14,9 +14,10 @@ from onnxmt.runtime.graphs import CHUNKED_TOPK_MIN, VocabOps, chunk_length
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translator
 from sentences import SENTENCES
+from skips import importorskip
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = importorskip("torch")
+transformers = importorskip("transformers")
 
 
 @functools.cache

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 from onnxmt import Translator
 from onnxmt.cli import app
 from onnxmt.eval import COLUMNS, EvalOptions, bleu_tokenizer, evaluate, read_pairs, score
+from skips import importorskip
 
-sacrebleu = pytest.importorskip("sacrebleu")
+sacrebleu = importorskip("sacrebleu")
 
 SOURCES = ["Hello world.", "The river is long and the mountain is high.", "", "What is this?"]
 REFERENCES = ["你好，世界。", "河很长，山很高。", "", "这是什么？"]
@@ -119,7 +120,7 @@ def test_onnx_worker_needs_neither_torch_nor_transformers(tiny_onnx_dir: Path, p
 def test_cli_with_a_pytorch_reference_row(
     tiny_onnx_dir: Path, tiny_hf_dir: Path, pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    pytest.importorskip("torch")
+    importorskip("torch")
     src, ref = pair
     args = ["eval", str(tiny_onnx_dir), "--src", str(src), "--ref", str(ref), "--reference", str(tiny_hf_dir)]
     fast = ["--max-new-tokens", "6", "--latency-sentences", "1", "--threads", "1", "--limit", "3"]

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from onnxmt.manifest import DECODER_FILE, ENCODER_FILE, MANIFEST_NAME, WEIGHTS_FILE, read_manifest, sha256_file
+from skips import importorskip
 
-pytest.importorskip("torch")
-onnx = pytest.importorskip("onnx")
+importorskip("torch")
+onnx = importorskip("onnx")
 
 from onnxmt.export.exporter import ExportError, ExportOptions, export  # noqa: E402
 from onnxmt.export.hub import ModelNotFoundError  # noqa: E402

@@ -18,6 +18,7 @@ from onnxmt.manifest import (
     refused_generation_fields,
 )
 from onnxmt.runtime.translator import Translator, resolve_settings
+from skips import importorskip
 
 
 def test_sampling_and_other_searches_are_refused_by_name() -> None:
@@ -35,7 +36,7 @@ def test_inactive_values_and_sampling_knobs_without_sampling_pass() -> None:
 
 
 def test_honoured_and_refused_fields_are_real_generation_config_fields() -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = importorskip("transformers")
     known = set(vars(transformers.GenerationConfig()))
     # forced_decoder_ids left GenerationConfig in transformers 5, but 4.x checkpoints still carry it.
     assert set(GENERATION_KEYS) <= known
@@ -43,7 +44,7 @@ def test_honoured_and_refused_fields_are_real_generation_config_fields() -> None
 
 
 def test_every_generation_config_field_is_listed_in_docs() -> None:
-    transformers = pytest.importorskip("transformers")
+    transformers = importorskip("transformers")
     doc = (Path(__file__).parents[1] / "docs" / "decoding.md").read_text(encoding="utf-8")
     missing = [f for f in vars(transformers.GenerationConfig()) if not f.startswith("_") and f"`{f}`" not in doc]
     assert missing == []

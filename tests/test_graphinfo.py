@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from onnxmt.cli import app
 from onnxmt.runtime.graphinfo import read_graph
+from skips import importorskip
 
-onnx = pytest.importorskip("onnx")
+onnx = importorskip("onnx")
 
 
 @pytest.fixture(scope="module")

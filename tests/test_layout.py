@@ -22,9 +22,10 @@ from onnxmt.manifest import MANIFEST_NAME, ModelDirError
 from onnxmt.models import resolve_model_dir
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translator
+from skips import importorskip
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = importorskip("torch")
+transformers = importorskip("transformers")
 
 runner = CliRunner()
 SENTENCES = [

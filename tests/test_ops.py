@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
+from skips import importorskip
 
-pytest.importorskip("onnx")
+importorskip("onnx")
 
-from onnxmt.export.ops import OPS_DIR, build_ops
+from onnxmt.export.ops import OPS_DIR, build_ops  # noqa: E402
 
 
 def test_shipped_ops_match_their_builder() -> None:

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from onnxmt.runtime.translator import Translator
+from skips import importorskip
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = importorskip("torch")
+transformers = importorskip("transformers")
 
 # Very different lengths (3 to 62 source tokens); with the tiny model some finish at eos long before the length limit
 # and the others run into it.

@@ -24,8 +24,9 @@ from onnxmt.manifest import (
     sha256_file,
     verify_files,
 )
+from skips import importorskip
 
-onnx = pytest.importorskip("onnx")
+onnx = importorskip("onnx")
 
 from onnxmt.export.quantize import QuantizeError, QuantizeOptions, quantize  # noqa: E402
 
@@ -307,6 +308,19 @@ def test_int4_weight_only(tiny_onnx_dir: Path, int8_dir: Path, tmp_path: Path) -
     assert q["method"] == "weight-only int4" and "blocks of 32" in q["weights"]
     results = Translator(out).translate(TEXTS, beams=4, max_new_tokens=8)
     assert all(r.token_ids for r in results)
+
+
+def test_int4_without_onnx_ir_names_the_extra(
+    tiny_onnx_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # onnxruntime does not install onnx_ir, which its int4 quantizer imports: the export extra does.
+    monkeypatch.setitem(sys.modules, "onnx_ir", None)
+    monkeypatch.delitem(sys.modules, "onnxruntime.quantization.matmul_nbits_quantizer", raising=False)
+    result = runner.invoke(app, ["quantize", str(tiny_onnx_dir), str(tmp_path / "int4"), "--int4"])
+    assert result.exit_code == 2
+    message = " ".join(result.output.split())  # rich wraps long lines
+    assert "pip install 'onnxmt[export]'" in message and "onnx_ir" in message
+    assert not (tmp_path / "int4").exists()
 
 
 @pytest.mark.parametrize(

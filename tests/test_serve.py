@@ -27,6 +27,7 @@ from onnxmt.export.random_model import generate_corpus
 from onnxmt.runtime.translator import Translation
 from onnxmt.serve.batcher import MicroBatcher, QueueFull
 from onnxmt.serve.options import ServeOptions
+from skips import importorskip, skip
 
 TEXTS = generate_corpus(7, lines=64)[0]
 KEYS = ("key-one", "key-two")
@@ -565,8 +566,8 @@ CHROMIUM_FLAGS = (
 def test_page_translates_in_headless_chromium(server: Server, translator: Translator, tmp_path: Path) -> None:
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or driver is None:
-        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
+        skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+    webdriver = importorskip("selenium.webdriver")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 

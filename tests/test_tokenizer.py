@@ -15,8 +15,8 @@ import pytest
 
 from onnxmt.manifest import ModelDirError
 from onnxmt.runtime.tokenizer import MarianTokenizer
+from skips import importorskip, shared_data
 
-DATA = Path(__file__).parents[2] / "shared" / "data"
 CORPORA = ("flores200/devtest.eng_Latn", "tatoeba/test-v2021-08-07.eng")
 CHINESE = "flores200/devtest.zho_Hans"
 
@@ -42,7 +42,7 @@ EDGE_CASES = [
 
 
 def _transformers_tokenizer(directory: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
+    transformers = importorskip("transformers")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Recommended: pip install sacremoses." when it is absent
         return transformers.MarianTokenizer.from_pretrained(directory)
@@ -61,10 +61,7 @@ def multi(tiny_multi_hf_dir: Path) -> tuple[MarianTokenizer, Any]:
 
 
 def _lines(relative: str, count: int) -> list[str]:
-    path = DATA / relative
-    if not path.is_file():
-        pytest.skip(f"shared evaluation data not found at {path} (expected ../shared/data beside the repo)")
-    return path.read_text(encoding="utf-8").splitlines()[:count]
+    return shared_data(relative).read_text(encoding="utf-8").splitlines()[:count]
 
 
 def _copy(directory: Path, tmp_path: Path) -> Path:

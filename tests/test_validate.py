@@ -12,11 +12,12 @@ from typer.testing import CliRunner
 
 from onnxmt.cli import app
 from onnxmt.manifest import DECODER_FILE, describe_files, read_manifest
+from skips import importorskip
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+importorskip("torch")
+importorskip("transformers")
 
-from onnxmt.export.validate import (
+from onnxmt.export.validate import (  # noqa: E402
     DEFAULT_CORPUS,
     LONG_SENTENCES,
     SHORT_SENTENCES,

@@ -12,8 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+from skips import importorskip
+
+onnx = importorskip("onnx")
+ort = importorskip("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 

@@ -407,7 +407,7 @@ def quantize(
     with err.status("quantizing") as status:
         try:
             manifest, results = run_quantize(model_dir, output_dir, options, progress=lambda m: status.update(m))
-        except (ModelDirError, ValueError, OSError) as e:
+        except (ModelDirError, ValueError, ImportError, OSError) as e:
             fail(str(e))
     table = Table(
         title=f"{model_dir} -> {output_dir} ({manifest.quantization['method'] if manifest.quantization else ''})"

@@ -113,6 +113,8 @@ def _check_request(source: Path, output: Path, options: QuantizeOptions) -> Mani
         raise QuantizeError(f"op types {unknown or '(none)'} cannot be quantized; valid: {', '.join(OP_TYPES)}")
     if options.int4 and (options.block_size < 16 or options.block_size & (options.block_size - 1)):
         raise QuantizeError(f"block_size must be a power of two, at least 16; got {options.block_size}")
+    if options.int4:
+        _int4_quantizer()  # a missing package fails here, before anything is read or written
     manifest = read_manifest(source)
     verify_files(source, manifest)
     if manifest.layout != "onnxmt":
@@ -516,15 +518,23 @@ def _one_zero_point(path: Path) -> None:
     onnx.save(model, str(path))
 
 
-def _run_int4(model: Any, out: Path, nodes: list[str], block_size: int) -> None:
+def _int4_quantizer() -> Any:
+    """ONNX Runtime's MatMulNBitsQuantizer class. It imports onnx_ir and ml_dtypes, which onnxruntime does not
+    install: the export extra does."""
     try:
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-    except ImportError as e:  # pragma: no cover - depends on the installed onnxruntime
-        raise QuantizeError(f"int4 needs onnxruntime's MatMulNBitsQuantizer (onnxruntime >= 1.17): {e}") from e
+    except ImportError as e:
+        raise ImportError(
+            f"--int4 needs onnxruntime's MatMulNBitsQuantizer (onnxruntime >= 1.17) and what it imports "
+            f"(onnx_ir, ml_dtypes): pip install 'onnxmt[export]' ({e})"
+        ) from e
+    return MatMulNBitsQuantizer
 
+
+def _run_int4(model: Any, out: Path, nodes: list[str], block_size: int) -> None:
     chosen = set(nodes)
     with _quiet():
-        quantizer = MatMulNBitsQuantizer(
+        quantizer = _int4_quantizer()(
             model,
             bits=4,
             block_size=block_size,

@@ -1,0 +1,46 @@
+"""Skips that CI turns into failures.
+
+Outside CI a test skips when something it needs is missing: a package of the dev install, the shared FLORES and
+Tatoeba files (`../shared/data` beside the repo), Debian's Chromium, the Optimum venv. In CI (`CI` set, as the CI
+service and .ci/run set it) .ci/run installs all of that, so its absence is a broken install, not a reason to skip:
+the same calls fail instead, naming what is missing.
+
+A module beside conftest.py rather than conftest.py itself, which pytest imports its own way: test modules
+`from skips import ...` as they import `optimum_env`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def skip(reason: str) -> NoReturn:
+    """`pytest.skip(reason)`, or a failure in CI. Works at module level too."""
+    if IN_CI:
+        pytest.fail(f"{reason} [CI is set: .ci/run provides this, so it fails instead of skipping]", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def importorskip(name: str) -> ModuleType:
+    """`pytest.importorskip(name)` for a package the dev install provides: in CI a missing one fails."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        skip(f"needs {name}, which pip install -e '.[export,serve,eval,bench,dev]' installs ({e})")
+
+
+def shared_data(relative: str) -> Path:
+    """A file or folder under ../shared/data; skips (fails in CI) when it is not there."""
+    path = SHARED_DATA / relative
+    if not path.exists():
+        skip(f"shared data not found at {path} (expected ../shared/data beside the repo)")
+    return path

@@ -1,0 +1,83 @@
+"""Every package that src/, tests/ and benchmarks/ import is declared in pyproject.toml (the base or an extra).
+
+CI installs only what pyproject declares, into a fresh venv, so a missing declaration fails there as an ImportError
+wherever a test reaches the import; this test names it at once, with the files that import it, reached or not.
+What a package imports without declaring it (onnxruntime's int4 quantizer and onnx_ir) only the fresh venv finds.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib", reason="the standard library's from Python 3.11")
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("src", "tests", "benchmarks")
+# The repository's own modules: the package, and the helpers tests/ and benchmarks/ import by path.
+LOCAL = {"onnxmt", "conftest", *(p.stem for d in ("tests", "benchmarks") for p in (ROOT / d).glob("*.py"))}
+# Imported only by code that runs in the Optimum venv (tests/optimum_env.py installs it there), never in ours.
+OPTIMUM_VENV = {"optimum"}
+# Calls whose first argument names a module to import.
+IMPORT_CALLS = {"import_module", "importorskip", "find_spec"}
+
+
+def _canonical(name: str) -> str:
+    """A distribution name as PEP 503 compares them (onnx_ir, onnx-ir and ONNX.IR are one)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _imported() -> dict[str, set[str]]:
+    """Top-level third-party module -> the files that import it."""
+    found: dict[str, set[str]] = {}
+    for directory in SOURCES:
+        for path in (ROOT / directory).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                elif (
+                    isinstance(node, ast.Call)
+                    and getattr(node.func, "attr", getattr(node.func, "id", None)) in IMPORT_CALLS
+                    and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)
+                ):
+                    names = [node.args[0].value]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top not in LOCAL | OPTIMUM_VENV:
+                        found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def _declared() -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    lines = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    return {_canonical(re.match(r"[A-Za-z0-9._-]+", line)[0]) for line in lines}
+
+
+def test_every_imported_package_is_declared() -> None:
+    distributions = packages_distributions()
+    declared = _declared()
+    missing = {
+        module: sorted(files)
+        for module, files in _imported().items()
+        if not {_canonical(d) for d in distributions.get(module, [module])} & declared
+    }
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+
+
+def test_the_scan_sees_lazy_imports() -> None:
+    imported = _imported()
+    assert "src/onnxmt/serve/app.py" in imported["starlette"]  # module level
+    assert "src/onnxmt/eval.py" in imported["psutil"]  # inside a function, Windows only
+    assert "tests/test_serve.py" in imported["selenium"]  # importorskip("selenium.webdriver")
