@@ -52,7 +52,7 @@ PRESENT = "variants present: fp32, quantized, uint8, q4, fp16; incomplete: q4f16
 # quantized 4/1, uint8 5/3, q4 1/0, fp16 15/13; first token quantized 8/10, uint8 10/11, q4 4/3, fp16 16/16. The
 # floors are one sentence below. Random weights put many logits within quantization noise of each other, so real
 # models agree far more; what these floors catch is a variant that runs the wrong graphs or feeds them wrong: then
-# even the first token agrees by chance only (1 in 354).
+# even the first token agrees by chance only (1 in 353).
 FLOORS = {
     "quantized": ((3, 0), (7, 9)),
     "uint8": ((4, 2), (9, 10)),
@@ -65,7 +65,7 @@ def _reference(hf_dir: Path, texts: list[str], beams: int) -> list[list[int]]:
     """transformers' generate() token ids: decoder start dropped, trailing padding dropped, eos kept."""
     tokenizer = transformers.MarianTokenizer.from_pretrained(hf_dir)
     model = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
-    encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True)
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=64)
     with torch.no_grad():
         out = model.generate(**encoded, num_beams=beams)
     pad = model.generation_config.pad_token_id

@@ -79,7 +79,7 @@ def _set(path: str, value: Any) -> Edit:
 WRONG_TYPES: dict[str, tuple[Edit, str]] = {
     "graphs-list": (_set("graphs", []), "graphs should be an object, got an array"),
     "architecture-number": (_set("architecture", 1), "architecture should be a string, got an integer"),
-    "vocab-size-string": (_set("model/vocab_size", "354"), "model.vocab_size should be an integer, got a string"),
+    "vocab-size-string": (_set("model/vocab_size", "353"), "model.vocab_size should be an integer, got a string"),
     "eos-bool": (_set("tokens/eos", True), "tokens.eos should be an integer, got a boolean"),
     "pad-float": (_set("tokens/pad", 1.5), "tokens.pad should be an integer or null, got a number"),
     "eos-ids-number": (_set("tokens/eos_ids", 0), "tokens.eos_ids should be an array, got an integer"),
@@ -95,7 +95,7 @@ WRONG_TYPES: dict[str, tuple[Edit, str]] = {
     "bytes-string": (_set("files/encoder.onnx/bytes", "1"), "files['encoder.onnx'].bytes should be an integer"),
     "tokenizer-files": (_set("tokenizer/files", [1]), "tokenizer.files[0] should be a string, got an integer"),
     "bad-word-flat": (
-        _set("generation/bad_words_ids", [353]),
+        _set("generation/bad_words_ids", [352]),
         "generation.bad_words_ids[0] should be an array or null, got an integer",
     ),
     "beams-string": (_set("generation/num_beams", "4"), "generation.num_beams should be an integer or null"),
@@ -167,18 +167,25 @@ def test_a_symlink_inside_the_directory_is_fine(model_copy: Path) -> None:
     verify_files(model_copy, read_manifest(model_copy))
 
 
-# The tiny model's vocabulary has 354 entries (ids 0..353).
+# The tiny model's vocabulary has 353 entries (ids 0..352): test_the_cases_know_the_vocabulary_size checks it.
+TINY_VOCAB = 353
+
+
+def test_the_cases_know_the_vocabulary_size(model_copy: Path) -> None:
+    assert read_manifest(model_copy).model["vocab_size"] == TINY_VOCAB
+
+
 BAD_IDS: dict[str, tuple[Edit, str]] = {
-    "eos-past-the-end": (_set("tokens/eos", 354), "tokens.eos = 354 is outside the vocabulary [0, 354)"),
+    "eos-past-the-end": (_set("tokens/eos", 353), "tokens.eos = 353 is outside the vocabulary [0, 353)"),
     "pad-negative": (_set("tokens/pad", -1), "tokens.pad = -1 is outside"),
     "decoder-start": (_set("tokens/decoder_start", 65000), "tokens.decoder_start = 65000 is outside"),
     "unk": (_set("tokens/unk", 10**9), "tokens.unk = 1000000000 is outside"),
     "eos-ids": (_set("tokens/eos_ids", [0, 999]), "tokens.eos_ids[1] = 999 is outside"),
-    "bad-words": (_set("generation/bad_words_ids", [[1], [2, 354]]), "generation.bad_words_ids[1][1] = 354"),
+    "bad-words": (_set("generation/bad_words_ids", [[1], [2, 353]]), "generation.bad_words_ids[1][1] = 353"),
     "suppress": (_set("generation/suppress_tokens", [400]), "generation.suppress_tokens[0] = 400"),
     "begin-suppress": (_set("generation/begin_suppress_tokens", [-2]), "generation.begin_suppress_tokens[0] = -2"),
     "forced-eos": (_set("generation/forced_eos_token_id", 1000), "generation.forced_eos_token_id = 1000"),
-    "forced-eos-list": (_set("generation/forced_eos_token_id", [0, 354]), "generation.forced_eos_token_id[1] = 354"),
+    "forced-eos-list": (_set("generation/forced_eos_token_id", [0, 353]), "generation.forced_eos_token_id[1] = 353"),
     "vocab-zero": (_set("model/vocab_size", 0), "model.vocab_size must be positive, got 0"),
 }
 
@@ -191,8 +198,8 @@ def test_token_ids_outside_the_vocabulary_are_refused(model_copy: Path, case: st
 
 
 def test_token_ids_at_the_edges_are_accepted(model_copy: Path) -> None:
-    _rewrite(model_copy, _set("generation/suppress_tokens", [0, 353]))
-    assert read_manifest(model_copy).generation["suppress_tokens"] == [0, 353]
+    _rewrite(model_copy, _set("generation/suppress_tokens", [0, 352]))
+    assert read_manifest(model_copy).generation["suppress_tokens"] == [0, 352]
 
 
 @pytest.mark.parametrize(
@@ -200,7 +207,7 @@ def test_token_ids_at_the_edges_are_accepted(model_copy: Path) -> None:
     [
         ("inspect", lambda d: d.clear(), "format_version None is not supported"),
         ("inspect", _set("model/vocab_size", "x"), "model.vocab_size should be an integer, got a string"),
-        ("translate", _set("tokens/eos", 354), "tokens.eos = 354 is outside the vocabulary"),
+        ("translate", _set("tokens/eos", 353), "tokens.eos = 353 is outside the vocabulary"),
         ("translate", _set("graphs/encoder/file", "../encoder.onnx"), "points outside the model directory"),
     ],
 )

@@ -14,30 +14,19 @@ from pathlib import Path
 import pytest
 
 from onnxmt.runtime.translator import Translator
+from sentences import SENTENCES
 from skips import importorskip
 
 torch = importorskip("torch")
 transformers = importorskip("transformers")
 
-# Very different lengths (3 to 62 source tokens); with the tiny model some finish at eos long before the length limit
-# and the others run into it.
-SENTENCES = [
-    "a",
-    "This through so.",
-    "What is this?",
-    "In paper way many such must heavy it because just over.",
-    "Here story music back under while morning must off some the.",
-    "The river was quiet in the morning, and the market of the old city was closed.",
-    "Green, yellow, bright and heavy: the number of windows in this school is more than the men who work there.",
-    "My friend is a doctor, and his family came to the city from the mountain before the evening music, because "
-    "they know the story of the old house.",
-]
-# name: (texts, max_new_tokens); None leaves the model's max_length (64, so 63 new tokens).
+# name: (texts, max_new_tokens); None leaves the model's max_length (64, so 63 new tokens). tests/sentences.py has
+# outputs of many lengths on the tiny model (conftest checks it): SENTENCES[13] ends at eos after 8 tokens.
 CASES = {
-    "one-eos": ([SENTENCES[3]], None),
-    "one-limit": ([SENTENCES[5]], 10),
-    "eight": (SENTENCES, None),
-    "eight-limit": (SENTENCES, 10),
+    "one-eos": ([SENTENCES[13]], None),
+    "one-limit": ([SENTENCES[1]], 10),
+    "batch": (SENTENCES, None),
+    "batch-limit": (SENTENCES, 10),
 }
 MODEL_MAX_NEW_TOKENS = 63
 LAYOUTS = ("optimum", "optimum-merged", "onnx-subfolder", "merged-only-onnx-subfolder")
@@ -101,7 +90,7 @@ def reference(tiny_hf_dir: Path) -> Callable[[str, int], list[list[int]]]:
     def generate(case: str, beams: int) -> list[list[int]]:
         if (case, beams) not in done:
             texts, max_new_tokens = CASES[case]
-            encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True)
+            encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=64)
             with torch.no_grad():
                 out = model.generate(**encoded, num_beams=beams, max_new_tokens=max_new_tokens)
             rows = [row[1:] for row in out.tolist()]

@@ -134,13 +134,13 @@ def test_every_weight_matrix_is_quantized_and_the_lm_head_reads_the_int8_embeddi
     where = _where(int8_dir / DECODER_FILE)
     assert where[flip.input[0]] == where["embed_tokens.weight_int8"]
     matrix = next(i for i in graph.initializer if i.name == "embed_tokens.weight_int8")
-    assert matrix.data_type == onnx.TensorProto.INT8 and list(matrix.dims) == [354, 32]
+    assert matrix.data_type == onnx.TensorProto.INT8 and list(matrix.dims) == [353, 32]
     scales = next(i for i in graph.initializer if i.name == head.input[2])
-    assert list(scales.dims) == [354]  # one per vocabulary entry: per output channel of the head
+    assert list(scales.dims) == [353]  # one per vocabulary entry: per output channel of the head
     # The logits' bias goes into the head's own epilogue (its fifth input), not a pass over the logits after it.
     assert len(head.input) == 5 and head.input[3] == "" and head.output[0] == "logits"
     bias = next(i for i in graph.initializer if i.name == head.input[4])
-    assert list(bias.dims) == [354]
+    assert list(bias.dims) == [353]
 
 
 def test_int8_lookup_is_the_row_times_its_scale(int8_dir: Path, tiny_onnx_dir: Path, tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ def test_int8_lookup_is_the_row_times_its_scale(int8_dir: Path, tiny_onnx_dir: P
             str(directory / DECODER_FILE), str(cut), ["input_ids"], ["/embed_tokens/Gather_output_0"]
         )
         session = ort.InferenceSession(str(cut), providers=["CPUExecutionProvider"])
-        return session.run(None, {"input_ids": np.arange(354, dtype=np.int64)[:, None]})[0][:, 0]
+        return session.run(None, {"input_ids": np.arange(353, dtype=np.int64)[:, None]})[0][:, 0]
 
     graph = onnx.load(str(tiny_onnx_dir / DECODER_FILE)).graph
     table = numpy_helper.to_array(next(i for i in graph.initializer if i.name == "embed_tokens.weight"))
@@ -264,7 +264,7 @@ def test_excluded_lm_head_stays_a_gemm_sharing_the_float_embedding(tiny_onnx_dir
     # One float copy of the embedding, read by the head and by the (then unquantized) token Gather. The encoder's
     # embedding is int8, so nothing else shares it.
     assert {i.name: list(i.dims) for i in graph.initializer if i.data_type == 1 and len(i.dims) == 2} == {
-        "embed_tokens.weight": [354, 32]
+        "embed_tokens.weight": [353, 32]
     }
     assert sum("embed_tokens.weight" in n.input for n in graph.node) == 2
     stored = _rows_of(out / DECODER_FILE, "embed_tokens.weight")  # the head's chunks point into it

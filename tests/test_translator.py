@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from onnxmt import DecodeOptions, ModelDirError, RuntimeOptions, Translation, Translator
+from onnxmt.export.random_model import OPUS_MT_EN_ZH_TARGETS
 from onnxmt.manifest import DECODER_FILE, MANIFEST_NAME, WEIGHTS_FILE
 
 TEXTS = ["Hello world.", "", "The river is long and the mountain is high", "   ", "a", "What is this?"]
@@ -80,17 +81,26 @@ def test_invalid_settings_raise_value_error(translator: Translator) -> None:
 
 def test_target_language(tiny_multi_onnx_dir: Path, translator: Translator) -> None:
     multi = Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(max_new_tokens=6))
-    assert multi.target_languages == ["cmn_Hans", "yue_Hant"]
+    assert multi.target_languages == sorted(OPUS_MT_EN_ZH_TARGETS)
     by_name = multi.translate(["Hello world."], target_lang="yue_Hant")[0]
     by_token = multi.translate(["Hello world."], target_lang=">>yue_Hant<<")[0]
     assert by_name == by_token
     assert by_name.token_ids != multi.translate(["Hello world."], target_lang="cmn_Hans")[0].token_ids
-    with pytest.raises(ValueError, match="unknown target language 'fra'; valid: cmn_Hans, yue_Hant"):
+    with pytest.raises(ValueError, match="unknown target language 'fra'; valid: cjy_Hans, .*, yue_Hant"):
         multi.translate(["Hello"], target_lang="fra")
     with pytest.raises(ValueError, match="unknown target language"):
         Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(target_lang="fra"))
     with pytest.raises(ValueError, match="single target language"):
         translator.translate(["Hello"], target_lang="cmn_Hans")
+
+
+@pytest.mark.filterwarnings("ignore:input of .* truncated")
+def test_sources_are_truncated_at_the_model_positions(translator: Translator) -> None:
+    # The tokenizer alone keeps MarianTokenizer's 512 (opus-mt names no length); the model has 64 positions.
+    assert translator.manifest.model["max_positions"] == 64 == translator.tokenizer.model_max_length
+    text = "the small river and the old house " * 80
+    assert len(translator.tokenizer.encode(text)) == 64
+    assert translator.translate([text], max_new_tokens=4)[0].token_ids
 
 
 def _copy(src: Path, tmp_path: Path) -> Path:

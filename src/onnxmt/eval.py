@@ -308,7 +308,11 @@ class _PytorchModel:
         for start in range(0, len(order), batch_size):
             batch = order[start : start + batch_size]
             encoded = self.tokenizer(
-                [self.prefix + texts[i] for i in batch], return_tensors="pt", padding=True, truncation=True
+                [self.prefix + texts[i] for i in batch],
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings),
             )
             with self.torch.no_grad():
                 generated = self.model.generate(**encoded, **self.generate_kwargs)

@@ -274,6 +274,8 @@ _ENTRY_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
         "repetition_penalty": (*_NUMBER, type(None)),
         "early_stopping": (bool, str, type(None)),
         "forced_eos_token_id": (int, list, type(None)),
+        "forced_bos_token_id": (int, type(None)),
+        "renormalize_logits": (bool, type(None)),
         "bad_words_ids": (list, type(None)),
         "suppress_tokens": (list, type(None)),
         "begin_suppress_tokens": (list, type(None)),
@@ -392,6 +394,7 @@ def _check_token_ids(manifest: Manifest) -> None:
         if isinstance(forced, list)
         else [("generation.forced_eos_token_id", forced)]
     )
+    ids.append(("generation.forced_bos_token_id", gen.get("forced_bos_token_id")))
     ids += each("generation.suppress_tokens", gen.get("suppress_tokens"))
     ids += each("generation.begin_suppress_tokens", gen.get("begin_suppress_tokens"))
     for where, word in each("generation.bad_words_ids", gen.get("bad_words_ids")):

@@ -232,7 +232,9 @@ class _Reference:
     def encode(self, texts: Sequence[str], target_token: str | None) -> Any:
         if target_token:
             texts = [f"{target_token} {t}" for t in texts]
-        return self.tokenizer(list(texts), return_tensors="pt", padding=True, truncation=True)
+        # Truncated at the model's positions, as onnxmt's tokenizer does (opus-mt names no model_max_length).
+        limit = min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
+        return self.tokenizer(list(texts), return_tensors="pt", padding=True, truncation=True, max_length=limit)
 
     def generate(self, encoded: Any, **kwargs: Any) -> list[list[int]]:
         with self.torch.no_grad(), _quiet_transformers():
