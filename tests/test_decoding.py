@@ -30,12 +30,21 @@ def hf_model(model_dir: Path) -> tuple[Any, Any]:
 def reference(model_dir: Path, texts: list[str], target_token: str | None = None, **generate_kwargs) -> list[list[int]]:
     """transformers' generate() token ids under the model's generation config: decoder start dropped, trailing
     padding dropped, eos kept. Sources are truncated at the model's positions, as onnxmt does (opus-mt's
-    tokenizer_config.json names no length, so MarianTokenizer alone would keep 512 tokens)."""
+    tokenizer_config.json names no length, so MarianTokenizer alone would keep 512 tokens). Cached: several tests
+    compare other batch sizes or layouts with the same reference."""
+    key = tuple(sorted(generate_kwargs.items()))
+    return [list(row) for row in _reference(model_dir, tuple(texts), target_token, key)]
+
+
+@functools.cache
+def _reference(
+    model_dir: Path, texts: tuple[str, ...], target_token: str | None, kwargs: tuple[tuple[str, Any], ...]
+) -> tuple[tuple[int, ...], ...]:
+    generate_kwargs = dict(kwargs)
     tokenizer, model = hf_model(model_dir)
-    if target_token:
-        texts = [f"{target_token} {t}" for t in texts]
+    batch = [f"{target_token} {t}" for t in texts] if target_token else list(texts)
     limit = model.config.max_position_embeddings
-    encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=limit)
+    encoded = tokenizer(batch, return_tensors="pt", padding=True, truncation=True, max_length=limit)
     with torch.no_grad():
         out = model.generate(**encoded, **generate_kwargs)
     pad = model.generation_config.pad_token_id
@@ -44,8 +53,8 @@ def reference(model_dir: Path, texts: list[str], target_token: str | None = None
         row = row[1:]
         while row and row[-1] == pad:
             row.pop()
-        rows.append(row)
-    return rows
+        rows.append(tuple(row))
+    return tuple(rows)
 
 
 @pytest.fixture(scope="module")
