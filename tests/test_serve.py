@@ -157,7 +157,9 @@ def assert_serving(server: Server) -> None:
 
 
 def test_single_text_equals_library(server: Server, translator: Translator) -> None:
-    for target, lang in (("cmn_Hans", "cmn_Hans"), (">>yue_Hant<<", "yue_Hant"), ("zh", None), (None, None)):
+    cases = [("cmn_Hans", "cmn_Hans"), (">>yue_Hant<<", "yue_Hant"), ("zh", "cmn_Hans"), ("zt", "cmn_Hant")]
+    cases += [("zh-TW", "cmn_Hant"), ("zho_Hans", "cmn_Hans"), ("yue", "yue"), (None, None)]
+    for target, lang in cases:
         response = post(server, {"q": TEXTS[1], "source": "en", "target": target, "format": "text"})
         assert response.status_code == 200, response.text
         assert response.json() == {"translatedText": translator.translate([TEXTS[1]], target_lang=lang)[0].text}
@@ -308,8 +310,14 @@ def test_health_ready_languages_info(server: Server) -> None:
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{server.url}/ready").json() == {"ready": True}
     languages = httpx.get(f"{server.url}/languages").json()
-    assert languages[0] == {"code": "en", "name": "English", "targets": ["zh", "cmn_Hans", "yue_Hant"]}
-    assert {entry["code"] for entry in languages} == {"en", "zh", "cmn_Hans", "yue_Hant"}
+    targets = ["zh", "zt", "cjy-Hans", "cjy-Hant", "cmn", "gan", "lzh", "lzh-Hans", "nan", "wuu", "yue", "yue-Hans"]
+    targets.append("yue-Hant")
+    assert languages[0] == {"code": "en", "name": "English", "targets": targets}
+    assert [entry["code"] for entry in languages[1:]] == targets
+    assert languages[1:3] == [
+        {"code": "zh", "name": "Chinese (Simplified)", "targets": []},
+        {"code": "zt", "name": "Chinese (Traditional)", "targets": []},
+    ]
     info = httpx.get(f"{server.url}/info").json()
     assert info["model"]["architecture"] == "marian"
     assert info["limits"]["max_chars"] == 2000 and info["batching"]["max_batch_size"] == 16

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from onnxmt import DecodeOptions, ModelDirError, RuntimeOptions, Translation, Translator
+from onnxmt.export.random_model import OPUS_MT_EN_ZH_TARGETS
 from onnxmt.manifest import DECODER_FILE, MANIFEST_NAME, WEIGHTS_FILE
 
 TEXTS = ["Hello world.", "", "The river is long and the mountain is high", "   ", "a", "What is this?"]
@@ -80,17 +81,22 @@ def test_invalid_settings_raise_value_error(translator: Translator) -> None:
 
 def test_target_language(tiny_multi_onnx_dir: Path, translator: Translator) -> None:
     multi = Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(max_new_tokens=6))
-    assert multi.target_languages == ["cmn_Hans", "yue_Hant"]
+    assert multi.target_languages == sorted(OPUS_MT_EN_ZH_TARGETS)
     by_name = multi.translate(["Hello world."], target_lang="yue_Hant")[0]
     by_token = multi.translate(["Hello world."], target_lang=">>yue_Hant<<")[0]
     assert by_name == by_token
     assert by_name.token_ids != multi.translate(["Hello world."], target_lang="cmn_Hans")[0].token_ids
-    with pytest.raises(ValueError, match="unknown target language 'fra'; valid: cmn_Hans, yue_Hant"):
+    # Codes as clients send them (onnxmt.languages): zh is Simplified Mandarin, zh-TW Traditional.
+    simplified = multi.translate(["Hello world."], target_lang="cmn_Hans")
+    assert multi.translate(["Hello world."], target_lang="zh") == simplified
+    assert multi.target_token("zh-TW") == ">>cmn_Hant<<" and multi.target_token("zt") == ">>cmn_Hant<<"
+    with pytest.raises(ValueError, match=r"unknown target language 'fra'; valid: zh \(cmn_Hans\), zt \(cmn_Hant\), "):
         multi.translate(["Hello"], target_lang="fra")
     with pytest.raises(ValueError, match="unknown target language"):
         Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(target_lang="fra"))
     with pytest.raises(ValueError, match="single target language"):
-        translator.translate(["Hello"], target_lang="cmn_Hans")
+        translator.translate(["Hello"], target_lang="yue_Hant")
+    assert translator.target_token("zh") is None  # the single-target model's own language
 
 
 def _copy(src: Path, tmp_path: Path) -> Path:
