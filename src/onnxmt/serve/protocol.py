@@ -78,6 +78,18 @@ def parse_translate(data: Mapping[str, Any], limits: ServeOptions, *, form: bool
     )
 
 
+def parse_detect(data: Mapping[str, Any], limits: ServeOptions) -> str:
+    """The text of a /detect body (LibreTranslate's: `q`, a string); ApiError 400 naming the problem."""
+    q = data.get("q")
+    if q is None:
+        raise ApiError(400, "Invalid request: missing q parameter")
+    if not isinstance(q, str):
+        raise ApiError(400, f"Invalid request: q must be a string, got {_type_name(q)}")
+    if len(q) > limits.max_chars:
+        raise ApiError(400, f"Invalid request: q has {len(q)} characters, the limit is {limits.max_chars}")
+    return q
+
+
 def _type_name(value: object) -> str:
     names = {
         type(None): "null",
