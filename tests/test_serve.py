@@ -173,7 +173,28 @@ def test_batch_equals_library(server: Server, translator: Translator) -> None:
     expected = translator.translate(texts, target_lang="yue_Hant", beams=2, max_new_tokens=30)
     assert body["translatedText"] == [t.text for t in expected]
     assert body["translatedText"][-2:] == ["", ""]
-    assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * len(texts)
+    # One detection for the batch (LibreTranslate's answer), by the detector (serve/detect.py).
+    detected = body["detectedLanguage"]
+    assert detected == [detected[0]] * len(texts) and detected[0]["language"] == "en"
+    assert 50 < detected[0]["confidence"] <= 100
+
+
+def test_detect(server: Server) -> None:
+    english = httpx.post(f"{server.url}/detect", json={"q": "Hello, how are you today?"})
+    assert english.status_code == 200, english.text
+    candidates = english.json()
+    assert candidates[0]["language"] == "en" and candidates[0]["confidence"] > 90
+    assert [c["confidence"] for c in candidates] == sorted((c["confidence"] for c in candidates), reverse=True)
+    sentence = "今天天气很好，我们去公园散步吧。"
+    chinese = httpx.post(f"{server.url}/detect", data={"q": sentence}).json()
+    assert chinese[0]["language"] == "zh"  # as /languages shows Simplified Chinese
+    assert_error(httpx.post(f"{server.url}/detect", json={"q": 3}), 400)
+    assert_error(httpx.post(f"{server.url}/detect", json={}), 400)
+    # source "auto" is routed by the detector: Chinese is not what this model translates from.
+    message = assert_error(post(server, {"q": sentence, "source": "auto", "target": "zh"}), 400)
+    assert "the text is in zh" in message and "translates from en" in message
+    auto = post(server, {"q": TEXTS[3], "source": "auto", "target": "zh"}).json()
+    assert auto["detectedLanguage"]["language"] == "en"
 
 
 def test_empty_batch(server: Server) -> None:
@@ -326,7 +347,7 @@ def test_health_ready_languages_info(server: Server) -> None:
 
 def test_docs_and_page(server: Server) -> None:
     schema = httpx.get(f"{server.url}/openapi.json").json()
-    assert {"/translate", "/languages", "/info", "/health", "/ready", "/metrics"} <= set(schema["paths"])
+    assert {"/translate", "/detect", "/languages", "/info", "/health", "/ready", "/metrics"} <= set(schema["paths"])
     assert "application/x-www-form-urlencoded" in schema["paths"]["/translate"]["post"]["requestBody"]["content"]
     assert httpx.get(f"{server.url}/docs").status_code == 200
     page = httpx.get(f"{server.url}/")
