@@ -607,8 +607,8 @@ def test_page_translates_in_headless_chromium(server: Server, translator: Transl
     try:
         browser.get(f"{server.url}/")
         wait = WebDriverWait(browser, 30)
-        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#target option")) == 3)
-        Select(browser.find_element(By.ID, "target")).select_by_value("yue_Hant")
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#target option")) == 13)
+        Select(browser.find_element(By.ID, "target")).select_by_value("yue-Hant")  # as /languages lists it
         browser.find_element(By.ID, "text").send_keys(TEXTS[5])
         browser.find_element(By.ID, "translate").click()
         wait.until(lambda b: b.find_element(By.ID, "result").get_attribute("textContent"))
