@@ -158,7 +158,9 @@ def assert_serving(server: Server) -> None:
 
 
 def test_single_text_equals_library(server: Server, translator: Translator) -> None:
-    for target, lang in (("cmn_Hans", "cmn_Hans"), (">>yue_Hant<<", "yue_Hant"), ("zh", None), (None, None)):
+    cases = [("cmn_Hans", "cmn_Hans"), (">>yue_Hant<<", "yue_Hant"), ("zh", "cmn_Hans"), ("zt", "cmn_Hant")]
+    cases += [("zh-TW", "cmn_Hant"), ("zho_Hans", "cmn_Hans"), ("yue", "yue"), (None, None)]
+    for target, lang in cases:
         response = post(server, {"q": TEXTS[1], "source": "en", "target": target, "format": "text"})
         assert response.status_code == 200, response.text
         assert response.json() == {"translatedText": translator.translate([TEXTS[1]], target_lang=lang)[0].text}
@@ -172,7 +174,28 @@ def test_batch_equals_library(server: Server, translator: Translator) -> None:
     expected = translator.translate(texts, target_lang="yue_Hant", beams=2, max_new_tokens=30)
     assert body["translatedText"] == [t.text for t in expected]
     assert body["translatedText"][-2:] == ["", ""]
-    assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * len(texts)
+    # One detection for the batch (LibreTranslate's answer), by the detector (serve/detect.py).
+    detected = body["detectedLanguage"]
+    assert detected == [detected[0]] * len(texts) and detected[0]["language"] == "en"
+    assert 50 < detected[0]["confidence"] <= 100
+
+
+def test_detect(server: Server) -> None:
+    english = httpx.post(f"{server.url}/detect", json={"q": "Hello, how are you today?"})
+    assert english.status_code == 200, english.text
+    candidates = english.json()
+    assert candidates[0]["language"] == "en" and candidates[0]["confidence"] > 90
+    assert [c["confidence"] for c in candidates] == sorted((c["confidence"] for c in candidates), reverse=True)
+    sentence = "今天天气很好，我们去公园散步吧。"
+    chinese = httpx.post(f"{server.url}/detect", data={"q": sentence}).json()
+    assert chinese[0]["language"] == "zh"  # as /languages shows Simplified Chinese
+    assert_error(httpx.post(f"{server.url}/detect", json={"q": 3}), 400)
+    assert_error(httpx.post(f"{server.url}/detect", json={}), 400)
+    # source "auto" is routed by the detector: Chinese is not what this model translates from.
+    message = assert_error(post(server, {"q": sentence, "source": "auto", "target": "zh"}), 400)
+    assert "the text is in zh" in message and "translates from en" in message
+    auto = post(server, {"q": TEXTS[3], "source": "auto", "target": "zh"}).json()
+    assert auto["detectedLanguage"]["language"] == "en"
 
 
 def test_empty_batch(server: Server) -> None:
@@ -309,8 +332,14 @@ def test_health_ready_languages_info(server: Server) -> None:
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{server.url}/ready").json() == {"ready": True}
     languages = httpx.get(f"{server.url}/languages").json()
-    assert languages[0] == {"code": "en", "name": "English", "targets": ["zh", "cmn_Hans", "yue_Hant"]}
-    assert {entry["code"] for entry in languages} == {"en", "zh", "cmn_Hans", "yue_Hant"}
+    targets = ["zh", "zt", "cjy-Hans", "cjy-Hant", "cmn", "gan", "lzh", "lzh-Hans", "nan", "wuu", "yue", "yue-Hans"]
+    targets.append("yue-Hant")
+    assert languages[0] == {"code": "en", "name": "English", "targets": targets}
+    assert [entry["code"] for entry in languages[1:]] == targets
+    assert languages[1:3] == [
+        {"code": "zh", "name": "Chinese (Simplified)", "targets": []},
+        {"code": "zt", "name": "Chinese (Traditional)", "targets": []},
+    ]
     info = httpx.get(f"{server.url}/info").json()
     assert info["model"]["architecture"] == "marian"
     assert info["limits"]["max_chars"] == 2000 and info["batching"]["max_batch_size"] == 16
@@ -319,7 +348,7 @@ def test_health_ready_languages_info(server: Server) -> None:
 
 def test_docs_and_page(server: Server) -> None:
     schema = httpx.get(f"{server.url}/openapi.json").json()
-    assert {"/translate", "/languages", "/info", "/health", "/ready", "/metrics"} <= set(schema["paths"])
+    assert {"/translate", "/detect", "/languages", "/info", "/health", "/ready", "/metrics"} <= set(schema["paths"])
     assert "application/x-www-form-urlencoded" in schema["paths"]["/translate"]["post"]["requestBody"]["content"]
     assert httpx.get(f"{server.url}/docs").status_code == 200
     page = httpx.get(f"{server.url}/")
@@ -579,8 +608,8 @@ def test_page_translates_in_headless_chromium(server: Server, translator: Transl
     try:
         browser.get(f"{server.url}/")
         wait = WebDriverWait(browser, 30)
-        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#target option")) == 3)
-        Select(browser.find_element(By.ID, "target")).select_by_value("yue_Hant")
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#target option")) == 13)
+        Select(browser.find_element(By.ID, "target")).select_by_value("yue-Hant")  # as /languages lists it
         browser.find_element(By.ID, "text").send_keys(TEXTS[5])
         browser.find_element(By.ID, "translate").click()
         wait.until(lambda b: b.find_element(By.ID, "result").get_attribute("textContent"))

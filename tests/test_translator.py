@@ -86,12 +86,17 @@ def test_target_language(tiny_multi_onnx_dir: Path, translator: Translator) -> N
     by_token = multi.translate(["Hello world."], target_lang=">>yue_Hant<<")[0]
     assert by_name == by_token
     assert by_name.token_ids != multi.translate(["Hello world."], target_lang="cmn_Hans")[0].token_ids
-    with pytest.raises(ValueError, match="unknown target language 'fra'; valid: cjy_Hans, .*, yue_Hant"):
+    # Codes as clients send them (onnxmt.languages): zh is Simplified Mandarin, zh-TW Traditional.
+    simplified = multi.translate(["Hello world."], target_lang="cmn_Hans")
+    assert multi.translate(["Hello world."], target_lang="zh") == simplified
+    assert multi.target_token("zh-TW") == ">>cmn_Hant<<" and multi.target_token("zt") == ">>cmn_Hant<<"
+    with pytest.raises(ValueError, match=r"unknown target language 'fra'; valid: zh \(cmn_Hans\), zt \(cmn_Hant\), "):
         multi.translate(["Hello"], target_lang="fra")
     with pytest.raises(ValueError, match="unknown target language"):
         Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(target_lang="fra"))
     with pytest.raises(ValueError, match="single target language"):
-        translator.translate(["Hello"], target_lang="cmn_Hans")
+        translator.translate(["Hello"], target_lang="yue_Hant")
+    assert translator.target_token("zh") is None  # the single-target model's own language
 
 
 @pytest.mark.filterwarnings("ignore:input of .* truncated")

@@ -30,6 +30,10 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(code=2)
 
 
+TARGET_LANG_HELP = (
+    "Target language of a multi-target model, as clients write it: zh, zt, zh-TW, cmn_Hant, >>cmn_Hant<< "
+    "(see /languages of onnxmt serve)."
+)
 VariantOption = Annotated[
     str | None,
     typer.Option(
@@ -193,7 +197,7 @@ def translate(
     beams: Annotated[int | None, typer.Option(help="Beam size; 1 is greedy (default: the model's).")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate per text.")] = None,
     batch_size: Annotated[int, typer.Option(help="Texts per decoder batch.")] = 16,
-    target_lang: Annotated[str | None, typer.Option(help="Target language of a multi-target model.")] = None,
+    target_lang: Annotated[str | None, typer.Option(help=TARGET_LANG_HELP)] = None,
     threads: Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads (default: all cores).")] = None,
     variant: VariantOption = None,
 ) -> None:
@@ -333,7 +337,7 @@ def validate(
     beams: Annotated[int | None, typer.Option(help="Beam size of the beam pass (default: the model's).")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate per sentence.")] = None,
     batch_size: Annotated[int, typer.Option(help="Sentences per batch, on both sides.")] = 1,
-    target_lang: Annotated[str | None, typer.Option(help="Target language of a multi-target model.")] = None,
+    target_lang: Annotated[str | None, typer.Option(help=TARGET_LANG_HELP)] = None,
     threads: Annotated[int | None, typer.Option(help="Threads of ONNX Runtime and torch (default: all cores).")] = None,
 ) -> None:
     """Compare an exported directory with its PyTorch model: logits, token-identical rates, first differences."""
@@ -439,7 +443,7 @@ def evaluate(
     batch_size: Annotated[int, typer.Option(help="Batch size of the quality and throughput pass.")] = 16,
     latency_sentences: Annotated[int, typer.Option(help="Sentences timed one at a time (batch 1).")] = 20,
     threads: Annotated[int | None, typer.Option(help="Intra-op threads (default: all cores).")] = None,
-    target_lang: Annotated[str | None, typer.Option(help="Target language of a multi-target model.")] = None,
+    target_lang: Annotated[str | None, typer.Option(help=TARGET_LANG_HELP)] = None,
     tokenize: Annotated[
         str | None, typer.Option(help="sacrebleu tokenizer (default: zh for Chinese targets, else 13a).")
     ] = None,

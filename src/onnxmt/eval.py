@@ -186,10 +186,10 @@ def evaluate(
 
 
 def _target_token(languages: dict[str, Any], target: str | None) -> str | None:
-    tokens: dict[str, str] = languages.get("target_tokens", {})
-    if target is None:
-        return None
-    return target if target in tokens.values() else tokens.get(target)
+    from .languages import ModelLanguages
+
+    lang = ModelLanguages(languages).resolve_target(target)
+    return None if lang is None else str(languages["target_tokens"][lang])
 
 
 def _run_worker(job: dict[str, Any], tmp: Path, progress: Callable[[str, int, int], None]) -> dict[str, Any]:

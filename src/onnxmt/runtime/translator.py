@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..languages import ModelLanguages
 from ..manifest import Manifest, verify_files
 from .decoding import DEFAULT_MAX_NEW_TOKENS, Settings, decode
 from .graphs import Graphs, open_graphs
@@ -77,18 +78,10 @@ class Translator:
         return sorted(self.manifest.languages.get("target_tokens", {}))
 
     def target_token(self, target_lang: str | None) -> str | None:
-        """The language token for `target_lang` (a language or a `>>lang<<` token); ValueError naming valid ones."""
-        tokens: dict[str, str] = self.manifest.languages.get("target_tokens", {})
-        lang = target_lang if target_lang is not None else self.manifest.languages.get("default_target")
-        if lang is None:
-            return None
-        if not tokens:
-            raise ValueError(f"this model has a single target language; target_lang {lang!r} cannot be chosen")
-        if lang in tokens.values():
-            return lang
-        if lang not in tokens:
-            raise ValueError(f"unknown target language {lang!r}; valid: {', '.join(sorted(tokens))}")
-        return tokens[lang]
+        """The language token for `target_lang`: any code a client sends (`zh`, `zh-TW`, `cmn_Hant`, `>>cmn_Hant<<`,
+        see onnxmt.languages); ValueError naming the valid ones."""
+        lang = ModelLanguages(self.manifest.languages).resolve_target(target_lang)
+        return None if lang is None else str(self.manifest.languages["target_tokens"][lang])
 
     def translate(self, texts: Sequence[str], **overrides: Any) -> list[Translation]:
         """Translate `texts` (a list of strings); keyword arguments (beams, max_new_tokens, batch_size,

@@ -27,8 +27,8 @@ from .. import __version__
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from .metrics import MetricsMiddleware
 from .options import ServeOptions
-from .protocol import ApiError, parse_translate
-from .schemas import Language, TranslateAnswer, errors, request_body
+from .protocol import ApiError, parse_detect, parse_translate
+from .schemas import DetectBody, DetectedLanguage, Language, TranslateAnswer, errors, request_body
 from .service import Service
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
@@ -46,6 +46,15 @@ async def translate(request: Request) -> JSONResponse:
     service.check_key(data.get("api_key"))
     answer = await service.translate(parse_translate(data, service.options, form=is_form))
     return JSONResponse(answer)
+
+
+async def detect(request: Request) -> JSONResponse:
+    """The language of a text: candidates, most confident first (LibreTranslate's API; JSON or form body)."""
+    service = _service(request)
+    data, _ = await _read_body(request)
+    service.check_key(data.get("api_key"))
+    text = parse_detect(data, service.options)
+    return JSONResponse([d.libretranslate() for d in await service.detect(text)])
 
 
 async def languages(request: Request) -> JSONResponse:
@@ -96,6 +105,14 @@ ROUTES: list[BaseRoute] = [
         response_model=TranslateAnswer,
         responses=errors(400, 403, 413, 503, 504),
         openapi_extra=request_body(),
+    ),
+    APIRoute(
+        "/detect",
+        detect,
+        methods=["POST"],
+        response_model=list[DetectedLanguage],
+        responses=errors(400, 403, 413, 503),
+        openapi_extra=request_body(DetectBody),
     ),
     APIRoute("/languages", languages, methods=["GET"], response_model=list[Language], responses=errors(503)),
     APIRoute("/info", info, methods=["GET"], responses=errors(503)),

@@ -10,17 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..languages import ModelLanguages, display_name
 from ..manifest import Manifest
 from .options import ServeOptions
-
-# Names for the codes opus-mt models use most; other codes are shown as they are.
-LANGUAGE_NAMES = {
-    "ar": "Arabic", "de": "German", "en": "English", "es": "Spanish", "fi": "Finnish", "fr": "French",
-    "hi": "Hindi", "it": "Italian", "ja": "Japanese", "ko": "Korean", "nl": "Dutch", "pl": "Polish",
-    "pt": "Portuguese", "ru": "Russian", "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "vi": "Vietnamese",
-    "zh": "Chinese", "cmn_Hans": "Mandarin (Simplified)", "cmn_Hant": "Mandarin (Traditional)",
-    "yue_Hans": "Cantonese (Simplified)", "yue_Hant": "Cantonese (Traditional)",
-}  # fmt: skip
 
 
 class ApiError(Exception):
@@ -86,6 +78,18 @@ def parse_translate(data: Mapping[str, Any], limits: ServeOptions, *, form: bool
     )
 
 
+def parse_detect(data: Mapping[str, Any], limits: ServeOptions) -> str:
+    """The text of a /detect body (LibreTranslate's: `q`, a string); ApiError 400 naming the problem."""
+    q = data.get("q")
+    if q is None:
+        raise ApiError(400, "Invalid request: missing q parameter")
+    if not isinstance(q, str):
+        raise ApiError(400, f"Invalid request: q must be a string, got {_type_name(q)}")
+    if len(q) > limits.max_chars:
+        raise ApiError(400, f"Invalid request: q has {len(q)} characters, the limit is {limits.max_chars}")
+    return q
+
+
 def _type_name(value: object) -> str:
     names = {
         type(None): "null",
@@ -120,46 +124,36 @@ def _integer(data: Mapping[str, Any], name: str, form: bool, low: int) -> int | 
 
 
 class Languages:
-    """The model's languages in LibreTranslate's terms. Targets a client may send: the model's target language
-    (e.g. "zh": the model's default language token, if any) and, for multi-target models, each language token's
-    language ("cmn_Hans") or the token itself (">>cmn_Hans<<")."""
+    """The model's languages in LibreTranslate's terms (onnxmt.languages does the mapping): the codes /languages
+    shows (ISO 639-1 where one exists: `en`, `zh`, `zt`), and the model's codes for what a client sends."""
 
     def __init__(self, manifest: Manifest) -> None:
-        langs = manifest.languages
-        self.source: str | None = langs.get("source")
-        self.target: str | None = langs.get("target")
-        self.tokens: dict[str, str] = dict(langs.get("target_tokens") or {})
-
-    @property
-    def targets(self) -> list[str]:
-        return [t for t in (self.target,) if t] + sorted(self.tokens)
+        self.model = ModelLanguages(manifest.languages)
+        self.source: str | None = self.model.public.get(self.model.source or "")
+        self.targets: list[str] = [self.model.public[t] for t in self.model.targets]
+        default = self.model.default_target
+        self.target: str | None = self.model.public[default] if default else None
 
     def check_source(self, code: str | None) -> None:
-        if code in (None, "", "auto") or self.source is None or code == self.source:
-            return
-        raise ApiError(400, f"unknown source language {code!r}; this model translates from: auto, {self.source}")
+        try:
+            self.model.resolve_source(code)
+        except ValueError as e:
+            raise ApiError(400, str(e)) from e
 
     def target_lang(self, code: str | None) -> str | None:
         """The translator's `target_lang` for a request's `target`: None means the model's default."""
-        if code in (None, "") or code == self.target:
-            return None
-        if code in self.tokens:
-            return code
-        for lang, token in self.tokens.items():
-            if code == token:
-                return lang
-        if not self.targets:
-            return None  # the model does not say what it translates into: accept what the client says
-        raise ApiError(400, f"unknown target language {code!r}; valid: {', '.join(self.targets)}")
+        try:
+            return self.model.resolve_target(code)
+        except ValueError as e:
+            raise ApiError(400, str(e)) from e
 
     def libretranslate(self) -> list[dict[str, Any]]:
-        """`GET /languages`: each language with the languages it translates into."""
-        entries = []
-        if self.source:
-            entries.append(_language(self.source, self.targets))
-        entries.extend(_language(t, []) for t in self.targets if t != self.source)
+        """`GET /languages`: each language with the languages it translates into, source first."""
+        source, public = self.model.source, self.model.public
+        entries = [_language(public[source], self.targets, source)] if source else []
+        entries.extend(_language(public[t], [], t) for t in self.model.targets if t != source)
         return entries
 
 
-def _language(code: str, targets: list[str]) -> dict[str, Any]:
-    return {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": targets}
+def _language(code: str, targets: list[str], model_code: str | None = None) -> dict[str, Any]:
+    return {"code": code, "name": display_name(model_code or code), "targets": targets}

@@ -25,6 +25,16 @@ class TranslateAnswer(BaseModel):
     detectedLanguage: dict[str, Any] | list[dict[str, Any]] | None = None
 
 
+class DetectBody(BaseModel):
+    q: str = Field(description="Text whose language to detect.", examples=["Hello world"])
+    api_key: str | None = Field(None, description="Needed when the server has API keys.")
+
+
+class DetectedLanguage(BaseModel):
+    language: str = Field(description="A code of /languages, or the detector's ISO 639-1 code.", examples=["en"])
+    confidence: float = Field(description="0 to 100.", examples=[99.5])
+
+
 class ErrorAnswer(BaseModel):
     error: str
 
@@ -35,9 +45,9 @@ class Language(BaseModel):
     targets: list[str]
 
 
-def request_body() -> dict[str, Any]:
-    """The /translate request body in OpenAPI: JSON, or the same fields as a form."""
-    schema = TranslateBody.model_json_schema()
+def request_body(model: type[BaseModel] = TranslateBody) -> dict[str, Any]:
+    """A request body in OpenAPI: JSON, or the same fields as a form."""
+    schema = model.model_json_schema()
     return {
         "requestBody": {
             "required": True,

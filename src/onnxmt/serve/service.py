@@ -17,6 +17,7 @@ from .. import __version__
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.translator import Translation, Translator, resolve_settings
 from .batcher import MicroBatcher, QueueFull
+from .detect import Detected, Detector
 from .metrics import Metrics
 from .options import ServeOptions
 from .protocol import ApiError, Languages, TranslateRequest
@@ -38,6 +39,7 @@ class Service:
         self.metrics = Metrics()
         self.translator: Translator | None = None
         self.languages: Languages | None = None
+        self.detector: Detector | None = None
         self.error: str | None = None  # why the model could not be loaded
         self.draining = False
         # Called when the model cannot be loaded: the server stops and the command exits non-zero.
@@ -74,13 +76,15 @@ class Service:
             translator = await loop.run_in_executor(
                 self._executor, Translator, self.model_dir, self.runtime, self.decoding
             )
+            languages = Languages(translator.manifest)
+            self.detector = await loop.run_in_executor(self._executor, Detector, languages.model)
         except Exception as e:  # ModelDirError, ValueError, OSError, onnxruntime's own errors: all fatal here
             self.error = f"cannot load the model from {self.model_dir}: {e}"
             log.error(self.error)
             self.on_fatal(self.error)
             return
         self.translator = translator
-        self.languages = Languages(translator.manifest)
+        self.languages = languages
         self._batcher.start()
         self.metrics.ready.set(1)
         variant = translator.manifest.provenance.get("variant")  # Optimum/Transformers.js directories
@@ -118,11 +122,11 @@ class Service:
     async def translate(self, request: TranslateRequest) -> dict[str, Any]:
         """Answer a checked /translate request in LibreTranslate's shape."""
         translator, languages, batcher = self._require_ready()
-        languages.check_source(request.source)
+        detected = await self._check_source(languages, request)
         options = self._decode_options(translator, languages, request)
         timeout = self.options.timeout or None
         if not request.texts:
-            return _answer(request, [], languages.source)
+            return _answer(request, [], detected)
         try:
             results = await batcher.translate(request.texts, options, timeout)
         except QueueFull as e:
@@ -131,7 +135,31 @@ class Service:
             raise ApiError(504, f"translation timed out after {self.options.timeout:g} s") from e
         except ValueError as e:
             raise ApiError(400, str(e)) from e
-        return _answer(request, results, languages.source)
+        return _answer(request, results, detected)
+
+    async def _check_source(self, languages: Languages, request: TranslateRequest) -> Detected | None:
+        """400 for a source the model does not translate from; for `auto` (or none), the detected language of the
+        texts together (one answer for a batch, as LibreTranslate gives), which must be the model's source."""
+        if request.source not in (None, "", "auto"):
+            languages.check_source(request.source)
+            return None
+        text = "\n".join(t for t in request.texts if t.strip())
+        if not text or languages.source is None:
+            return Detected(languages.source, 0.0) if languages.source else None
+        best = (await self.detect(text))[0]
+        if best.language != languages.source:
+            raise ApiError(
+                400,
+                f"the text is in {best.language} (detected, {best.confidence:g}% confident); "
+                f"this model translates from {languages.source}",
+            )
+        return best
+
+    async def detect(self, text: str) -> list[Detected]:
+        """Candidates for `text`'s language, most confident first; off the event loop and the inference thread."""
+        self._require_ready()
+        assert self.detector is not None
+        return await asyncio.to_thread(self.detector.detect, text)
 
     def _decode_options(self, translator: Translator, languages: Languages, request: TranslateRequest) -> DecodeOptions:
         """The request's decoding settings, checked before queueing so a bad value is a 400, not a failed batch."""
@@ -198,14 +226,13 @@ class Service:
         return languages.libretranslate()
 
 
-def _answer(request: TranslateRequest, results: list[Translation], source: str | None) -> dict[str, Any]:
+def _answer(request: TranslateRequest, results: list[Translation], detected: Detected | None) -> dict[str, Any]:
     texts = [r.text for r in results]
     body: dict[str, Any] = {"translatedText": texts if request.batch else texts[0]}
     if request.alternatives:
         alternatives = [[a.text for a in r.alternatives] for r in results]
         body["alternatives"] = alternatives if request.batch else alternatives[0]
-    if request.source in (None, "", "auto") and source:
-        # The model has one source language: "detection" is certain.
-        detected = {"confidence": 100.0, "language": source}
-        body["detectedLanguage"] = [detected] * len(results) if request.batch else detected
+    if detected is not None:
+        shown = detected.libretranslate()
+        body["detectedLanguage"] = [shown] * len(results) if request.batch else shown
     return body
