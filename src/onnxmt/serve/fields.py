@@ -3,7 +3,7 @@
 LibreTranslate's own server (`get_req_arg`) reads a JSON body, or else the query string and the form together.
 Clients differ: libretranslatepy posts a urlencoded form, deep-translator posts with every field in the query
 string and no body, browsers and curl users send JSON or multipart. Here a field is taken from the body (JSON or
-form) and, when the body does not have it, from the query string; so every client works, whichever it is.
+form) and, when the body does not have it (or has it as null), from the query string; so every client works.
 
 Every value that comes back is a str, a list of them (a form's repeated `q`), or, from JSON, any JSON value. Two
 things JSON allows and text does not are refused with a 400 naming the field: lone surrogates (`"\\ud800"` cannot be
@@ -51,9 +51,11 @@ async def read_fields(request: Request) -> Fields:
         body, form = await _read_body(request)
     except ApiError as e:
         return Fields(query, form=True, error=e)
-    if not body and query:
-        return Fields(query, form=True)
-    data = {**query, **body}
+    # JSON null is "not given" (as an empty form field is): the query string may still give the field.
+    given = {name: value for name, value in body.items() if value is not None}
+    data = {**query, **given}
+    # Values from the query string are text, as a form's are: "4" is a number there (and only there).
+    form = form or any(name not in given for name in query)
     bad = next((name for name, value in data.items() if not _encodable(value)), None)
     if bad is not None:
         error = ApiError(400, f"Invalid request: {bad} is not valid Unicode text (it holds a lone surrogate)")
