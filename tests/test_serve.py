@@ -604,6 +604,7 @@ def test_page_translates_in_headless_chromium(server: Server, translator: Transl
     options.binary_location = chromium
     for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # to see Content-Security-Policy violations
     browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
     try:
         browser.get(f"{server.url}/")
@@ -617,6 +618,8 @@ def test_page_translates_in_headless_chromium(server: Server, translator: Transl
         shown = browser.find_element(By.ID, "result").get_attribute("textContent")
         assert shown == translator.translate([TEXTS[5]], target_lang="yue_Hant")[0].text
         assert browser.find_element(By.ID, "error").text == ""
+        violations = [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
+        assert not violations, violations
     finally:
         browser.quit()
 

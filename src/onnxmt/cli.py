@@ -265,10 +265,26 @@ def serve(
         str | None,
         typer.Option(envvar="ONNXMT_API_KEYS", help="Comma-separated API keys; when set, /translate needs one."),
     ] = None,
+    protect_all: Annotated[
+        bool,
+        typer.Option(envvar="ONNXMT_PROTECT_ALL", help="Every endpoint but /health and /ready needs a key too."),
+    ] = False,
     cors_origins: Annotated[
         str | None,
         typer.Option(envvar="ONNXMT_CORS_ORIGINS", help="Comma-separated origins allowed from browsers, or *."),
     ] = None,
+    request_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar="ONNXMT_REQUEST_TIMEOUT", help="Seconds a client may take to send a whole request; then 408."
+        ),
+    ] = 30.0,
+    keep_alive_timeout: Annotated[
+        float, typer.Option(envvar="ONNXMT_KEEP_ALIVE_TIMEOUT", help="Seconds an idle keep-alive connection is kept.")
+    ] = 5.0,
+    max_connections: Annotated[
+        int, typer.Option(envvar="ONNXMT_MAX_CONNECTIONS", help="Open connections; more are answered 503 and closed.")
+    ] = 1000,
     beams: Annotated[
         int | None, typer.Option(envvar="ONNXMT_BEAMS", help="Default beam size; 1 is greedy (default: the model's).")
     ] = None,
@@ -304,7 +320,11 @@ def serve(
             max_body_bytes=max_body_bytes,
             max_beams=max_beams,
             api_keys=split_list(api_keys),
+            protect_all=protect_all,
             cors_origins=split_list(cors_origins),
+            request_timeout=request_timeout,
+            keep_alive_timeout=keep_alive_timeout,
+            max_connections=max_connections,
             log_level=log_level.lower(),
             access_log=access_log,
         )

@@ -1,37 +1,45 @@
 """The ASGI app: module-level handlers, one route list, error handlers, and `create_app`.
 
-Every answer other than 200 is `{"error": "..."}` (LibreTranslate's shape) with its status code.
+Every answer other than 200 is `{"error": "..."}` (LibreTranslate's shape) with its status code; no input is meant
+to give a 5xx (`guards.LastResortMiddleware` is the net for what slips through, and keeps the connection usable).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
-from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
-from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.routing import BaseRoute, Route
 
 from .. import __version__
 from ..runtime.options import DecodeOptions, RuntimeOptions
+from .fields import Fields, read_fields
+from .guards import (
+    BodyLimitMiddleware,
+    BodyTooLarge,
+    LastResortMiddleware,
+    PathMiddleware,
+    SecurityHeadersMiddleware,
+    csp_for,
+    error,
+)
 from .metrics import MetricsMiddleware
 from .options import ServeOptions
 from .protocol import ApiError, parse_detect, parse_translate
-from .schemas import DetectBody, DetectedLanguage, Language, TranslateAnswer, errors, request_body
+from .schemas import DetectBody, DetectedLanguage, Language, TranslateAnswer, errors, request_body, translate_request
 from .service import Service
 
-FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+# Swagger UI's own files, served from the swagger-ui-bundle-v2 package (no CDN; the page works offline).
+DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css"}
 
 
 def _service(request: Request) -> Service:
@@ -39,31 +47,48 @@ def _service(request: Request) -> Service:
     return service
 
 
-async def translate(request: Request) -> JSONResponse:
-    """Translate a text or a list of texts (LibreTranslate's API; JSON or form body)."""
+async def _authorize(request: Request, *, always: bool = False) -> Fields:
+    """The request's fields, once its API key is right (when keys are on, and for `always` endpoints or with
+    protect_all). The key is checked before the body's content is judged: a wrong key answers 403 whatever the
+    body holds. A key in the query string is checked before the body is even read."""
     service = _service(request)
-    data, is_form = await _read_body(request)
-    service.check_key(data.get("api_key"))
-    answer = await service.translate(parse_translate(data, service.options, form=is_form))
+    options = service.options
+    needs_key = bool(options.api_keys) and (always or options.protect_all)
+    query_key = request.query_params.get("api_key")
+    if needs_key and query_key is not None:
+        service.check_key(query_key)
+    fields = await read_fields(request)
+    if needs_key and query_key is None:
+        service.check_key(fields.data.get("api_key"))
+    return fields
+
+
+async def translate(request: Request) -> JSONResponse:
+    """Translate a text or a list of texts (LibreTranslate's API): fields in a JSON body, a form (urlencoded or
+    multipart) or the query string."""
+    service = _service(request)
+    fields = await _authorize(request, always=True)
+    answer = await service.translate(parse_translate(fields.checked(), service.options, form=fields.form))
     return JSONResponse(answer)
 
 
 async def detect(request: Request) -> JSONResponse:
-    """The language of a text: candidates, most confident first (LibreTranslate's API; JSON or form body)."""
+    """The language of a text: candidates, most confident first (LibreTranslate's API; JSON, form or query string)."""
     service = _service(request)
-    data, _ = await _read_body(request)
-    service.check_key(data.get("api_key"))
-    text = parse_detect(data, service.options)
+    fields = await _authorize(request, always=True)
+    text = parse_detect(fields.checked(), service.options)
     return JSONResponse([d.libretranslate() for d in await service.detect(text)])
 
 
 async def languages(request: Request) -> JSONResponse:
     """The languages this model translates from and into (LibreTranslate's shape)."""
+    await _authorize(request)
     return JSONResponse(_service(request).libretranslate_languages())
 
 
 async def info(request: Request) -> JSONResponse:
     """The model (manifest summary), decoding defaults, batching settings and limits."""
+    await _authorize(request)
     return JSONResponse(_service(request).info())
 
 
@@ -83,18 +108,65 @@ async def ready(request: Request) -> JSONResponse:
 
 async def metrics(request: Request) -> Response:
     """Prometheus metrics."""
+    await _authorize(request)
     m = _service(request).metrics
     return Response(m.render(), media_type=m.content_type)
 
 
-async def page() -> HTMLResponse:
+async def page(request: Request) -> HTMLResponse:
     """A page to try translations."""
-    return HTMLResponse(_page_html())
+    await _authorize(request)
+    html = _page_html()
+    return HTMLResponse(html, headers={"Content-Security-Policy": csp_for(html)})
+
+
+async def openapi(request: Request) -> JSONResponse:
+    await _authorize(request)
+    return JSONResponse(request.app.openapi())
+
+
+async def docs(request: Request) -> HTMLResponse:
+    """Swagger UI, from the installed swagger-ui-bundle-v2 package; 404 when it is not installed."""
+    await _authorize(request)
+    if _swagger_dir() is None:
+        raise ApiError(404, "API docs need the swagger-ui-bundle-v2 package; /openapi.json has the API")
+    root = request.scope.get("root_path", "")
+    html = DOCS_HTML.format(root=root, openapi=json.dumps(f"{root}/openapi.json"))
+    return HTMLResponse(html, headers={"Content-Security-Policy": csp_for(html, inline_style_attributes=True)})
+
+
+async def docs_asset(request: Request) -> Response:
+    """Swagger UI's script and stylesheet: public files of a public package, so never behind the key."""
+    name = request.path_params["name"]
+    directory = _swagger_dir()
+    if directory is None or name not in DOCS_ASSETS:
+        raise ApiError(404, "Not Found")
+    return FileResponse(directory / name, media_type=DOCS_ASSETS[name], headers={"Cache-Control": "max-age=86400"})
+
+
+DOCS_HTML = """<!doctype html>
+<html lang="en">
+<head><meta charset="utf-8"><title>onnxmt API</title><link rel="stylesheet" href="{root}/docs/swagger-ui.css"></head>
+<body><div id="swagger-ui"></div><script src="{root}/docs/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({{url: {openapi} + location.search, dom_id: "#swagger-ui", validatorUrl: null}});</script>
+</body>
+</html>
+"""
 
 
 @cache
 def _page_html() -> str:
     return (files("onnxmt.serve") / "static" / "index.html").read_text(encoding="utf-8")
+
+
+@cache
+def _swagger_dir() -> Path | None:
+    try:
+        from swagger_ui_bundle import swagger_ui_path
+    except ImportError:
+        return None
+    directory = Path(str(swagger_ui_path))
+    return directory if all((directory / name).is_file() for name in DOCS_ASSETS) else None
 
 
 ROUTES: list[BaseRoute] = [
@@ -104,7 +176,7 @@ ROUTES: list[BaseRoute] = [
         methods=["POST"],
         response_model=TranslateAnswer,
         responses=errors(400, 403, 413, 503, 504),
-        openapi_extra=request_body(),
+        openapi_extra=translate_request(),
     ),
     APIRoute(
         "/detect",
@@ -112,110 +184,32 @@ ROUTES: list[BaseRoute] = [
         methods=["POST"],
         response_model=list[DetectedLanguage],
         responses=errors(400, 403, 413, 503),
-        openapi_extra=request_body(DetectBody),
+        openapi_extra=request_body(DetectBody, query=True),
     ),
-    APIRoute("/languages", languages, methods=["GET"], response_model=list[Language], responses=errors(503)),
-    APIRoute("/info", info, methods=["GET"], responses=errors(503)),
+    APIRoute("/languages", languages, methods=["GET"], response_model=list[Language], responses=errors(403, 503)),
+    APIRoute("/info", info, methods=["GET"], responses=errors(403, 503)),
     APIRoute("/health", health, methods=["GET"]),
     APIRoute("/ready", ready, methods=["GET"], responses=errors(503)),
-    APIRoute("/metrics", metrics, methods=["GET"], response_class=Response),
+    APIRoute("/metrics", metrics, methods=["GET"], response_class=Response, responses=errors(403)),
     APIRoute("/", page, methods=["GET"], response_class=HTMLResponse, include_in_schema=False),
+    APIRoute("/openapi.json", openapi, methods=["GET"], include_in_schema=False),
+    APIRoute("/docs", docs, methods=["GET"], response_class=HTMLResponse, include_in_schema=False),
+    Route("/docs/{name}", docs_asset, methods=["GET"]),
 ]
-
-
-async def _read_body(request: Request) -> tuple[Mapping[str, Any], bool]:
-    """The body as a mapping, and whether it was a form; ApiError 400 when it is neither a JSON object nor a form."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type in FORM_TYPES:
-        try:
-            form = await request.form()
-        except HTTPException as e:  # python-multipart's parse errors, as starlette reports them
-            raise ApiError(400, f"Invalid request: malformed form ({e.detail})") from e
-        data: dict[str, Any] = {}
-        for key in form:
-            values = form.getlist(key)
-            if any(isinstance(v, UploadFile) for v in values):
-                raise ApiError(400, f"Invalid request: {key} must be a form field, not a file")
-            # A repeated q is a batch; any other repeated field keeps its last value.
-            data[key] = values if key == "q" and len(values) > 1 else values[-1]
-        return data, True
-    if content_type not in ("", "application/json") and not content_type.endswith("+json"):
-        raise ApiError(400, f"Invalid request: unsupported content type {content_type!r}; send JSON or a form")
-    body = await request.body()
-    try:
-        data = json.loads(body)
-    except ValueError as e:  # includes UnicodeDecodeError
-        raise ApiError(400, f"Invalid request: malformed JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise ApiError(400, "Invalid request: the body must be a JSON object")
-    return data, False
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-class BodyLimitMiddleware:
-    """413 for bodies above the limit: at once when Content-Length says so, else as soon as the received bytes
-    pass it (chunked uploads), without ever holding more than the limit in memory."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            status = 413 if length.isdigit() else 400
-            await _error(status, self._message(int(length)) if status == 413 else "Invalid Content-Length")(
-                scope, receive, send
-            )
-            return
-        received = 0
-
-        async def limited() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise BodyTooLarge(self._message(received))
-            return message
-
-        await self.app(scope, limited, send)
-
-    def _message(self, size: int) -> str:
-        return f"request body too large: {size} bytes or more, the limit is {self.limit}"
-
-
-def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return _error(exc.status, exc.message, exc.headers)
+    return error(exc.status, exc.message, exc.headers)
 
 
 async def _too_large(request: Request, exc: Exception) -> JSONResponse:
-    return _error(413, str(exc))
+    return error(413, str(exc))
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    return _error(exc.status_code, str(exc.detail), exc.headers)
-
-
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
-    return _error(400, f"Invalid request: {exc}")
-
-
-async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-    # Starlette re-raises the exception after this answer, and uvicorn logs it with its traceback.
-    return _error(500, "internal server error")
+    return error(exc.status_code, str(exc.detail), exc.headers)
 
 
 def create_app(
@@ -239,19 +233,20 @@ def create_app(
         description="Machine translation on ONNX Runtime, LibreTranslate-compatible.",
         routes=ROUTES,
         lifespan=lifespan,
-        exception_handlers={
-            ApiError: _api_error,
-            BodyTooLarge: _too_large,
-            HTTPException: _http_error,
-            RequestValidationError: _validation_error,
-            Exception: _internal_error,
-        },
+        docs_url=None,  # ours: Swagger UI from the installed package, behind the key with protect_all
+        redoc_url=None,
+        openapi_url=None,
+        exception_handlers={ApiError: _api_error, BodyTooLarge: _too_large, HTTPException: _http_error},
     )
     app.state.service = service
+    # Each add_middleware wraps the app built so far: the last added is the outermost.
     app.add_middleware(BodyLimitMiddleware, limit=options.max_body_bytes)
+    app.add_middleware(LastResortMiddleware)
     if options.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(options.cors_origins), allow_methods=["GET", "POST"])
-    # Added last, so outermost: it also counts what the inner middlewares answer themselves (413).
-    paths = [getattr(route, "path", "") for route in app.routes]  # ours and FastAPI's /docs, /openapi.json
+    # Outside the inner middlewares, so it also counts what they answer themselves (413, 500).
+    paths = [getattr(route, "path", "") for route in app.routes]
     app.add_middleware(MetricsMiddleware, metrics=service.metrics, paths=paths)
+    app.add_middleware(SecurityHeadersMiddleware)
+    app.add_middleware(PathMiddleware)  # first of all, so routes and metrics see the path as written here
     return app

@@ -17,7 +17,12 @@ class ServeOptions:
     max_queue: requests waiting for the decoder beyond the running batch; one more gets 503 with Retry-After,
     so memory and latency stay bounded under overload. timeout: seconds a request may wait and run (0: no limit).
     max_chars / max_texts / max_body_bytes / max_beams: per-request limits. api_keys: when non-empty, /translate
-    needs one of them as `api_key`. cors_origins: origins allowed to call the API from a browser ("*" for any).
+    needs one of them as `api_key`; protect_all: every endpoint but /health and /ready does. cors_origins: origins
+    allowed to call the API from a browser ("*" for any).
+    Slow clients: request_timeout: seconds a connection may take to send a whole request (headers and body),
+    counted from the moment the server waits for it; then it is answered 408 and closed. keep_alive_timeout:
+    seconds an idle keep-alive connection is kept. max_connections: open connections; one more is answered 503
+    and closed at once, and requests beyond it in flight get 503 (uvicorn's limit_concurrency).
     """
 
     host: str = "127.0.0.1"
@@ -31,18 +36,35 @@ class ServeOptions:
     max_body_bytes: int = 1 << 20
     max_beams: int = 8
     api_keys: tuple[str, ...] = ()
+    protect_all: bool = False
     cors_origins: tuple[str, ...] = ()
+    request_timeout: float = 30.0
+    keep_alive_timeout: float = 5.0
+    max_connections: int = 1000
     log_level: str = "info"
     access_log: bool = True
 
     def __post_init__(self) -> None:
-        positive = ("max_batch_size", "max_queue", "max_chars", "max_texts", "max_body_bytes", "max_beams")
+        positive = (
+            "max_batch_size",
+            "max_queue",
+            "max_chars",
+            "max_texts",
+            "max_body_bytes",
+            "max_beams",
+            "max_connections",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("batch_window_ms", "timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        for name in ("request_timeout", "keep_alive_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.protect_all and not self.api_keys:
+            raise ValueError("protect_all needs api_keys: without a key there is nothing to protect with")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0..65535, got {self.port}")
         if self.log_level not in LOG_LEVELS:

@@ -6,6 +6,7 @@ Existing LibreTranslate clients send `q` (a string, or a list for a batch), `sou
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,8 @@ from typing import Any
 from ..languages import ModelLanguages, display_name
 from ..manifest import Manifest
 from .options import ServeOptions
+
+FORM_INTEGER = re.compile(r"[+-]?[0-9]{1,18}", re.ASCII)
 
 
 class ApiError(Exception):
@@ -113,7 +116,11 @@ def _integer(data: Mapping[str, Any], name: str, form: bool, low: int) -> int | 
     value = data.get(name)
     if value is None or (form and value == ""):
         return None
-    if form and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if form and isinstance(value, str):
+        # ASCII digits only, and few of them: str.isdigit() accepts "²", and int() refuses it, "--4" and
+        # 5,000-digit values with a ValueError of its own.
+        if not FORM_INTEGER.fullmatch(value.strip()):
+            raise ApiError(400, f"Invalid request: {name} must be an integer, got {value[:20]!r}")
         value = int(value)
     # bool is an int in Python, but `true` is not a number in JSON.
     if not isinstance(value, int) or isinstance(value, bool):

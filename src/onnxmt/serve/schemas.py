@@ -1,5 +1,6 @@
-"""Pydantic models of the API's bodies, for the OpenAPI document (/docs). The handlers read bodies themselves
-(`protocol.parse_translate`), because LibreTranslate clients send JSON or forms and expect its error shape."""
+"""Pydantic models of the API's bodies, for the OpenAPI document (/openapi.json, /docs). The handlers read bodies
+themselves (`fields.read_fields`, `protocol.parse_translate`), because LibreTranslate clients send JSON, forms or
+query strings and expect its error shape."""
 
 from __future__ import annotations
 
@@ -45,19 +46,52 @@ class Language(BaseModel):
     targets: list[str]
 
 
-def request_body(model: type[BaseModel] = TranslateBody) -> dict[str, Any]:
-    """A request body in OpenAPI: JSON, or the same fields as a form."""
+FORM_NOTE = (
+    "The same fields as the JSON body. A form cannot say null: an empty field is the same as a field not given "
+    "(q empty is the empty text). A repeated q is a batch."
+)
+QUERY_NOTE = "Or in the query string of the POST (deep-translator sends every field there, with no body)."
+
+
+def request_body(model: type[BaseModel] = TranslateBody, *, query: bool = False) -> dict[str, Any]:
+    """A request in OpenAPI: a JSON body or the same fields as a form, and (`query`) the same fields in the query
+    string. Form and query schemas have no null (a form cannot send one)."""
     schema = model.model_json_schema()
+    form = _without_null(schema)
+    form["description"] = FORM_NOTE
+    parameters = [
+        {"name": name, "in": "query", "required": False, "schema": field, "description": QUERY_NOTE}
+        for name, field in form["properties"].items()
+    ]
     return {
+        "parameters": parameters if query else [],
         "requestBody": {
-            "required": True,
+            "required": False,
             "content": {
                 "application/json": {"schema": schema},
-                "application/x-www-form-urlencoded": {"schema": schema},
-                "multipart/form-data": {"schema": schema},
+                "application/x-www-form-urlencoded": {"schema": form},
+                "multipart/form-data": {"schema": form},
             },
-        }
+        },
     }
+
+
+def translate_request() -> dict[str, Any]:
+    return request_body(TranslateBody, query=True)
+
+
+def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with every `anyOf: [X, null]` property made `X`, and no null defaults."""
+    properties = {}
+    for name, field in schema["properties"].items():
+        field = {k: v for k, v in field.items() if k != "default"}
+        options = [o for o in field.pop("anyOf", []) if o.get("type") != "null"]
+        if len(options) == 1:
+            field.update(options[0])
+        elif options:
+            field["anyOf"] = options
+        properties[name] = field
+    return {**schema, "properties": properties}
 
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import math
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -20,9 +22,11 @@ from uvicorn.config import LOGGING_CONFIG
 
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from .app import create_app
+from .connections import guarded_protocol
 from .options import ServeOptions
 from .service import Service
 
+FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,39}")
 # Beyond the request timeout, how long a graceful stop waits for requests in flight before cancelling them.
 SHUTDOWN_GRACE = 5.0
 
@@ -74,6 +78,9 @@ def run(
         log_config=_log_config(options.log_level),
         timeout_graceful_shutdown=math.ceil(options.timeout + SHUTDOWN_GRACE) if options.timeout else None,
         server_header=False,
+        # Slow clients (connections.py): a deadline per request, a cap on open connections, idle keep-alive.
+        http=guarded_protocol(options.request_timeout, options.max_connections),
+        timeout_keep_alive=options.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn takes a float here
     )
     server = _Server(config, service)
 
@@ -87,7 +94,25 @@ def run(
 
 
 def _log_config(level: str) -> dict:
-    """uvicorn's logging, plus onnxmt's own logger on the same handler."""
+    """uvicorn's logging, plus onnxmt's own logger on the same handler; the access log without query values."""
     config = copy.deepcopy(LOGGING_CONFIG)
     config["loggers"]["onnxmt"] = {"handlers": ["default"], "level": level.upper(), "propagate": False}
+    config.setdefault("filters", {})["query_values"] = {"()": HideQueryValues}
+    config["loggers"]["uvicorn.access"]["filters"] = ["query_values"]
     return config
+
+
+class HideQueryValues(logging.Filter):
+    """uvicorn's access log shows the full path, query string included; deep-translator sends the text and the API
+    key there. Every value is replaced by `*`, names kept: `POST /translate?q=*&target=*&api_key=*`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        # uvicorn's access record: (client address, method, path with query, HTTP version, status)
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str) and "?" in args[2]:
+            path, _, query = args[2].partition("?")
+            items = (item.partition("=") for item in query.split("&") if item)
+            # A "name" without "=", or that is not a plain word, may be a text sent without a name: hidden too.
+            shown = "&".join(f"{n if eq and FIELD_NAME.fullmatch(n) else '*'}=*" for n, eq, _ in items)
+            record.args = (*args[:2], f"{path}?{shown}", *args[3:])
+        return True

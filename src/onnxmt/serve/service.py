@@ -109,7 +109,9 @@ class Service:
         if not isinstance(api_key, str) or not api_key:
             raise ApiError(403, "Invalid API key: this server needs an api_key")
         # compare_digest on every key: the time taken does not reveal how much of a key matched.
-        if not any(hmac.compare_digest(api_key.encode(), key.encode()) for key in keys):
+        # surrogatepass: a key with a lone surrogate (possible in JSON) is a wrong key, not an encoding error.
+        given = api_key.encode("utf-8", "surrogatepass")
+        if not any(hmac.compare_digest(given, key.encode()) for key in keys):
             raise ApiError(403, "Invalid API key")
 
     def _require_ready(self) -> tuple[Translator, Languages, MicroBatcher]:
@@ -193,10 +195,11 @@ class Service:
         return {
             "version": __version__,
             "model": {
-                "directory": str(self.model_dir),
+                # Names, never the server's paths: a model exported from a local directory records its path.
+                "directory": self.model_dir.name,
                 "architecture": manifest.architecture,
                 "layout": manifest.layout,
-                "source_model": manifest.provenance.get("source_model"),
+                "source_model": _public_name(manifest.provenance.get("source_model")),
                 "revision": manifest.provenance.get("revision"),
                 "quantization": manifest.quantization,
                 "variant": manifest.provenance.get("variant"),
@@ -219,11 +222,21 @@ class Service:
                 "timeout": o.timeout,
             },
             "api_keys": bool(o.api_keys),
+            "protect_all": o.protect_all,
         }
 
     def libretranslate_languages(self) -> list[dict[str, Any]]:
         _, languages, _ = self._require_ready()
         return languages.libretranslate()
+
+
+def _public_name(source: object) -> str | None:
+    """A hub id as it is ("Helsinki-NLP/opus-mt-en-zh"); a local path only by its last part."""
+    if not isinstance(source, str):
+        return None
+    if source.startswith(("/", ".", "~")) or "\\" in source or source.count("/") > 1 or Path(source).exists():
+        return Path(source).name
+    return source
 
 
 def _answer(request: TranslateRequest, results: list[Translation], detected: Detected | None) -> dict[str, Any]:
