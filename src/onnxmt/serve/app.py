@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from functools import cache
+from functools import cache, partial
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -44,8 +44,14 @@ async def translate(request: Request) -> JSONResponse:
     service = _service(request)
     data, is_form = await _read_body(request)
     service.check_key(data.get("api_key"))
-    answer = await service.translate(parse_translate(data, service.options, form=is_form))
+    answer = await service.translate(parse_translate(data, service.options, form=is_form), partial(_gone, request))
     return JSONResponse(answer)
+
+
+async def _gone(request: Request) -> None:
+    """Returns when the client has disconnected (the body is read by now: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def languages(request: Request) -> JSONResponse:

@@ -17,7 +17,10 @@ class ServeOptions:
     max_queue: requests waiting for the decoder beyond the running batch; one more gets 503 with Retry-After,
     so memory and latency stay bounded under overload. timeout: seconds a request may wait and run (0: no limit).
     max_chars / max_texts / max_body_bytes / max_beams: per-request limits. api_keys: when non-empty, /translate
-    needs one of them as `api_key`. cors_origins: origins allowed to call the API from a browser ("*" for any).
+    needs one of them as `api_key`. max_request_cost: most tokens x beams one request may cost (Translator.cost:
+    source tokens + max new tokens, times beams, summed over its texts); more gets 413. max_batch_cost: most tokens x
+    beams per decoder batch, which bounds the decoder's memory (0: no limit, for both). cors_origins: origins allowed
+    to call the API from a browser ("*" for any).
     """
 
     host: str = "127.0.0.1"
@@ -30,6 +33,8 @@ class ServeOptions:
     max_texts: int = 64
     max_body_bytes: int = 1 << 20
     max_beams: int = 8
+    max_request_cost: int = 65536
+    max_batch_cost: int = 65536
     api_keys: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()
     log_level: str = "info"
@@ -40,7 +45,7 @@ class ServeOptions:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("batch_window_ms", "timeout"):
+        for name in ("batch_window_ms", "timeout", "max_request_cost", "max_batch_cost"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if not 0 <= self.port <= 65535:
