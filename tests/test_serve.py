@@ -422,6 +422,45 @@ def test_sigterm_finishes_requests_in_flight(tiny_onnx_dir: Path, tmp_path: Path
         httpx.get(f"{server.url}/health")
 
 
+def test_sigterm_with_long_batches_answers_every_request_and_exits_in_time(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    timeout = 3.0
+    server = start_server(tiny_onnx_dir, tmp_path, timeout=timeout, max_texts=64, batch_window_ms=0)
+    # Each request is a long batch (64 texts at 8 beams); 6 of them are more work than fits in the timeout.
+    heavy = {"q": TEXTS, "beams": 8}
+
+    async def send_and_stop() -> tuple[list[httpx.Response | BaseException], httpx.Response, float]:
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+            httpx.AsyncClient(base_url=server.url, timeout=60, limits=httpx.Limits(max_connections=1)) as idle,
+        ):
+            assert (await idle.post("/translate", json={"q": "a", "max_new_tokens": 3})).status_code == 200
+            tasks = [
+                asyncio.create_task(client.post("/translate", json={**heavy, "max_new_tokens": 63 - i}))
+                for i in range(6)
+            ]  # different settings: one batch each
+            await asyncio.sleep(0.5)
+            server.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            await asyncio.sleep(0.3)
+            # A request on a keep-alive connection opened before SIGTERM: answered, and told to close.
+            late = await idle.post("/translate", json={"q": "a", "max_new_tokens": 3})
+            return await asyncio.gather(*tasks, return_exceptions=True), late, signalled
+
+    results, late, signalled = asyncio.run(send_and_stop())
+    code = server.process.wait(timeout=60)
+    exited = time.monotonic() - signalled
+    assert code == 0, server.logs()
+    assert exited < timeout + 5, exited
+    statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in results]
+    assert set(statuses) <= {200, 503} and 503 in statuses, statuses
+    for response in results:
+        assert isinstance(response, httpx.Response)
+        if response.status_code == 503:
+            assert "shutting down" in assert_error(response, 503) and response.headers["Retry-After"] == "1"
+    assert "shutting down" in assert_error(late, 503)
+    assert late.headers["connection"] == "close"
+
+
 def test_model_that_cannot_load_exits_2(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     missing = subprocess.run([*ONNXMT, "serve", str(tmp_path / "missing")], capture_output=True, text=True)
     assert missing.returncode == 2 and "not found" in missing.stderr
