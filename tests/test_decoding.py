@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from onnxmt.runtime.cancel import CancelToken
 from onnxmt.runtime.decoding import Settings, build_processors, topk
 from onnxmt.runtime.graphs import CHUNKED_TOPK_MIN, VocabOps, chunk_length
 from onnxmt.runtime.options import RuntimeOptions
@@ -99,6 +100,32 @@ def test_beam_search_runs_its_first_step_once_per_sentence(tiny_onnx_dir: Path, 
     got = translator.translate(texts, beams=4, batch_size=3, max_new_tokens=6)
     assert rows[:2] == [3, 12]
     assert [t.token_ids for t in got] == reference(tiny_hf_dir, texts, num_beams=4, max_new_tokens=6)
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_cancelled_rows_leave_the_batch_at_the_next_step(tiny_onnx_dir: Path, beams: int) -> None:
+    # Forced to 30 tokens, no row would finish before the limit: only the cancellation can make the batch shrink.
+    translator = Translator(tiny_onnx_dir)
+    forced = {"beams": beams, "batch_size": 3, "max_new_tokens": 30, "min_new_tokens": 30}
+    texts = SENTENCES[:3]
+    expected = translator.translate(texts, **forced)
+    rows: list[int] = []
+    tokens = [CancelToken() for _ in texts]
+    step = translator.graphs.step
+
+    def counted(ids: np.ndarray, cache):  # type: ignore[no-untyped-def]
+        rows.append(len(ids))
+        if len(rows) == 3:
+            tokens[1].cancel()  # during the third step: the row leaves before the fourth
+        return step(ids, cache)
+
+    translator.graphs.step = counted  # type: ignore[method-assign]
+    got = translator.translate(texts, cancel=tokens, **forced)
+    assert rows[:5] == ([3, 3, 3, 2, 2] if beams == 1 else [3, 12, 12, 8, 8])  # a sentence's beams leave together
+    assert len(rows) == 30
+    assert got[1].cancelled and len(got[1].token_ids) == 3
+    assert [t.token_ids for t in got[::2]] == [t.token_ids for t in expected[::2]]
+    assert not any(t.cancelled for t in got[::2] + expected)
 
 
 @pytest.mark.parametrize("beams", [1, 4])

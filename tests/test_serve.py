@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -24,8 +25,9 @@ import pytest
 
 from onnxmt import DecodeOptions, Translator
 from onnxmt.export.random_model import generate_corpus
+from onnxmt.runtime.cancel import CancelToken
 from onnxmt.runtime.translator import Translation
-from onnxmt.serve.batcher import MicroBatcher, QueueFull
+from onnxmt.serve.batcher import ClientGone, MicroBatcher, QueueFull
 from onnxmt.serve.options import ServeOptions
 from skips import importorskip, skip
 
@@ -450,6 +452,45 @@ def test_sigterm_finishes_requests_in_flight(tiny_onnx_dir: Path, tmp_path: Path
         httpx.get(f"{server.url}/health")
 
 
+def test_sigterm_with_long_batches_answers_every_request_and_exits_in_time(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    timeout = 3.0
+    server = start_server(tiny_onnx_dir, tmp_path, timeout=timeout, max_texts=64, batch_window_ms=0)
+    # Each request is a long batch (64 texts at 8 beams); 6 of them are more work than fits in the timeout.
+    heavy = {"q": TEXTS, "beams": 8}
+
+    async def send_and_stop() -> tuple[list[httpx.Response | BaseException], httpx.Response, float]:
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+            httpx.AsyncClient(base_url=server.url, timeout=60, limits=httpx.Limits(max_connections=1)) as idle,
+        ):
+            assert (await idle.post("/translate", json={"q": "a", "max_new_tokens": 3})).status_code == 200
+            tasks = [
+                asyncio.create_task(client.post("/translate", json={**heavy, "max_new_tokens": 63 - i}))
+                for i in range(6)
+            ]  # different settings: one batch each
+            await asyncio.sleep(0.5)
+            server.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            await asyncio.sleep(0.3)
+            # A request on a keep-alive connection opened before SIGTERM: answered, and told to close.
+            late = await idle.post("/translate", json={"q": "a", "max_new_tokens": 3})
+            return await asyncio.gather(*tasks, return_exceptions=True), late, signalled
+
+    results, late, signalled = asyncio.run(send_and_stop())
+    code = server.process.wait(timeout=60)
+    exited = time.monotonic() - signalled
+    assert code == 0, server.logs()
+    assert exited < timeout + 5, exited
+    statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in results]
+    assert set(statuses) <= {200, 503} and 503 in statuses, statuses
+    for response in results:
+        assert isinstance(response, httpx.Response)
+        if response.status_code == 503:
+            assert "shutting down" in assert_error(response, 503) and response.headers["Retry-After"] == "1"
+    assert "shutting down" in assert_error(late, 503)
+    assert late.headers["connection"] == "close"
+
+
 def test_model_that_cannot_load_exits_2(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     missing = subprocess.run([*ONNXMT, "serve", str(tmp_path / "missing")], capture_output=True, text=True)
     assert missing.returncode == 2 and "not found" in missing.stderr
@@ -485,14 +526,14 @@ def test_cli_defaults_are_serve_options_defaults() -> None:
 # --- in process: the batcher, and start-up ---------------------------------------------------------------------
 
 
-def _echo(texts: list[str], options: DecodeOptions) -> list[Translation]:
+def _echo(texts: list[str], options: DecodeOptions, tokens: object = None) -> list[Translation]:
     return [Translation(f"{options.beams}:{text}", [1], 0.0) for text in texts]
 
 
 def test_batcher_batches_but_never_mixes_settings() -> None:
     calls: list[tuple[list[str], DecodeOptions]] = []
 
-    def translate(texts: list[str], options: DecodeOptions) -> list[Translation]:
+    def translate(texts: list[str], options: DecodeOptions, tokens: list[CancelToken]) -> list[Translation]:
         calls.append((texts, options))
         time.sleep(0.01)
         return _echo(texts, options)
@@ -519,7 +560,7 @@ def test_batcher_batches_but_never_mixes_settings() -> None:
 def test_batcher_queue_full_and_timeout() -> None:
     gate = threading.Event()
 
-    def blocked(texts: list[str], options: DecodeOptions) -> list[Translation]:
+    def blocked(texts: list[str], options: DecodeOptions, tokens: list[CancelToken]) -> list[Translation]:
         gate.wait(30)
         return _echo(texts, options)
 
@@ -543,6 +584,131 @@ def test_batcher_queue_full_and_timeout() -> None:
             await batcher.stop()
 
     asyncio.run(main())
+
+
+def test_batcher_cancels_the_work_of_requests_that_are_gone() -> None:
+    # A fake decoder that works in 10 ms steps until its texts' tokens are all set, as the decoding loop does.
+    ran: list[list[str]] = []
+
+    def stepping(texts: list[str], options: DecodeOptions, tokens: list[CancelToken]) -> list[Translation]:
+        ran.append(texts)
+        for _ in range(1 if texts == ["small"] else 500):
+            if all(t.cancelled for t in tokens):
+                return [Translation("", [], 0.0, cancelled=True) for _ in texts]
+            time.sleep(0.01)
+        return _echo(texts, options)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as executor:
+            batcher = MicroBatcher(stepping, executor, max_batch_size=1, window=0, max_queue=10)
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            # Timed out while running: the work stops, and the next request runs at once.
+            heavy = asyncio.create_task(batcher.translate(["heavy"], DecodeOptions(), 0.3))
+            await asyncio.sleep(0.05)
+            queued = asyncio.create_task(batcher.translate(["queued"], DecodeOptions(), 0.1))
+            with pytest.raises(asyncio.TimeoutError):
+                await heavy
+            with pytest.raises(asyncio.TimeoutError):
+                await queued
+            start = loop.time()
+            gate = asyncio.Event()
+
+            async def disconnected() -> None:
+                await gate.wait()
+
+            # The client disconnects: ClientGone, and the work stops too.
+            left = asyncio.create_task(batcher.translate(["left"], DecodeOptions(), 60, disconnected=disconnected))
+            await asyncio.sleep(0.1)
+            gate.set()
+            with pytest.raises(ClientGone):
+                await left
+            assert await batcher.translate(["small"], DecodeOptions(), 1) == _echo(["small"], DecodeOptions())
+            assert loop.time() - start < 6  # each cancelled request would have held the thread 5 s
+            await batcher.stop()
+
+    asyncio.run(main())
+    assert ran[0] == ["heavy"] and ["queued"] not in ran  # the queued request's deadline passed: it never ran
+
+
+@contextlib.contextmanager
+def serve_in_thread(model_dir: Path, options: ServeOptions, decoding: DecodeOptions) -> Iterator[str]:
+    """The app under uvicorn on a thread of this process (settings the CLI has no flag for, such as min_new_tokens)."""
+    import uvicorn
+
+    from onnxmt.serve.app import create_app
+
+    port = free_port()
+    config = uvicorn.Config(create_app(model_dir, options, decoding=decoding), port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.05)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+# 256 texts at 8 beams, every text forced to 63 tokens: ~12 s of work on the tiny model, 2 cores.
+HEAVY = {"q": [TEXTS[i % 64] for i in range(256)], "beams": 8}
+FORCED = DecodeOptions(max_new_tokens=63, min_new_tokens=63)
+
+
+def test_a_heavy_request_that_times_out_stops_blocking(tiny_onnx_dir: Path) -> None:
+    options = ServeOptions(timeout=1, max_texts=256, max_request_cost=0, batch_window_ms=0)
+    with serve_in_thread(tiny_onnx_dir, options, FORCED) as url:
+
+        async def main() -> tuple[httpx.Response, httpx.Response, float]:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                start = time.monotonic()
+                heavy = asyncio.create_task(client.post("/translate", json=HEAVY))
+                await asyncio.sleep(0.8)
+                small = await client.post("/translate", json={"q": "a", "max_new_tokens": 3})
+                return await heavy, small, time.monotonic() - start
+
+        heavy, small, took = asyncio.run(main())
+    assert "timed out" in assert_error(heavy, 504)
+    assert small.status_code == 200, small.text
+    assert took < 1 + 1.5, took  # the heavy request's work stopped at its timeout
+
+
+def test_a_client_that_disconnects_cancels_its_work(tiny_onnx_dir: Path) -> None:
+    options = ServeOptions(timeout=60, max_texts=256, max_request_cost=0, batch_window_ms=0)
+    with serve_in_thread(tiny_onnx_dir, options, FORCED) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/translate", json=HEAVY, timeout=0.5)  # closes its connection
+        start = time.monotonic()
+        small = httpx.post(f"{url}/translate", json={"q": "a", "max_new_tokens": 3}, timeout=60)
+        took = time.monotonic() - start
+        metrics = httpx.get(f"{url}/metrics").text
+    assert small.status_code == 200, small.text
+    assert took < 1.5, took
+    assert _sample(metrics, "onnxmt_requests_total", path="/translate", status="499") == 1
+
+
+def test_the_cost_budget_gives_413_naming_the_limit(tiny_onnx_dir: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from onnxmt.serve.app import create_app
+
+    with TestClient(create_app(tiny_onnx_dir, ServeOptions(max_request_cost=10000))) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # The issue's request, scaled to the tiny model: 16 texts of 5,000 characters at 8 beams.
+        body = {"q": ["word " * 1000] * 16, "beams": 8, "max_new_tokens": 63}
+        message = assert_error_body(client.post("/translate", json=body), 413)
+        assert "16256 tokens x beams" in message and "the limit is 10000" in message, message
+        assert client.post("/translate", json={**body, "q": body["q"][:4]}).status_code == 200
+        assert client.get("/info").json()["limits"]["max_request_cost"] == 10000
 
 
 def test_ready_only_once_the_model_is_loaded(tiny_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

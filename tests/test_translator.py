@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from onnxmt import DecodeOptions, ModelDirError, RuntimeOptions, Translation, Translator
 from onnxmt.export.random_model import OPUS_MT_EN_ZH_TARGETS
 from onnxmt.manifest import DECODER_FILE, MANIFEST_NAME, WEIGHTS_FILE
+from onnxmt.runtime.cancel import CancelToken
 
 TEXTS = ["Hello world.", "", "The river is long and the mountain is high", "   ", "a", "What is this?"]
 
@@ -39,6 +41,66 @@ def test_batch_size_does_not_change_results(translator: Translator) -> None:
     one = translator.translate(TEXTS, batch_size=1, beams=4)
     many = translator.translate(TEXTS, batch_size=3, beams=4)
     assert [r.token_ids for r in one] == [r.token_ids for r in many]
+
+
+def test_cancelled_texts_are_never_started(translator: Translator) -> None:
+    calls: list[int] = []
+    encode = translator.graphs.encode
+
+    def counted(ids, mask):  # type: ignore[no-untyped-def]
+        calls.append(len(ids))
+        return encode(ids, mask)
+
+    translator.graphs.encode = counted  # type: ignore[method-assign]
+    try:
+        gone = CancelToken()
+        gone.cancel()
+        results = translator.translate(TEXTS, cancel=gone)
+        assert calls == [] and all(r.cancelled or not r.text for r in results)
+        assert [r.cancelled for r in results] == [bool(t.strip()) for t in TEXTS]
+        # One token per text: only the live ones run, and they give what they give alone.
+        tokens = [gone if i % 2 else CancelToken() for i in range(len(TEXTS))]
+        mixed = translator.translate(TEXTS, cancel=tokens)
+        assert [r.cancelled for r in mixed] == [bool(t.strip()) and i % 2 == 1 for i, t in enumerate(TEXTS)]
+        assert [r.token_ids for r in mixed[::2]] == [r.token_ids for r in translator.translate(TEXTS[::2])]
+        with pytest.raises(ValueError, match="one per text"):
+            translator.translate(TEXTS, cancel=tokens[:2])
+    finally:
+        del translator.graphs.encode
+
+
+def test_a_deadline_cancels_the_work_at_the_next_step(translator: Translator) -> None:
+    forced = {"beams": 4, "max_new_tokens": 64, "min_new_tokens": 64, "batch_size": 16}
+    texts = [TEXTS[2]] * 16
+    start = time.monotonic()
+    full = translator.translate(texts, **forced)
+    took = time.monotonic() - start
+    start = time.monotonic()
+    cut = translator.translate(texts, cancel=CancelToken.after(took / 10), **forced)
+    assert time.monotonic() - start < took / 2
+    assert all(r.cancelled and len(r.token_ids) < 64 for r in cut)
+    assert not any(r.cancelled for r in full) and {len(r.token_ids) for r in full} == {64}
+
+
+def test_cost_and_the_batch_budget(translator: Translator) -> None:
+    lengths = [len(translator.tokenizer.encode(t)) for t in TEXTS if t.strip()]
+    assert translator.cost(TEXTS, beams=4) == sum((n + 8) * 4 for n in lengths)
+    assert translator.cost(TEXTS, beams=2, max_new_tokens=30) == sum((n + 30) * 2 for n in lengths)
+    calls: list[int] = []
+    encode = translator.graphs.encode
+
+    def counted(ids, mask):  # type: ignore[no-untyped-def]
+        calls.append(len(ids))
+        return encode(ids, mask)
+
+    translator.graphs.encode = counted  # type: ignore[method-assign]
+    try:
+        budget = max(lengths) * 2 + 8 * 2 * 2  # two of the longest texts at 2 beams
+        cut = translator.translate(TEXTS, beams=2, max_batch_cost=budget)
+    finally:
+        del translator.graphs.encode
+    assert calls and max(calls) <= 2 and sum(calls) == len(lengths)
+    assert [r.token_ids for r in cut] == [r.token_ids for r in translator.translate(TEXTS, beams=2)]
 
 
 def test_streaming_variant_yields_the_same_in_order(translator: Translator) -> None:

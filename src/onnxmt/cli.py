@@ -261,6 +261,19 @@ def serve(
         int, typer.Option(envvar="ONNXMT_MAX_BODY_BYTES", help="Largest request body; larger get 413.")
     ] = 1 << 20,
     max_beams: Annotated[int, typer.Option(envvar="ONNXMT_MAX_BEAMS", help="Largest beam a request may ask for.")] = 8,
+    max_request_cost: Annotated[
+        int,
+        typer.Option(
+            envvar="ONNXMT_MAX_REQUEST_COST",
+            help="Most tokens x beams per request ((source + max new tokens) x beams, summed); more get 413 (0: none).",
+        ),
+    ] = 65536,
+    max_batch_cost: Annotated[
+        int,
+        typer.Option(
+            envvar="ONNXMT_MAX_BATCH_COST", help="Most tokens x beams per decoder batch: bounds memory (0: none)."
+        ),
+    ] = 65536,
     api_keys: Annotated[
         str | None,
         typer.Option(envvar="ONNXMT_API_KEYS", help="Comma-separated API keys; when set, /translate needs one."),
@@ -319,6 +332,8 @@ def serve(
             max_texts=max_texts,
             max_body_bytes=max_body_bytes,
             max_beams=max_beams,
+            max_request_cost=max_request_cost,
+            max_batch_cost=max_batch_cost,
             api_keys=split_list(api_keys),
             protect_all=protect_all,
             cors_origins=split_list(cors_origins),

@@ -21,6 +21,9 @@ NEG_INF = np.float32(-np.inf)
 BEAM_FLOOR = np.float32(-1.0e9)
 DEFAULT_MAX_NEW_TOKENS = 20  # transformers' GenerationConfig default max_length, counted after the start token
 
+# Polled once per step: (batch,) bool, True for the rows whose request is gone (timed out, client disconnected).
+Cancelled = Callable[[], np.ndarray]
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -49,6 +52,7 @@ class Settings:
 class Hypothesis:
     tokens: list[int]  # generated ids after the decoder start token, eos included when one was generated
     score: float  # beam: length-normalised log-probability (transformers' sequences_scores); greedy: sum of log-probs
+    cancelled: bool = False  # the row left the batch because its request was cancelled: `tokens` is unfinished
 
 
 class LogitsProcessor(Protocol):
@@ -202,15 +206,28 @@ def topk(x: np.ndarray, k: int, tiebreak: np.ndarray | None = None) -> np.ndarra
 # Driver and strategies.
 
 
-def decode(graphs: Graphs, input_ids: np.ndarray, attention_mask: np.ndarray, s: Settings) -> list[list[Hypothesis]]:
-    """Translate one padded batch: (batch, src_len) ids and mask in, `num_return_sequences` hypotheses per row."""
+def decode(
+    graphs: Graphs,
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray,
+    s: Settings,
+    cancelled: Cancelled | None = None,
+) -> list[list[Hypothesis]]:
+    """Translate one padded batch: (batch, src_len) ids and mask in, `num_return_sequences` hypotheses per row.
+    Rows that `cancelled` marks leave the batch at the next step."""
     cache = graphs.encode(input_ids, attention_mask)
     if s.num_beams == 1:
-        return [[h] for h in greedy_search(graphs, cache, s, build_processors(s))]
-    return beam_search(graphs, cache, s, build_processors(s, graphs.ops.log_softmax))
+        return [[h] for h in greedy_search(graphs, cache, s, build_processors(s), cancelled)]
+    return beam_search(graphs, cache, s, build_processors(s, graphs.ops.log_softmax), cancelled)
 
 
-def greedy_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[LogitsProcessor]) -> list[Hypothesis]:
+def _none_cancelled(batch: int) -> Cancelled:
+    return lambda: np.zeros(batch, dtype=bool)
+
+
+def greedy_search(
+    graphs: Graphs, cache: Cache, s: Settings, processors: list[LogitsProcessor], cancelled: Cancelled | None = None
+) -> list[Hypothesis]:
     batch = cache.sentences
     sequences = np.full((batch, s.max_length), s.pad, dtype=np.int64)  # (batch, max_length)
     sequences[:, 0] = s.decoder_start
@@ -218,6 +235,8 @@ def greedy_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Lo
     lengths = np.full(batch, s.max_length, dtype=np.int64)
     active = np.arange(batch)  # rows still generating; finished rows leave the decoder batch
     eos = np.array(s.eos_ids)
+    gone = np.zeros(batch, dtype=bool)  # rows that left because their request was cancelled
+    cancelled = cancelled or _none_cancelled(batch)
     for cur_len in range(1, s.max_length):
         # One decoder step for the active rows, on their last token.
         logits, cache = graphs.step(sequences[active, cur_len - 1 : cur_len], cache)  # (active, vocab)
@@ -226,15 +245,18 @@ def greedy_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Lo
         chosen = logits.argmax(axis=-1)
         totals[active] += np.take_along_axis(graphs.ops.log_softmax(logits), chosen[:, None], axis=1)[:, 0]
         sequences[active, cur_len] = chosen
-        # Rows that produced eos, or reached the length limit, are done.
+        # Rows that produced eos, or reached the length limit, are done; so are rows nobody waits for any more.
         done = np.isin(chosen, eos) | (cur_len + 1 >= s.max_length)
+        dropped = cancelled()[active] & ~done
+        gone[active[dropped]] = True
+        done |= dropped
         if done.any():
             lengths[active[done]] = cur_len + 1
             active = active[~done]
             if len(active) == 0:
                 break
             cache = cache.select(np.flatnonzero(~done))
-    return [Hypothesis(sequences[r, 1 : lengths[r]].tolist(), float(totals[r])) for r in range(batch)]
+    return [Hypothesis(sequences[r, 1 : lengths[r]].tolist(), float(totals[r]), bool(gone[r])) for r in range(batch)]
 
 
 @dataclass
@@ -253,8 +275,12 @@ class _Beams:
         return _Beams(*(a[keep] for a in self.__dict__.values()))
 
 
-def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[LogitsProcessor]) -> list[list[Hypothesis]]:
+def beam_search(
+    graphs: Graphs, cache: Cache, s: Settings, processors: list[LogitsProcessor], cancelled: Cancelled | None = None
+) -> list[list[Hypothesis]]:
     batch, k = cache.sentences, s.num_beams
+    cancelled = cancelled or _none_cancelled(batch)
+    gone: dict[int, int] = {}  # sentence -> its length when its request was cancelled
     keep = max(2, 1 + len(s.eos_ids)) * k  # continuations kept per step: enough to have k live ones after eos
     running = np.full((batch, k, s.max_length), s.pad, dtype=np.int64)
     running[:, :, 0] = s.decoder_start
@@ -286,12 +312,16 @@ def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Logi
         cache_rows = _advance(state, totals, flat_ids, vocab, keep, cur_len, s)
         if cur_len > 1:  # (at the first step every beam's cache row is the same one: nothing to move)
             cache = cache.reorder_beams(cache_rows)
-        # Sentences whose finished beams can no longer change leave the batch.
+        # Sentences whose finished beams can no longer change leave the batch, with all their beams; so do the
+        # sentences nobody waits for any more.
         frozen = ~state.improvable
         if s.early_stopping is True:
             frozen |= state.is_finished.all(axis=1)
         if cur_len + 1 >= s.max_length:
             frozen[:] = True
+        dropped = cancelled()[state.ids] & ~frozen
+        gone.update((int(i), cur_len + 1) for i in state.ids[dropped])
+        frozen |= dropped
         if frozen.any():
             for i in np.flatnonzero(frozen):
                 results[int(state.ids[i])] = state.take(np.array([i]))
@@ -300,7 +330,9 @@ def beam_search(graphs: Graphs, cache: Cache, s: Settings, processors: list[Logi
                 break
             state = state.take(live)
             cache = cache.select(live, k)
-    return [_hypotheses(results[b], s) for b in range(batch)]
+    return [
+        _cancelled_hypotheses(results[b], gone[b], s) if b in gone else _hypotheses(results[b], s) for b in range(batch)
+    ]
 
 
 def _candidates(
@@ -377,3 +409,11 @@ def _hypotheses(state: _Beams, s: Settings) -> list[Hypothesis]:
         end = next((i + 1 for i, t in enumerate(tokens) if t in s.eos_ids), len(tokens))
         out.append(Hypothesis(tokens[:end], float(state.finished_scores[0, j])))
     return out
+
+
+def _cancelled_hypotheses(state: _Beams, length: int, s: Settings) -> list[Hypothesis]:
+    """What a cancelled sentence had: its best live beams so far, unfinished."""
+    return [
+        Hypothesis(state.running[0, j, 1:length].tolist(), float(state.running_scores[0, j]), cancelled=True)
+        for j in range(s.num_return_sequences)
+    ]

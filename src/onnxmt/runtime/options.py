@@ -38,7 +38,9 @@ class DecodeOptions:
     token, as in transformers). min_new_tokens = max_new_tokens forces an exact output length (benchmarks).
     target_lang: a target language of a multi-target model ("cmn_Hans"), or its token (">>cmn_Hans<<").
     renormalize_logits: log-softmax the beam scores again after the logits processors (the model's
-    generation_config decides by default; opus-mt models set it).
+    generation_config decides by default; opus-mt models set it). max_batch_cost: most tokens x beams per decoder
+    batch (source tokens + max new tokens, times beams, summed over its texts; None: no budget), which bounds the
+    decoder's memory; batches are cut at `batch_size` texts or this budget, whichever comes first.
     """
 
     beams: int | None = None
@@ -54,6 +56,7 @@ class DecodeOptions:
     num_return_sequences: int = 1
     batch_size: int = 16
     target_lang: str | None = None
+    max_batch_cost: int | None = None
 
     def merged(self, **overrides: Any) -> DecodeOptions:
         """A copy with the non-None overrides applied; unknown names raise TypeError."""

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..languages import ModelLanguages
 from ..manifest import Manifest, verify_files
+from .cancel import CancelToken
 from .decoding import DEFAULT_MAX_NEW_TOKENS, Settings, decode
 from .graphs import Graphs, open_graphs
 from .modeldir import load_manifest
@@ -25,12 +26,14 @@ STREAM_WINDOW_BATCHES = 8
 
 @dataclass(frozen=True)
 class Translation:
-    """One translated text. `alternatives` holds hypotheses 2..n when num_return_sequences > 1."""
+    """One translated text. `alternatives` holds hypotheses 2..n when num_return_sequences > 1. `cancelled`: its
+    `CancelToken` was set before it finished, and the text is what was generated until then (maybe nothing)."""
 
     text: str
     token_ids: list[int]
     score: float
     alternatives: tuple[Translation, ...] = field(default=())
+    cancelled: bool = False
 
 
 class Translator:
@@ -83,13 +86,27 @@ class Translator:
         lang = ModelLanguages(self.manifest.languages).resolve_target(target_lang)
         return None if lang is None else str(self.manifest.languages["target_tokens"][lang])
 
-    def translate(self, texts: Sequence[str], **overrides: Any) -> list[Translation]:
+    def translate(
+        self, texts: Sequence[str], *, cancel: CancelToken | Sequence[CancelToken] | None = None, **overrides: Any
+    ) -> list[Translation]:
         """Translate `texts` (a list of strings); keyword arguments (beams, max_new_tokens, batch_size,
         target_lang, ...) override this translator's DecodeOptions for this call. Empty texts give empty
-        translations; the order of the input is kept."""
+        translations; the order of the input is kept.
+
+        `cancel`: one token for all texts, or one per text. Once a text's token is set, the text leaves its decoder
+        batch at the next step (or is never started) and comes back with `cancelled=True`."""
         _check_texts(texts)
         options = self.decoding.merged(**overrides)
-        return self._translate_list(list(texts), options)
+        return self._translate_list(list(texts), options, _tokens(cancel, len(texts)))
+
+    def cost(self, texts: Sequence[str], **overrides: Any) -> int:
+        """What translating `texts` may cost, in tokens x beams: the sum over texts of (source tokens + most new
+        tokens) x beams. Decoder memory grows with it (the attention caches); the service budgets by it."""
+        _check_texts(texts)
+        options = self.decoding.merged(**overrides)
+        settings = resolve_settings(self.manifest, options)
+        token = self.target_token(options.target_lang)
+        return sum(_text_cost(len(self.tokenizer.encode(t, target_token=token)), settings) for t in texts if t.strip())
 
     def translate_iter(self, texts: Iterable[str], **overrides: Any) -> Iterator[Translation]:
         """Streaming variant: reads `texts` lazily, yields translations in input order."""
@@ -100,11 +117,14 @@ class Translator:
             _check_texts(chunk)
             yield from self._translate_list(chunk, options)
 
-    def _translate_list(self, texts: list[str], options: DecodeOptions) -> list[Translation]:
+    def _translate_list(
+        self, texts: list[str], options: DecodeOptions, tokens: list[CancelToken | None] | None = None
+    ) -> list[Translation]:
         if options.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {options.batch_size}")
         settings = resolve_settings(self.manifest, options)
         token = self.target_token(options.target_lang)
+        tokens = tokens or [None] * len(texts)
         results: list[Translation | None] = [None] * len(texts)
         encoded = {i: self.tokenizer.encode(t, target_token=token) for i, t in enumerate(texts) if t.strip()}
         for i, text in enumerate(texts):
@@ -112,19 +132,61 @@ class Translator:
                 results[i] = Translation(text="", token_ids=[], score=0.0)
         # Sorting by length keeps padding, and so wasted work, small.
         order = sorted(encoded, key=lambda i: len(encoded[i]))
-        for start in range(0, len(order), options.batch_size):
-            batch = order[start : start + options.batch_size]
-            for i, hyps in zip(batch, self._decode_batch([encoded[i] for i in batch], settings), strict=True):
-                results[i] = hyps
+        for batch in _batches(order, [_text_cost(len(encoded[i]), settings) for i in order], options):
+            # Texts cancelled before their batch starts are never encoded.
+            for i in [i for i in batch if _is_cancelled(tokens[i])]:
+                results[i] = Translation(text="", token_ids=[], score=0.0, cancelled=True)
+            batch = [i for i in batch if results[i] is None]
+            if batch:
+                ids, batch_tokens = [encoded[i] for i in batch], [tokens[i] for i in batch]
+                for i, hyps in zip(batch, self._decode_batch(ids, settings, batch_tokens), strict=True):
+                    results[i] = hyps
         return [r for r in results if r is not None]
 
-    def _decode_batch(self, ids: list[list[int]], settings: Settings) -> list[Translation]:
+    def _decode_batch(
+        self, ids: list[list[int]], settings: Settings, tokens: list[CancelToken | None]
+    ) -> list[Translation]:
         input_ids, mask = pad_batch(ids, self.manifest.tokens["pad"])
+        cancelled = None
+        if any(t is not None for t in tokens):
+            cancelled = lambda: np.array([_is_cancelled(t) for t in tokens])  # noqa: E731
         out = []
-        for hyps in decode(self.graphs, input_ids, mask, settings):
+        for hyps in decode(self.graphs, input_ids, mask, settings, cancelled):
             first, *rest = (Translation(self.tokenizer.decode(h.tokens), h.tokens, h.score) for h in hyps)
-            out.append(Translation(first.text, first.token_ids, first.score, tuple(rest)))
+            out.append(Translation(first.text, first.token_ids, first.score, tuple(rest), hyps[0].cancelled))
         return out
+
+
+def _tokens(cancel: CancelToken | Sequence[CancelToken] | None, n: int) -> list[CancelToken | None] | None:
+    if cancel is None or isinstance(cancel, CancelToken):
+        return None if cancel is None else [cancel] * n
+    if len(cancel) != n:
+        raise ValueError(f"cancel holds {len(cancel)} tokens for {n} texts; give one token, or one per text")
+    return list(cancel)
+
+
+def _is_cancelled(token: CancelToken | None) -> bool:
+    return token is not None and token.cancelled
+
+
+def _text_cost(source_tokens: int, settings: Settings) -> int:
+    return (source_tokens + settings.max_length - 1) * settings.num_beams
+
+
+def _batches(order: list[int], costs: list[int], options: DecodeOptions) -> Iterator[list[int]]:
+    """`order` cut into decoder batches of at most `batch_size` texts and `max_batch_cost` tokens x beams (a text
+    above the budget alone gets a batch of its own)."""
+    batch: list[int] = []
+    total = 0
+    budget = options.max_batch_cost
+    for i, cost in zip(order, costs, strict=True):
+        if batch and (len(batch) == options.batch_size or (budget is not None and total + cost > budget)):
+            yield batch
+            batch, total = [], 0
+        batch.append(i)
+        total += cost
+    if batch:
+        yield batch
 
 
 def pad_batch(ids: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:

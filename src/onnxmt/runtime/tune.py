@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .options import RuntimeOptions
 from .translator import Translator
@@ -54,7 +55,7 @@ def tune(
 ) -> list[TuneResult]:
     """Measure every setting on `texts`, `rounds` times interleaved; the medians, one result per setting."""
     translators = [Translator(model_dir, options) for options in settings]
-    forced = {"beams": 1, "max_new_tokens": tokens, "min_new_tokens": tokens}
+    forced: dict[str, Any] = {"beams": 1, "max_new_tokens": tokens, "min_new_tokens": tokens}
     batch = list(texts) * max(1, -(-batch_size // len(texts)))
     latencies: list[list[float]] = [[] for _ in settings]
     speeds: list[list[float]] = [[] for _ in settings]

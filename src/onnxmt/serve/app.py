@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from functools import cache
+from functools import cache, partial
 from importlib.resources import files
 from pathlib import Path
 
@@ -68,8 +68,15 @@ async def translate(request: Request) -> JSONResponse:
     multipart) or the query string."""
     service = _service(request)
     fields = await _authorize(request, always=True)
-    answer = await service.translate(parse_translate(fields.checked(), service.options, form=fields.form))
+    parsed = parse_translate(fields.checked(), service.options, form=fields.form)
+    answer = await service.translate(parsed, partial(_gone, request))
     return JSONResponse(answer)
+
+
+async def _gone(request: Request) -> None:
+    """Returns when the client has disconnected (the body is read by now: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def detect(request: Request) -> JSONResponse:

@@ -5,28 +5,41 @@ or enough texts with the same decoding settings are queued, and hands those requ
 one call on the single inference thread; the event loop stays free to accept and reject requests meanwhile.
 Requests whose settings differ (beams, max new tokens, target language...) are never mixed: a batch runs one
 `DecodeOptions`, and the others wait for their own batch, in order.
+
+Work stops when its request is gone: each request carries a `CancelToken` with its deadline, set as well when the
+request ends any other way (its client disconnected, the handler was cancelled). A queued request that is gone
+never runs; a running one leaves the decoder batch at the next step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Any
 
+from ..runtime.cancel import CancelToken
 from ..runtime.options import DecodeOptions
 from ..runtime.translator import Translation
 
 log = logging.getLogger("onnxmt.serve")
 
-# The translator call the batcher runs on the inference thread: texts and settings in, translations out.
-TranslateFn = Callable[[list[str], DecodeOptions], list[Translation]]
+# The translator call the batcher runs on the inference thread: texts, settings and one cancel token per text in,
+# translations out.
+TranslateFn = Callable[[list[str], DecodeOptions, list[CancelToken]], list[Translation]]
 
 
 class QueueFull(Exception):
     """The bounded queue is full: the caller answers 503 with Retry-After."""
+
+
+class ClientGone(Exception):
+    """The client disconnected before its translation was ready; its work was cancelled."""
 
 
 @dataclass(eq=False)
@@ -35,6 +48,8 @@ class _Job:
     options: DecodeOptions
     arrived: float
     future: asyncio.Future[list[Translation]] = field(repr=False)
+    token: CancelToken = field(default_factory=CancelToken, repr=False)
+    cost: int = 0  # tokens x beams (Translator.cost)
 
 
 @dataclass
@@ -58,6 +73,7 @@ class MicroBatcher:
         max_batch_size: int,
         window: float,
         max_queue: int,
+        max_batch_cost: int | None = None,
         on_queue: Callable[[int], None] = lambda depth: None,
         on_batch: Callable[[BatchStats], None] = lambda stats: None,
     ) -> None:
@@ -66,11 +82,13 @@ class MicroBatcher:
         self.max_batch_size = max_batch_size
         self.window = window
         self.max_queue = max_queue
+        self.max_batch_cost = max_batch_cost
         self._on_queue = on_queue
         self._on_batch = on_batch
         self._pending: deque[_Job] = deque()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._running: list[_Job] = []
 
     @property
     def depth(self) -> int:
@@ -80,7 +98,10 @@ class MicroBatcher:
         self._task = asyncio.create_task(self._loop(), name="onnxmt-batcher")
 
     async def stop(self) -> None:
-        """Stop the batch loop. Requests still queued get an error; the server has drained in-flight ones first."""
+        """Stop the batch loop. Requests still queued get an error and the running batch is cancelled at its next
+        step; the server has drained in-flight requests first."""
+        for job in self._running:
+            job.token.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -90,19 +111,43 @@ class MicroBatcher:
                 job.future.set_exception(RuntimeError("the service is shutting down"))
         self._on_queue(0)
 
-    async def translate(self, texts: list[str], options: DecodeOptions, timeout: float | None) -> list[Translation]:
+    async def translate(
+        self,
+        texts: list[str],
+        options: DecodeOptions,
+        timeout: float | None,
+        *,
+        cost: int = 0,
+        disconnected: Callable[[], Awaitable[object]] | None = None,
+    ) -> list[Translation]:
         """Queue `texts` and wait for their translations; QueueFull at once when the queue is full,
-        TimeoutError after `timeout` seconds."""
+        TimeoutError after `timeout` seconds, ClientGone as soon as `disconnected()` returns. In every case but
+        success the request's work is cancelled: dropped from the queue, or stopped at the next decoder step."""
         if len(self._pending) >= self.max_queue:
             raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)")
         loop = asyncio.get_running_loop()
-        job = _Job(texts, options, loop.time(), loop.create_future())
+        token = CancelToken(None if timeout is None else time.monotonic() + timeout)
+        job = _Job(texts, options, loop.time(), loop.create_future(), token, cost)
         self._pending.append(job)
         self._on_queue(len(self._pending))
         self._wakeup.set()
+        gone = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         try:
-            return await asyncio.wait_for(job.future, timeout)
+            waited: list[asyncio.Future[Any]] = [job.future, *([gone] if gone else [])]
+            done, _ = await asyncio.wait(waited, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if job.future in done:
+                return job.future.result()
+            if gone is not None and gone in done:
+                raise ClientGone("the client disconnected")
+            raise asyncio.TimeoutError()
         finally:
+            token.cancel()  # no-op once finished; else the work for this request stops
+            if not job.future.done():
+                job.future.cancel()  # nobody waits for it: the batch loop will not set it
+            if gone is not None:
+                gone.cancel()
+                with contextlib.suppress(BaseException):
+                    await gone
             # A request that timed out or was cancelled while queued gives its place back at once.
             if job in self._pending:
                 self._pending.remove(job)
@@ -139,29 +184,37 @@ class MicroBatcher:
         return sum(len(job.texts) for job in self._pending if job.options == options)
 
     def _take(self, options: DecodeOptions) -> list[_Job]:
-        """Remove and return the oldest requests with these settings, up to a full batch (at least one request,
-        however many texts it has: the translator splits it into decoder batches)."""
+        """Remove and return the oldest requests with these settings, up to a full batch in texts and in cost (at
+        least one request, however many texts it has: the translator splits it into decoder batches)."""
         taken: list[_Job] = []
-        count = 0
+        count = cost = 0
+        budget = self.max_batch_cost
         for job in list(self._pending):
-            if job.options != options or job.future.done():
+            if job.options != options or job.future.done() or job.token.cancelled:
                 continue
             if taken and count + len(job.texts) > self.max_batch_size:
                 break
+            if taken and budget is not None and cost + job.cost > budget:
+                break
             taken.append(job)
             count += len(job.texts)
+            cost += job.cost
             self._pending.remove(job)
         return taken
 
     async def _run(self, jobs: list[_Job]) -> None:
         loop = asyncio.get_running_loop()
         texts = [text for job in jobs for text in job.texts]
+        tokens = [job.token for job in jobs for _ in job.texts]
         started = loop.time()
+        self._running = jobs
         try:
-            results = await loop.run_in_executor(self._executor, self._translate, texts, jobs[0].options)
+            results = await loop.run_in_executor(self._executor, self._translate, texts, jobs[0].options, tokens)
         except Exception as e:
             await self._run_alone(jobs, e)
             return
+        finally:
+            self._running = []
         self._on_batch(
             BatchStats(
                 requests=len(jobs),
@@ -171,7 +224,11 @@ class MicroBatcher:
             )
         )
         for job, part in zip(jobs, _split(results, [len(job.texts) for job in jobs]), strict=True):
-            if not job.future.done():
+            if job.future.done():
+                continue
+            if job.token.cancelled or any(r.cancelled for r in part):
+                job.future.set_exception(asyncio.TimeoutError())  # never an unfinished translation
+            else:
                 job.future.set_result(part)
 
     async def _run_alone(self, jobs: list[_Job], error: Exception) -> None:
@@ -182,7 +239,8 @@ class MicroBatcher:
             return
         log.warning("a batch of %d requests failed (%s); running them one by one", len(jobs), error)
         for job in jobs:
-            await self._run([job])
+            if not job.future.done():
+                await self._run([job])
 
 
 def _decoder_batches(texts: int, max_batch_size: int) -> list[int]:

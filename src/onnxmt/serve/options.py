@@ -18,7 +18,9 @@ class ServeOptions:
     so memory and latency stay bounded under overload. timeout: seconds a request may wait and run (0: no limit).
     max_chars / max_texts / max_body_bytes / max_beams: per-request limits. api_keys: when non-empty, /translate
     needs one of them as `api_key`; protect_all: every endpoint but /health and /ready does. cors_origins: origins
-    allowed to call the API from a browser ("*" for any).
+    allowed to call the API from a browser ("*" for any). max_request_cost: most tokens x beams one request may cost
+    (Translator.cost: source tokens + max new tokens, times beams, summed over its texts); more gets 413.
+    max_batch_cost: most tokens x beams per decoder batch, which bounds the decoder's memory (0: no limit, for both).
     Slow clients: request_timeout: seconds a connection may take to send a whole request (headers and body),
     counted from the moment the server waits for it; then it is answered 408 and closed. keep_alive_timeout:
     seconds an idle keep-alive connection is kept. max_connections: open connections; one more is answered 503
@@ -35,6 +37,8 @@ class ServeOptions:
     max_texts: int = 64
     max_body_bytes: int = 1 << 20
     max_beams: int = 8
+    max_request_cost: int = 65536
+    max_batch_cost: int = 65536
     api_keys: tuple[str, ...] = ()
     protect_all: bool = False
     cors_origins: tuple[str, ...] = ()
@@ -57,7 +61,7 @@ class ServeOptions:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("batch_window_ms", "timeout"):
+        for name in ("batch_window_ms", "timeout", "max_request_cost", "max_batch_cost"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         for name in ("request_timeout", "keep_alive_timeout"):

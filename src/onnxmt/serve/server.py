@@ -1,23 +1,30 @@
 """Running the app under uvicorn, with the stop behaviour an orchestrator expects.
 
-SIGTERM (or Ctrl+C): readiness turns false, the listening socket closes, the requests in flight are finished and
-answered, then the batcher and the inference thread stop and the process exits 0.
+SIGTERM (or Ctrl+C): readiness turns false and the listening socket closes. Requests in flight are answered: with
+their translation when it is ready within their deadline, else 503 + Retry-After (their work is cancelled at that
+deadline, so nothing runs past `--timeout`). Open keep-alive connections stay open meanwhile, and a request that
+arrives on one gets 503; every response from then on says `Connection: close`. Then the connections close, the
+batcher and the inference thread stop, and the process exits 0.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import logging
 import math
 import re
 import signal
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.config import LOGGING_CONFIG
 
 from ..runtime.options import DecodeOptions, RuntimeOptions
@@ -29,6 +36,9 @@ from .service import Service
 FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,39}")
 # Beyond the request timeout, how long a graceful stop waits for requests in flight before cancelling them.
 SHUTDOWN_GRACE = 5.0
+# After the last request in flight is answered, how long idle keep-alive connections stay open to answer (503,
+# Connection: close) a request a client had already sent on one.
+LINGER = 0.2
 
 
 class ServeError(RuntimeError):
@@ -46,6 +56,23 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.service.draining = True
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown closes idle keep-alive connections at once, so a request already on its way over one
+        gets no answer. Stop accepting first, and keep the connections open while requests are in flight (they end
+        by their deadline, `--timeout`): each request on them is answered 503 with `Connection: close`."""
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        grace = self.config.timeout_graceful_shutdown
+        deadline = None if grace is None else time.monotonic() + grace
+        while self.server_state.tasks and not self.force_exit:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(LINGER)
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -70,7 +97,7 @@ def run(
     app = create_app(model_dir, options, runtime, decoding)
     service: Service = app.state.service
     config = uvicorn.Config(
-        app,
+        _CloseWhenDraining(app, service),
         host=options.host,
         port=options.port,
         log_level=options.log_level,
@@ -91,6 +118,28 @@ def run(
     server.run()
     if service.error:
         raise ServeError(service.error)
+
+
+class _CloseWhenDraining:
+    """While the service stops, every response carries `Connection: close`: clients do not reuse a connection
+    the server is about to close."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and self.service.draining:
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, closing)
 
 
 def _log_config(level: str) -> dict:

@@ -7,16 +7,17 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..runtime.cancel import CancelToken
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.translator import Translation, Translator, resolve_settings
-from .batcher import MicroBatcher, QueueFull
+from .batcher import ClientGone, MicroBatcher, QueueFull
 from .detect import Detected, Detector
 from .metrics import Metrics
 from .options import ServeOptions
@@ -35,7 +36,9 @@ class Service:
         self.options = options
         self.runtime = runtime
         # Decoder batches are the service's to size, whatever the library default.
-        self.decoding = decoding.merged(batch_size=options.max_batch_size)
+        self.decoding = decoding.merged(
+            batch_size=options.max_batch_size, max_batch_cost=options.max_batch_cost or None
+        )
         self.metrics = Metrics()
         self.translator: Translator | None = None
         self.languages: Languages | None = None
@@ -63,6 +66,7 @@ class Service:
             max_batch_size=self.options.max_batch_size,
             window=self.options.batch_window_ms / 1000,
             max_queue=self.options.max_queue,
+            max_batch_cost=self.options.max_batch_cost or None,
             on_queue=self.metrics.queue_depth.set,
             on_batch=self.metrics.observe_batch,
         )
@@ -121,19 +125,27 @@ class Service:
             raise ApiError(503, self.error or "the model is still loading", RETRY_AFTER)
         return self.translator, self.languages, self._batcher
 
-    async def translate(self, request: TranslateRequest) -> dict[str, Any]:
-        """Answer a checked /translate request in LibreTranslate's shape."""
+    async def translate(
+        self, request: TranslateRequest, disconnected: Callable[[], Awaitable[object]] | None = None
+    ) -> dict[str, Any]:
+        """Answer a checked /translate request in LibreTranslate's shape. `disconnected()` returns when the client
+        has gone: the request's work is then cancelled."""
         translator, languages, batcher = self._require_ready()
         detected = await self._check_source(languages, request)
         options = self._decode_options(translator, languages, request)
         timeout = self.options.timeout or None
         if not request.texts:
             return _answer(request, [], detected)
+        cost = self._check_cost(translator, request.texts, options)
         try:
-            results = await batcher.translate(request.texts, options, timeout)
+            results = await batcher.translate(request.texts, options, timeout, cost=cost, disconnected=disconnected)
         except QueueFull as e:
             raise ApiError(503, f"server busy: {e}; retry later", RETRY_AFTER) from e
+        except ClientGone as e:
+            raise ApiError(499, "the client disconnected; the translation was cancelled") from e
         except asyncio.TimeoutError as e:
+            if self.draining:  # another replica may have the time this one had not
+                raise ApiError(503, "the service is shutting down", RETRY_AFTER) from e
             raise ApiError(504, f"translation timed out after {self.options.timeout:g} s") from e
         except ValueError as e:
             raise ApiError(400, str(e)) from e
@@ -184,10 +196,24 @@ class Service:
             raise ApiError(400, str(e)) from e
         return options
 
-    def _translate(self, texts: list[str], options: DecodeOptions) -> list[Translation]:
+    def _check_cost(self, translator: Translator, texts: list[str], options: DecodeOptions) -> int:
+        """The request's cost in tokens x beams; ApiError 413 above --max-request-cost."""
+        cost = translator.cost(texts, **asdict(options))
+        limit = self.options.max_request_cost
+        if limit and cost > limit:
+            settings = resolve_settings(translator.manifest, options)
+            raise ApiError(
+                413,
+                f"request too large: it costs {cost} tokens x beams ((source tokens + {settings.max_length - 1} "
+                f"new tokens) x {settings.num_beams} beams, over {len(texts)} texts); the limit is {limit} "
+                "(max_request_cost): send fewer or shorter texts, fewer beams or a lower max_new_tokens",
+            )
+        return cost
+
+    def _translate(self, texts: list[str], options: DecodeOptions, tokens: list[CancelToken]) -> list[Translation]:
         """Runs on the inference thread."""
         assert self.translator is not None
-        return self.translator.translate(texts, **asdict(options))
+        return self.translator.translate(texts, cancel=tokens, **asdict(options))
 
     def info(self) -> dict[str, Any]:
         translator, languages, _ = self._require_ready()
@@ -219,6 +245,8 @@ class Service:
                 "max_texts": o.max_texts,
                 "max_body_bytes": o.max_body_bytes,
                 "max_beams": o.max_beams,
+                "max_request_cost": o.max_request_cost,
+                "max_batch_cost": o.max_batch_cost,
                 "timeout": o.timeout,
             },
             "api_keys": bool(o.api_keys),
