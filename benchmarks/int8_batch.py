@@ -99,7 +99,11 @@ def read_sentences(data: Path, per_source: int) -> list[str]:
 
 
 def artifacts(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Path]:
-    """Model directories by label, built or taken from the benchmark cache."""
+    """Model directories by label, built or taken from the benchmark cache (not looked at when --models names
+    only --extra directories)."""
+    extras = {label: Path(path) for label, _, path in (e.partition("=") for e in args.extra)}
+    if args.models and all(m.strip() in extras for m in args.models.split(",")):
+        return {m.strip(): extras[m.strip()] for m in args.models.split(",")}
     corpus = [line for name in TOKENIZER_CORPUS for line in models.read_lines(args.data / name)]
     spec = models.QUICK if args.quick else models.FULL
     art = models.prepare(args.cache, spec, corpus, skip_ct2="not used here", log=log)
@@ -136,6 +140,7 @@ def artifacts(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
         )
         if int8:
             found["Optimum int8"] = int8
+    found.update(extras)
     wanted = [m.strip() for m in args.models.split(",")] if args.models else list(found)
     missing = [m for m in wanted if m not in found]
     if missing:
@@ -230,6 +235,7 @@ def compare_model(
         started = time.perf_counter()
         alone = [translator.translate([t], batch_size=1, **options)[0].token_ids for t in texts]
         context[f"{search} alone seconds"] = time.perf_counter() - started
+        context[f"{search} alone tokens"] = alone
         if beams == 1:
             sample = range(min(len(texts), args.margin_sentences))
             margins = [m for i in sample for m in top_margins(step_logits(translator, encoded[i], alone[i][:-1]))]
@@ -318,6 +324,18 @@ def markdown(comparisons: list[Comparison], contexts: dict[str, dict[str, Any]],
             for k, v in context["first step logits"].items()
         ]
         lines.append(f"| {model} | {'; '.join(cells)} | {context['greedy top-1/top-2 margin median']:.3g} |")
+    reference = contexts.get("onnxmt fp32")
+    if reference:
+        lines += [
+            "",
+            "| model | search | batch-1 outputs equal to onnxmt fp32's batch-1 outputs |",
+            "| --- | --- | --- |",
+        ]
+        for model, context in contexts.items():
+            for key, outputs in context.items():
+                if key.endswith(" alone tokens") and model != "onnxmt fp32":
+                    same = sum(a == b for a, b in zip(outputs, reference[key], strict=True))
+                    lines.append(f"| {model} | {key.removesuffix(' alone tokens')} | {same}/{len(outputs)} |")
     lengths = settings["source_tokens"]
     lines += [
         "",
@@ -332,6 +350,78 @@ def markdown(comparisons: list[Comparison], contexts: dict[str, dict[str, Any]],
     return "\n".join(lines) + "\n"
 
 
+def measure_speed(
+    dirs: dict[str, Path], texts: list[str], args: argparse.Namespace, log: Callable[[str], None]
+) -> dict:
+    """Generated tokens/s of each model under three batching regimes, models taking turns regime by regime for
+    --rounds rounds (the best round kept: background load only slows a run down)."""
+    translators = {label: Translator(path, RuntimeOptions(threads=args.threads)) for label, path in dirs.items()}
+    first = next(iter(translators.values()))
+    token = first.target_token("cmn_Hans")
+    lengths = [len(first.tokenizer.encode(t, target_token=token)) for t in texts]
+    order = list(range(len(texts)))
+    random.Random(SEED).shuffle(order)
+    regimes = {
+        "each request alone (bs1)": [[i] for i in range(len(texts))],
+        f"random groups of {args.service_batch} (service micro-batches)": groups(order, args.service_batch),
+        f"sorted bs{args.batch_sizes[-1]} (Translator)": groups(
+            sorted(order, key=lengths.__getitem__), args.batch_sizes[-1]
+        ),
+    }
+    forced = {"min_new_tokens": args.tokens, "max_new_tokens": args.tokens, "target_lang": "cmn_Hans"}
+    for translator in translators.values():
+        translator.translate(texts[:2], beams=1, **forced)  # warm-up
+    best: dict[tuple[str, str, str], float] = {}
+    for round_ in range(args.rounds):
+        for beams in args.beams:
+            search = "greedy" if beams == 1 else f"beam {beams}"
+            for regime, batches in regimes.items():
+                for label, translator in translators.items():
+                    started = time.perf_counter()
+                    translate_groups(translator, texts, batches, {**forced, "beams": beams})
+                    rate = len(texts) * args.tokens / (time.perf_counter() - started)
+                    key = (label, search, regime)
+                    best[key] = max(best.get(key, 0.0), rate)
+                    log(f"round {round_ + 1}, {label}, {search}, {regime}: {rate:.0f} tokens/s")
+    return {
+        "regimes": list(regimes),
+        "rows": [{"model": k[0], "search": k[1], "regime": k[2], "tokens_per_s": v} for k, v in best.items()],
+    }
+
+
+def speed_markdown(result: dict, settings: dict, info: dict) -> str:
+    rows = result["rows"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    searches = list(dict.fromkeys(r["search"] for r in rows))
+    rate = {(r["model"], r["search"], r["regime"]): r["tokens_per_s"] for r in rows}
+    cpu = {(r["model"], r["search"], r["regime"]): r["cpu_ms_per_token"] for r in rows}
+    lines = [
+        "| model | search | " + " | ".join(result["regimes"]) + " |",
+        "| --- | --- |" + " --- |" * len(result["regimes"]),
+    ]
+    base = models[0]
+    for search in searches:
+        for model in models:
+            cells = []
+            for regime in result["regimes"]:
+                value, ms = rate[model, search, regime], cpu[model, search, regime]
+                ratio = "" if model == base else f" ({value / rate[base, search, regime]:.2f}×)"
+                cpu_ratio = "" if model == base else f" ({ms / cpu[base, search, regime]:.2f}×)"
+                cells.append(f"{value:.0f}{ratio}; {ms:.2f} ms{cpu_ratio}")
+            lines.append(f"| {model} | {search} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Generated tokens/s (exactly {settings['tokens']} per sentence; beam search counts the returned tokens); "
+        "CPU ms per generated token (the process's CPU time, all threads: less sensitive to other load than the "
+        f"wall clock); each the best of {settings['rounds']} interleaved rounds over {settings['sentences']} "
+        "sentences; (×): against "
+        f"{base} in the same regime. {settings['threads']} threads. Machine: {info['cpu']}, {info['cores']} cores, "
+        f"SIMD {' '.join(info['simd'])}; load average {info['load_average'][0]:.2f} at start; onnxruntime "
+        f"{info['versions'].get('onnxruntime')}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny model, 4 sentences per source, 5 tokens")
@@ -342,6 +432,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mix-sizes", default="8,16", help="random groups (default 8,16; the service batches 16)")
     p.add_argument("--margin-sentences", type=int, default=16, help="batch-1 outputs the median margin reads")
     p.add_argument("--models", help="comma-separated labels (default: all available)")
+    p.add_argument("--extra", action="append", default=[], help="LABEL=DIR: one more model directory")
+    p.add_argument("--speed", action="store_true", help="measure throughput per batching regime instead")
+    p.add_argument("--rounds", type=int, default=2, help="--speed: interleaved rounds (best kept)")
+    p.add_argument("--service-batch", type=int, default=16, help="--speed: random group size (the service's)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--name", help="results/<name>/ (default int8-batch; quick: int8-batch-quick)")
     p.add_argument("--cache", type=Path, default=HERE / ".cache")
@@ -362,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     info = machine.describe()
     texts = read_sentences(args.data, args.sentences)
     dirs = artifacts(args, log)
+    if args.speed:
+        return speed(dirs, texts, args, info, log)
     comparisons: list[Comparison] = []
     contexts: dict[str, dict[str, Any]] = {}
     for label, directory in dirs.items():
@@ -396,6 +492,26 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "int8_batch.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     log(f"wrote {out}/int8_batch.md and .json")
+    return 0
+
+
+def speed(dirs: dict[str, Path], texts: list[str], args: argparse.Namespace, info: dict, log: Callable) -> int:
+    result = measure_speed(dirs, texts, args, log)
+    settings = {
+        "sentences": len(texts),
+        "tokens": args.tokens,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "models": {label: str(path) for label, path in dirs.items()},
+    }
+    text = speed_markdown(result, settings, info)
+    print(text)
+    out = HERE / "results" / args.name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "int8_speed.md").write_text(text, encoding="utf-8")
+    data = {"settings": settings, "machine": info, **result}
+    (out / "int8_speed.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    log(f"wrote {out}/int8_speed.md and .json")
     return 0
 
 

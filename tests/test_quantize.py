@@ -297,6 +297,100 @@ def test_per_tensor_option(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     assert scales and all(len(s.dims) == 0 for s in scales)
 
 
+# Sentences of many lengths: in one batch, the short ones are padded and every row shares the activation scales.
+MIXED = [
+    "Hello world.",
+    "The river is long and the mountain is high",
+    "a small quiet garden",
+    "The doctor came to the school in the morning and the children were happy to see her there",
+    "music",
+    "Where is the market, and how far is it from the city by train?",
+    "Every evening my friend reads a letter from her family",
+    "green yellow bright heavy",
+    "It was the first time that the people of the city had seen so much water in the river",
+    "one two three",
+]
+
+
+def _alone_and_batched(directory: Path, beams: int) -> tuple[list[list[int]], list[list[int]]]:
+    translator = Translator(directory)
+    options = {"beams": beams, "max_new_tokens": 12}
+    alone = [translator.translate([t], **options)[0].token_ids for t in MIXED]
+    batched = [r.token_ids for r in translator.translate(MIXED, batch_size=len(MIXED), **options)]
+    return alone, batched
+
+
+@pytest.fixture(scope="module")
+def per_row_dir(tiny_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _quantize(tiny_onnx_dir, tmp_path_factory.mktemp("int8-rows") / "model", per_row_scales=True)
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_per_row_scales_make_int8_batch_invariant(int8_dir: Path, per_row_dir: Path, beams: int) -> None:
+    # The default int8 graphs quantize each activation tensor with one scale for the whole batch: on this model
+    # some sentences change with their batch-mates (the premise), and with a scale per row none does.
+    alone, batched = _alone_and_batched(int8_dir, beams)
+    assert alone != batched
+    alone, batched = _alone_and_batched(per_row_dir, beams)
+    assert alone == batched
+
+
+def test_per_row_scales_graphs_and_manifest(per_row_dir: Path, int8_dir: Path, tiny_onnx_dir: Path) -> None:
+    for name in (ENCODER_FILE, DECODER_FILE):
+        ops = _ops(per_row_dir / name)
+        assert ops["DynamicQuantizeLinear"] == ops["DynamicQuantizeMatMul"] == ops["MatMulInteger"] == 0, name
+        assert ops["MatMulIntegerToFloat"] > 0
+    # Same int8 weights; only the activations' quantization differs.
+    assert (per_row_dir / WEIGHTS_FILE).stat().st_size == (int8_dir / WEIGHTS_FILE).stat().st_size
+    q = read_manifest(per_row_dir).quantization
+    assert q["activation_scales"] == "per row" and read_manifest(int8_dir).quantization["activation_scales"] == (
+        "per tensor"
+    )
+    fp32 = Translator(tiny_onnx_dir)
+    rows = Translator(per_row_dir)
+    ids = np.array([fp32.tokenizer.encode(TEXTS[1])], dtype=np.int64)
+    start = np.array([[fp32.manifest.tokens["decoder_start"]]], dtype=np.int64)
+    a, _ = fp32.graphs.step(start, fp32.graphs.encode(ids, np.ones_like(ids)))
+    b, _ = rows.graphs.step(start, rows.graphs.encode(ids, np.ones_like(ids)))
+    assert np.corrcoef(a[0], b[0])[0, 1] > 0.9
+
+
+def test_per_row_scales_rewrite_is_exact(tmp_path: Path) -> None:
+    # One quantized MatMul: the rewritten graph computes round(x / s) per row, times the int8 weights, times s.
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxmt.export.row_scales import per_row_activations
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g", [x], [y], inits),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    onnx.save(model, str(tmp_path / "f.onnx"))
+    quantize_dynamic(tmp_path / "f.onnx", tmp_path / "q.onnx", per_channel=True, weight_type=QuantType.QInt8)
+    quantized = onnx.load(str(tmp_path / "q.onnx"))
+    assert per_row_activations(quantized) == 1
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(quantized.SerializeToString(), providers=["CPUExecutionProvider"])
+    inputs = rng.standard_normal((2, 3, 16)).astype(np.float32)
+    inputs[1] *= 100  # another row's range does not move this one's
+    got = session.run(None, {"x": inputs})[0]
+    weights = {i.name: numpy_helper.to_array(i) for i in quantized.graph.initializer}
+    w8 = next(v for k, v in weights.items() if v.dtype == np.int8 and v.ndim == 2).astype(np.float32)
+    w_scale = next(v for k, v in weights.items() if k.endswith("_scale") and v.ndim == 1)
+    s = np.maximum(np.abs(inputs).max(-1, keepdims=True) / 127, np.finfo(np.float32).tiny)
+    expected = ((np.rint(inputs / s) @ w8) * w_scale) * s
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    assert np.array_equal(session.run(None, {"x": inputs[:1]})[0], got[:1])
+
+
 def test_int4_weight_only(tiny_onnx_dir: Path, int8_dir: Path, tmp_path: Path) -> None:
     out = _quantize(tiny_onnx_dir, tmp_path / "int4", int4=True)
     decoder = _ops(out / DECODER_FILE)
@@ -316,6 +410,7 @@ def test_int4_weight_only(tiny_onnx_dir: Path, int8_dir: Path, tmp_path: Path) -
         ({"op_types": ("Conv",)}, r"valid: MatMul, Gemm, Gather"),
         ({"exclude": ("/MatMul_20_tie",)}, "did you mean /MatMul_20_tied"),
         ({"int4": True, "block_size": 24}, "power of two"),
+        ({"int4": True, "per_row_scales": True}, "per_row_scales is for dynamic int8"),
     ],
 )
 def test_bad_options_raise(tiny_onnx_dir: Path, tmp_path: Path, options: dict, message: str) -> None:

@@ -348,6 +348,14 @@ def quantize(
         bool, typer.Option("--int4", help="Weight-only int4 (MatMulNBits) instead of dynamic int8.")
     ] = False,
     per_channel: Annotated[bool, typer.Option(help="int8 scales per output channel (else per tensor).")] = True,
+    per_row_scales: Annotated[
+        bool,
+        typer.Option(
+            "--per-row-scales",
+            help="int8 activations with a scale per row (token), not per batch tensor: a sentence's output no "
+            "longer depends on what it is batched with (docs/serve.md).",
+        ),
+    ] = False,
     block_size: Annotated[int, typer.Option(help="int4: weights per scale (a power of two, at least 16).")] = 32,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUTPUT_DIR.")] = False,
 ) -> None:
@@ -363,6 +371,7 @@ def quantize(
         op_types=tuple(t.strip() for t in op_types.split(",") if t.strip()),
         exclude=names,
         per_channel=per_channel,
+        per_row_scales=per_row_scales,
         int4=int4,
         block_size=block_size,
         force=force,
