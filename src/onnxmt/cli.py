@@ -278,6 +278,15 @@ def serve(
         fail(str(e))
 
 
+BatchCheckOption = typer.Option(
+    "--batch-check/--no-batch-check",
+    help="Also translate a sample alone and in shuffled batches and report how many sentences agree (default: "
+    "only for dynamic int8, whose activation scales depend on the batch).",
+    show_default=False,
+)
+BatchSampleOption = typer.Option(help="Sentences the batch check translates (alone, then in batches of 8).")
+
+
 @app.command()
 def validate(
     model_dir: Annotated[Path, typer.Argument(help="Exported model directory to check.")],
@@ -298,6 +307,8 @@ def validate(
     batch_size: Annotated[int, typer.Option(help="Sentences per batch, on both sides.")] = 1,
     target_lang: Annotated[str | None, typer.Option(help="Target language of a multi-target model.")] = None,
     threads: Annotated[int | None, typer.Option(help="Threads of ONNX Runtime and torch (default: all cores).")] = None,
+    batch_check: Annotated[bool | None, BatchCheckOption] = None,
+    batch_sample: Annotated[int, BatchSampleOption] = 32,
 ) -> None:
     """Compare an exported directory with its PyTorch model: logits, token-identical rates, first differences."""
     from rich.progress import Progress
@@ -309,10 +320,16 @@ def validate(
         fail(f"validate needs torch and transformers: pip install 'onnxmt[export]' ({e})")
     if input_file is not None and not input_file.is_file():
         fail(f"input file not found: {input_file}")
-    if batch_size < 1:
-        fail(f"--batch-size must be at least 1, got {batch_size}")
+    if batch_size < 1 or batch_sample < 1:
+        fail(f"--batch-size and --batch-sample must be at least 1, got {batch_size} and {batch_sample}")
     options = ValidateOptions(
-        beams=beams, max_new_tokens=max_new_tokens, batch_size=batch_size, target_lang=target_lang, threads=threads
+        beams=beams,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        target_lang=target_lang,
+        threads=threads,
+        batch_check=batch_check,
+        batch_sample=batch_sample,
     )
     try:
         texts = read_corpus(input_file)
@@ -418,6 +435,8 @@ def evaluate(
     report: Annotated[Path, typer.Option(help="Report path without suffix: writes REPORT.md and REPORT.json.")] = Path(
         "onnxmt-eval"
     ),
+    batch_check: Annotated[bool | None, BatchCheckOption] = None,
+    batch_sample: Annotated[int, BatchSampleOption] = 32,
 ) -> None:
     """BLEU, chrF, size, latency, throughput and peak memory of model directories, side by side."""
     from rich.progress import Progress
@@ -428,8 +447,8 @@ def evaluate(
     for path in (src, ref):
         if not path.is_file():
             fail(f"file not found: {path}")
-    if batch_size < 1 or latency_sentences < 0:
-        fail("--batch-size must be at least 1 and --latency-sentences at least 0")
+    if batch_size < 1 or latency_sentences < 0 or batch_sample < 1:
+        fail("--batch-size and --batch-sample must be at least 1 and --latency-sentences at least 0")
     options = EvalOptions(
         limit=limit,
         beams=beams,
@@ -439,6 +458,8 @@ def evaluate(
         threads=threads,
         target_lang=target_lang,
         tokenize=tokenize,
+        batch_check=batch_check,
+        batch_sample=batch_sample,
     )
     try:
         with Progress(console=err, transient=True) as progress:
