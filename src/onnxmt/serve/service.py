@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..runtime.invariance import activation_scales
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.translator import Translation, Translator, resolve_settings
 from .batcher import MicroBatcher, QueueFull
@@ -84,6 +85,23 @@ class Service:
         self._batcher.start()
         self.metrics.ready.set(1)
         log.info("model %s loaded in %.1f s; ready", self.model_dir, time.perf_counter() - started)
+        if self.batch_invariant() is False:
+            log.info(
+                "int8 with per-tensor activation scales: a text's translation can depend on the requests it is "
+                "batched with (docs/serve.md); `onnxmt quantize --per-row-scales` makes it independent"
+            )
+
+    def batch_invariant(self) -> bool | None:
+        """Whether a text's translation is independent of what it is batched with; None: cannot tell (an Optimum
+        directory's quantization is not recorded)."""
+        if self.translator is None:
+            return None
+        manifest = self.translator.manifest
+        if self.options.max_batch_size == 1 or activation_scales(manifest) == "per row":
+            return True
+        if manifest.layout != "onnxmt":
+            return None
+        return activation_scales(manifest) is None  # fp32, int4 (weight-only): yes; per-tensor int8: no
 
     async def stop(self) -> None:
         """After the server has finished the requests in flight: stop the batch loop and the inference thread."""
@@ -179,6 +197,7 @@ class Service:
                 "max_batch_size": o.max_batch_size,
                 "batch_window_ms": o.batch_window_ms,
                 "max_queue": o.max_queue,
+                "batch_invariant": self.batch_invariant(),
             },
             "limits": {
                 "max_chars": o.max_chars,
