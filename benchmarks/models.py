@@ -119,8 +119,8 @@ def quantize_available() -> bool:
     return result.returncode == 0
 
 
-def quantize_onnxmt(fp32: Path, out: Path) -> None:
-    command = [sys.executable, "-m", "onnxmt.cli", "quantize", str(fp32), str(out)]
+def quantize_onnxmt(fp32: Path, out: Path, *flags: str) -> None:
+    command = [sys.executable, "-m", "onnxmt.cli", "quantize", str(fp32), str(out), *flags]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"`onnxmt quantize` failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")

@@ -89,6 +89,12 @@ def test_rows_side_by_side_with_every_column(tiny_onnx_dir: Path, pair: tuple[Pa
         assert 20e6 < row.peak_rss_bytes < 2e9  # a python process with onnxruntime, measured in bytes
         assert len(row.cells()) == len(COLUMNS)
     assert report.rows[1].size_bytes < report.rows[0].size_bytes
+    # int8's activation scales are the batch's: it gets the batch-composition check, fp32 does not by default.
+    fp32_check, int8_check = (row.batch_invariance for row in report.rows)
+    assert fp32_check is None and report.rows[0].cells()[-1] == ""
+    assert int8_check is not None and int8_check["sentences"] == 3 and int8_check["scales"] == "per tensor"
+    assert report.rows[1].cells()[-1] == f"{int8_check['rate']:.1%} ({int8_check['identical']}/3)"
+    assert "Batch-invariant: sentences of the first 32" in report.to_markdown()
     # The scores are those of the translations the Translator gives.
     expected = [t.text for t in Translator(tiny_onnx_dir).translate(SOURCES, max_new_tokens=6)]
     assert report.rows[0].hypotheses == expected
@@ -123,7 +129,7 @@ def test_cli_with_a_pytorch_reference_row(
     importorskip("torch")
     src, ref = pair
     args = ["eval", str(tiny_onnx_dir), "--src", str(src), "--ref", str(ref), "--reference", str(tiny_hf_dir)]
-    fast = ["--max-new-tokens", "6", "--latency-sentences", "1", "--threads", "1", "--limit", "3"]
+    fast = ["--max-new-tokens", "6", "--latency-sentences", "1", "--threads", "1", "--limit", "3", "--batch-check"]
     result = runner.invoke(app, [*args, *fast, "--report", str(tmp_path / "eval")])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "eval.json").read_text())
@@ -133,6 +139,9 @@ def test_cli_with_a_pytorch_reference_row(
     # Same model, same settings: the fp32 export and PyTorch translate alike.
     assert (onnx_row["bleu"], onnx_row["chrf"]) == pytest.approx((torch_row["bleu"], torch_row["chrf"]))
     assert torch_row["quantization"] == "fp32 (PyTorch)"
+    assert torch_row["batch_invariance"] is None
+    # Asked for: the fp32 row is checked too, and batches do not change its tokens.
+    assert onnx_row["batch_invariance"]["rate"] == 1.0 and onnx_row["batch_invariance"]["sentences"] == 2  # no ""
     table = (tmp_path / "eval.md").read_text()
     assert table.count("\n| ") == 3  # separator + two rows after the header
 

@@ -26,6 +26,7 @@ import pytest
 from onnxmt import DecodeOptions, Translator
 from onnxmt.export.random_model import generate_corpus
 from onnxmt.runtime.cancel import CancelToken
+from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translation
 from onnxmt.serve.batcher import ClientGone, MicroBatcher, QueueFull
 from onnxmt.serve.options import ServeOptions
@@ -345,6 +346,7 @@ def test_health_ready_languages_info(server: Server) -> None:
     info = httpx.get(f"{server.url}/info").json()
     assert info["model"]["architecture"] == "marian"
     assert info["limits"]["max_chars"] == 2000 and info["batching"]["max_batch_size"] == 16
+    assert info["batching"]["batch_invariant"] is True  # fp32
     assert info["api_keys"] is False
 
 
@@ -807,3 +809,22 @@ def test_load_script(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     ]
     assert result["server_exit_code"] == 0 and result["server_rss_end_mb"]["rss_mb"] > 0
     assert "| 4 | 8 | 0 |" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("per_row", "max_batch_size", "expected"), [(False, 16, False), (False, 1, True), (True, 16, True)]
+)
+def test_info_says_whether_batches_can_change_a_translation(
+    tiny_onnx_dir: Path, tmp_path: Path, per_row: bool, max_batch_size: int, expected: bool
+) -> None:
+    # Per-tensor int8 scales depend on the batch; a batch of one, or a scale per row, does not.
+    pytest.importorskip("onnx")
+    from onnxmt.export.quantize import QuantizeOptions, quantize
+    from onnxmt.serve.service import Service
+
+    int8 = tmp_path / "int8"
+    quantize(tiny_onnx_dir, int8, QuantizeOptions(per_row_scales=per_row), progress=lambda _: None)
+    service = Service(int8, ServeOptions(max_batch_size=max_batch_size), RuntimeOptions(), DecodeOptions())
+    assert service.batch_invariant() is None  # not loaded yet
+    service.translator = Translator(int8)
+    assert service.batch_invariant() is expected

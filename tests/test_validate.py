@@ -73,6 +73,23 @@ def test_fp32_export_is_token_identical(tiny_onnx_dir: Path, tiny_hf_dir: Path) 
     markdown = report.to_markdown()
     assert "| greedy token-identical | 4/4 (100.0%) |" in markdown
     assert "| beam (4) token-identical | 4/4 (100.0%) |" in markdown
+    assert report.batch_invariance is None  # fp32: only on request
+
+
+def test_int8_reports_how_often_batches_change_tokens(tiny_onnx_dir: Path, tiny_hf_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("onnx")
+    from onnxmt.export.quantize import quantize
+
+    int8 = tmp_path / "int8"
+    quantize(tiny_onnx_dir, int8, progress=lambda _: None)
+    report = validate(int8, str(tiny_hf_dir), TEXTS, OPTIONS)
+    assert report.batch_invariance is not None and set(report.batch_invariance) == {"greedy", "beam"}
+    for search, check in report.batch_invariance.items():
+        assert check["sentences"] == len(TEXTS) and 0 <= check["identical"] <= len(TEXTS)
+        assert check["beams"] == (1 if search == "greedy" else 4) and check["scales"] == "per tensor"
+        assert f"| batch-invariant, {search} | {check['description']} |" in report.to_markdown()
+    assert "int8 per-tensor scales" in report.batch_invariance["greedy"]["description"]
+    assert json.loads(report.to_json())["batch_invariance"]["beam"]["batch_size"] == 8
 
 
 def test_broken_export_is_caught_with_its_first_difference(broken_dir: Path, tiny_hf_dir: Path) -> None:
@@ -111,6 +128,17 @@ def test_cli_writes_reports_and_exits_by_threshold(
     assert "below --min-identical" in bad.output
     lenient = ["--min-identical", "0", "--report", str(tmp_path / "lenient")]
     assert runner.invoke(app, ["validate", str(broken_dir), *common, *lenient]).exit_code == 0
+    # On request for fp32 too: a sentence alone and batched with the other gets the same tokens.
+    checked = runner.invoke(
+        app, ["validate", str(tiny_onnx_dir), *common, "--batch-check", "--report", str(tmp_path / "c")]
+    )
+    assert checked.exit_code == 0, checked.output
+    data = json.loads((tmp_path / "c.json").read_text())["batch_invariance"]
+    assert data["greedy"]["rate"] == data["beam"]["rate"] == 1.0 and data["greedy"]["scales"] is None
+    assert (
+        "| batch-invariant, greedy | 100.0% of sentences (2/2; alone vs shuffled batches of 8, not dynamic int8) |"
+        in (tmp_path / "c.md").read_text()
+    )
 
 
 def test_cli_errors_exit_2(tiny_onnx_dir: Path, tiny_hf_dir: Path, tmp_path: Path) -> None:

@@ -354,6 +354,15 @@ def serve(
         fail(str(e))
 
 
+BatchCheckOption = typer.Option(
+    "--batch-check/--no-batch-check",
+    help="Also translate a sample alone and in shuffled batches and report how many sentences agree (default: "
+    "only for dynamic int8, whose activation scales depend on the batch).",
+    show_default=False,
+)
+BatchSampleOption = typer.Option(help="Sentences the batch check translates (alone, then in batches of 8).")
+
+
 @app.command()
 def validate(
     model_dir: Annotated[Path, typer.Argument(help="Exported model directory to check.")],
@@ -374,6 +383,8 @@ def validate(
     batch_size: Annotated[int, typer.Option(help="Sentences per batch, on both sides.")] = 1,
     target_lang: Annotated[str | None, typer.Option(help=TARGET_LANG_HELP)] = None,
     threads: Annotated[int | None, typer.Option(help="Threads of ONNX Runtime and torch (default: all cores).")] = None,
+    batch_check: Annotated[bool | None, BatchCheckOption] = None,
+    batch_sample: Annotated[int, BatchSampleOption] = 32,
 ) -> None:
     """Compare an exported directory with its PyTorch model: logits, token-identical rates, first differences."""
     from rich.progress import Progress
@@ -385,10 +396,16 @@ def validate(
         fail(f"validate needs torch and transformers: pip install 'onnxmt[export]' ({e})")
     if input_file is not None and not input_file.is_file():
         fail(f"input file not found: {input_file}")
-    if batch_size < 1:
-        fail(f"--batch-size must be at least 1, got {batch_size}")
+    if batch_size < 1 or batch_sample < 1:
+        fail(f"--batch-size and --batch-sample must be at least 1, got {batch_size} and {batch_sample}")
     options = ValidateOptions(
-        beams=beams, max_new_tokens=max_new_tokens, batch_size=batch_size, target_lang=target_lang, threads=threads
+        beams=beams,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        target_lang=target_lang,
+        threads=threads,
+        batch_check=batch_check,
+        batch_sample=batch_sample,
     )
     try:
         texts = read_corpus(input_file)
@@ -424,6 +441,14 @@ def quantize(
         bool, typer.Option("--int4", help="Weight-only int4 (MatMulNBits) instead of dynamic int8.")
     ] = False,
     per_channel: Annotated[bool, typer.Option(help="int8 scales per output channel (else per tensor).")] = True,
+    per_row_scales: Annotated[
+        bool,
+        typer.Option(
+            "--per-row-scales",
+            help="int8 activations with a scale per row (token), not per batch tensor: a sentence's output no "
+            "longer depends on what it is batched with (docs/serve.md).",
+        ),
+    ] = False,
     block_size: Annotated[int, typer.Option(help="int4: weights per scale (a power of two, at least 16).")] = 32,
     force: Annotated[bool, typer.Option("--force", help="Replace a non-empty OUTPUT_DIR.")] = False,
 ) -> None:
@@ -439,6 +464,7 @@ def quantize(
         op_types=tuple(t.strip() for t in op_types.split(",") if t.strip()),
         exclude=names,
         per_channel=per_channel,
+        per_row_scales=per_row_scales,
         int4=int4,
         block_size=block_size,
         force=force,
@@ -485,6 +511,8 @@ def evaluate(
     report: Annotated[Path, typer.Option(help="Report path without suffix: writes REPORT.md and REPORT.json.")] = Path(
         "onnxmt-eval"
     ),
+    batch_check: Annotated[bool | None, BatchCheckOption] = None,
+    batch_sample: Annotated[int, BatchSampleOption] = 32,
 ) -> None:
     """BLEU, chrF, size, latency, throughput and peak memory of model directories, side by side."""
     from rich.progress import Progress
@@ -495,8 +523,8 @@ def evaluate(
     for path in (src, ref):
         if not path.is_file():
             fail(f"file not found: {path}")
-    if batch_size < 1 or latency_sentences < 0:
-        fail("--batch-size must be at least 1 and --latency-sentences at least 0")
+    if batch_size < 1 or latency_sentences < 0 or batch_sample < 1:
+        fail("--batch-size and --batch-sample must be at least 1 and --latency-sentences at least 0")
     options = EvalOptions(
         limit=limit,
         beams=beams,
@@ -506,6 +534,8 @@ def evaluate(
         threads=threads,
         target_lang=target_lang,
         tokenize=tokenize,
+        batch_check=batch_check,
+        batch_sample=batch_sample,
     )
     try:
         with Progress(console=err, transient=True) as progress:

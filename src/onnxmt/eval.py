@@ -34,6 +34,7 @@ COLUMNS = (
     "sentences/s (batch N)",
     "peak RSS MB",
     "load s",
+    "batch-invariant",
 )
 
 
@@ -41,7 +42,9 @@ COLUMNS = (
 class EvalOptions:
     """limit: first N sentence pairs. beams, max_new_tokens: decoding (None: the model's defaults).
     batch_size: the batch of the throughput (and quality) pass. latency_sentences: how many sentences are timed
-    one at a time. tokenize: sacrebleu tokenizer (None: "zh" for Chinese targets, else "13a")."""
+    one at a time. tokenize: sacrebleu tokenizer (None: "zh" for Chinese targets, else "13a"). batch_check: translate
+    the first `batch_sample` sentences alone and in shuffled batches and count those that agree (None: only for
+    dynamic int8 directories, whose activation scales can depend on the batch; runtime/invariance.py)."""
 
     limit: int | None = None
     beams: int | None = None
@@ -51,6 +54,8 @@ class EvalOptions:
     threads: int | None = None
     target_lang: str | None = None
     tokenize: str | None = None
+    batch_check: bool | None = None
+    batch_sample: int = 32
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class EvalRow:
     peak_rss_bytes: int
     load_seconds: float
     hypotheses: list[str] = field(repr=False, default_factory=list)
+    batch_invariance: dict[str, Any] | None = None  # BatchInvariance.to_dict(); None: not checked
 
     def cells(self) -> list[str]:
         return [
@@ -78,7 +84,14 @@ class EvalRow:
             f"{self.sentences_per_second:.2f}",
             f"{self.peak_rss_bytes / 1e6:.0f}",
             f"{self.load_seconds:.2f}",
+            _invariance_cell(self.batch_invariance),
         ]
+
+
+def _invariance_cell(check: dict[str, Any] | None) -> str:
+    if check is None:
+        return ""
+    return f"{check['rate']:.1%} ({check['identical']}/{check['sentences']})"
 
 
 @dataclass
@@ -99,6 +112,12 @@ class EvalReport:
             f"process; {self.machine.get('cpu', '?')} ({self.machine.get('cores')} cores; "
             f"{' '.join(self.machine.get('cpu_flags', [])) or 'no AVX2'})."
         )
+        if any(row.batch_invariance for row in self.rows):
+            notes += (
+                f" Batch-invariant: sentences of the first {self.options.batch_sample} whose tokens are the same "
+                "translated alone and in shuffled batches of 8 (measured for dynamic int8, whose activation scales "
+                "are computed over the whole batch, or on request)."
+            )
         return "\n".join(lines) + "\n\n" + notes + "\n"
 
     def to_json(self) -> str:
@@ -275,6 +294,14 @@ class _OnnxModel:
     def translate(self, texts: list[str], batch_size: int) -> list[str]:
         return [t.text for t in self.translator.translate(texts, batch_size=batch_size)]
 
+    def batch_invariance(self, texts: list[str], options: EvalOptions) -> dict[str, Any] | None:
+        from .runtime.invariance import activation_scales, batch_invariance
+
+        wanted = options.batch_check
+        if not (wanted or (wanted is None and activation_scales(self.translator.manifest))):
+            return None
+        return batch_invariance(self.translator, texts, sample=options.batch_sample).to_dict()
+
 
 class _PytorchModel:
     def __init__(self, model: str, options: EvalOptions, target_token: str | None) -> None:
@@ -352,6 +379,7 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
         hypotheses += model.translate(texts[begin : begin + chunk], options.batch_size)
         _emit({"progress": [len(timed) + len(hypotheses), total]})
     elapsed = time.perf_counter() - t0
+    check = model.batch_invariance(texts, options) if isinstance(model, _OnnxModel) else None
     return {
         "model": job["model"],
         "kind": job["kind"],
@@ -362,6 +390,7 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
         "peak_rss_bytes": _peak_rss_bytes(),
         "load_seconds": load_seconds,
         "hypotheses": hypotheses,
+        "batch_invariance": check,
     }
 
 

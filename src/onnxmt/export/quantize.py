@@ -50,12 +50,15 @@ class QuantizeOptions:
     """parts: which graphs to quantize. op_types: the weight-carrying operators to quantize (Gather: the
     embeddings, int8 rows with a scale each; Gemm: the LM head). exclude: node names kept in
     float ("lm_head": the tied LM head). int4: weight-only 4-bit (MatMulNBits, GatherBlockQuantized) instead of
-    dynamic int8. per_channel: int8 scales per output column rather than per matrix."""
+    dynamic int8. per_channel: int8 scales per output column rather than per matrix. per_row_scales: int8
+    activations quantized with a scale per row (per token) instead of one per tensor, so that a sentence's output
+    does not depend on what it is batched with (export/row_scales.py)."""
 
     parts: str = "all"
     op_types: tuple[str, ...] = OP_TYPES
     exclude: tuple[str, ...] = ()
     per_channel: bool = True
+    per_row_scales: bool = False
     int4: bool = False
     block_size: int = 32  # int4 only: weights per scale
     force: bool = False
@@ -111,6 +114,8 @@ def _check_request(source: Path, output: Path, options: QuantizeOptions) -> Mani
     unknown = sorted(set(options.op_types) - set(OP_TYPES))
     if unknown or not options.op_types:
         raise QuantizeError(f"op types {unknown or '(none)'} cannot be quantized; valid: {', '.join(OP_TYPES)}")
+    if options.int4 and options.per_row_scales:
+        raise QuantizeError("per_row_scales is for dynamic int8; int4 is weight-only (no activation scales)")
     if options.int4 and (options.block_size < 16 or options.block_size & (options.block_size - 1)):
         raise QuantizeError(f"block_size must be a power of two, at least 16; got {options.block_size}")
     if options.int4:
@@ -167,6 +172,8 @@ def _quantize_into(
             _run_int8(model, out, nodes, options.per_channel)
         if kept_heads:
             _restore_heads(out, kept_heads)
+        if options.per_row_scales:
+            _per_row_scales(out)
         selected[name] = rewritten + nodes
     for name in all_graphs:
         if name not in selected:
@@ -518,6 +525,19 @@ def _one_zero_point(path: Path) -> None:
     onnx.save(model, str(path))
 
 
+def _per_row_scales(path: Path) -> None:
+    import onnx
+
+    from .row_scales import per_row_activations
+
+    model = onnx.load(str(path))
+    try:
+        per_row_activations(model)
+    except ValueError as e:
+        raise QuantizeError(str(e)) from e
+    onnx.save(model, str(path))
+
+
 def _int4_quantizer() -> Any:
     """ONNX Runtime's MatMulNBitsQuantizer class. It imports onnx_ir and ml_dtypes, which onnxruntime does not
     install: the export extra does."""
@@ -570,9 +590,13 @@ def _record(manifest: Manifest, results: list[FileResult], options: QuantizeOpti
         "method": method,
         "operators": "MatMulNBits, GatherBlockQuantized"
         if options.int4
+        else "MatMulIntegerToFloat on activations quantized per row; Gather on int8 rows for the vocabulary tables"
+        if options.per_row_scales
         else "MatMulInteger; DynamicQuantizeMatMul and Gather on int8 rows for the vocabulary tables",
         "weights": f"int4 symmetric, blocks of {options.block_size}" if options.int4 else "QInt8",
         "per_channel": None if options.int4 else options.per_channel,
+        # Per tensor: a sentence's output depends on its batch-mates (docs/serve.md); per row: it does not.
+        "activation_scales": None if options.int4 else ("per row" if options.per_row_scales else "per tensor"),
         "op_types": list(options.op_types),
         "parts": options.parts,
         "excluded_nodes": list(options.exclude),

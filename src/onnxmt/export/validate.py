@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.invariance import SAMPLE, activation_scales, batch_invariance
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.translator import Translator
 
@@ -64,13 +65,17 @@ DEFAULT_CORPUS = SHORT_SENTENCES + LONG_SENTENCES
 class ValidateOptions:
     """beams: the beam size of the beam-search pass (None: the model's num_beams). max_new_tokens: None keeps
     the model's generation limit. batch_size: sentences per batch, on both sides. threads: intra-op threads of
-    ONNX Runtime and torch (None: their defaults)."""
+    ONNX Runtime and torch (None: their defaults). batch_check: also translate up to `batch_sample` sentences
+    alone and in shuffled batches and report how many agree (None: only for dynamic int8 directories, whose
+    activation scales can depend on the batch; runtime/invariance.py)."""
 
     beams: int | None = None
     max_new_tokens: int | None = None
     batch_size: int = 1
     target_lang: str | None = None
     threads: int | None = None
+    batch_check: bool | None = None
+    batch_sample: int = SAMPLE
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,8 @@ class ValidationReport:
     divergences: list[Divergence] = field(default_factory=list)
     per_sentence: list[dict[str, Any]] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
+    # search -> BatchInvariance.to_dict(): same tokens alone and in shuffled batches (None: not checked)
+    batch_invariance: dict[str, dict[str, Any]] | None = None
 
     @property
     def greedy_rate(self) -> float:
@@ -151,8 +158,10 @@ class ValidationReport:
             f"| mean abs logit diff (teacher-forced) | {self.mean_abs_logit_diff:.3g} |",
             f"| greedy token-identical | {self.greedy_identical}/{self.sentences} ({self.greedy_rate:.1%}) |",
             f"| beam ({self.beams}) token-identical | {self.beam_identical}/{self.sentences} ({self.beam_rate:.1%}) |",
-            "",
         ]
+        for search, check in (self.batch_invariance or {}).items():
+            lines.append(f"| batch-invariant, {search} | {check['description']} |")
+        lines.append("")
         if self.divergences:
             lines += [
                 "## First differences",
@@ -300,6 +309,14 @@ def validate(
         total_abs, count = total_abs + float(diff.sum()), count + diff.size
         advance(1)
     report.mean_abs_logit_diff = total_abs / count if count else 0.0
+    check = options.batch_check
+    if check or (check is None and activation_scales(translator.manifest)):
+        report.batch_invariance = {}
+        for search, b in (("greedy", 1), ("beam", beams)):
+            result = batch_invariance(
+                translator, texts, beams=b, max_new_tokens=options.max_new_tokens, sample=options.batch_sample
+            )
+            report.batch_invariance[search] = {**result.to_dict(), "description": result.describe()}
     return report
 
 

@@ -53,6 +53,10 @@ async def read_fields(request: Request) -> Fields:
         return Fields(query, form=True, error=e)
     # JSON null is "not given" (as an empty form field is): the query string may still give the field.
     given = {name: value for name, value in body.items() if value is not None}
+    twice = sorted(set(query) & set(given))
+    if twice:  # which one to believe is a guess; a client that sends both has a bug worth hearing about
+        error = ApiError(400, f"Invalid request: {', '.join(twice)} given both in the query string and in the body")
+        return Fields({**query, **given}, form=True, error=error)
     data = {**query, **given}
     # Values from the query string are text, as a form's are: "4" is a number there (and only there).
     form = form or any(name not in given for name in query)

@@ -10,7 +10,9 @@ from pydantic import BaseModel, Field
 
 
 class TranslateBody(BaseModel):
-    q: str | list[str] = Field(description="Text, or a list of texts for a batch.", examples=["Hello world"])
+    q: str | list[str] | None = Field(
+        None, description="Text, or a list of texts for a batch (required).", examples=["Hello world"]
+    )
     source: str | None = Field(None, description='Source language code, or "auto".', examples=["en"])
     target: str | None = Field(None, description="Target language code (see /languages).", examples=["zh"])
     format: str | None = Field(None, description='Only "text" is supported.', examples=["text"])
@@ -27,7 +29,8 @@ class TranslateAnswer(BaseModel):
 
 
 class DetectBody(BaseModel):
-    q: str = Field(description="Text whose language to detect.", examples=["Hello world"])
+    # Required, here or in the query string: JSON null is "not given", so the schema admits it.
+    q: str | None = Field(None, description="Text whose language to detect (required).", examples=["Hello world"])
     api_key: str | None = Field(None, description="Needed when the server has API keys.")
 
 
@@ -57,6 +60,8 @@ def request_body(model: type[BaseModel] = TranslateBody, *, query: bool = False)
     """A request in OpenAPI: a JSON body or the same fields as a form, and (`query`) the same fields in the query
     string. Form and query schemas have no null (a form cannot send one)."""
     schema = model.model_json_schema()
+    if query:  # a field the body lacks may come from the query string: no body field is required then
+        schema = {k: v for k, v in schema.items() if k != "required"}
     form = _without_null(schema)
     form["description"] = FORM_NOTE
     parameters = [

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import __version__
 from ..runtime.cancel import CancelToken
+from ..runtime.invariance import activation_scales
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.translator import Translation, Translator, resolve_settings
 from .batcher import ClientGone, MicroBatcher, QueueFull
@@ -94,6 +95,23 @@ class Service:
         variant = translator.manifest.provenance.get("variant")  # Optimum/Transformers.js directories
         shown = f" (variant {variant})" if variant else ""
         log.info("model %s%s loaded in %.1f s; ready", self.model_dir, shown, time.perf_counter() - started)
+        if self.batch_invariant() is False:
+            log.info(
+                "int8 with per-tensor activation scales: a text's translation can depend on the requests it is "
+                "batched with (docs/serve.md); `onnxmt quantize --per-row-scales` makes it independent"
+            )
+
+    def batch_invariant(self) -> bool | None:
+        """Whether a text's translation is independent of what it is batched with; None: cannot tell (an Optimum
+        directory's quantization is not recorded)."""
+        if self.translator is None:
+            return None
+        manifest = self.translator.manifest
+        if self.options.max_batch_size == 1 or activation_scales(manifest) == "per row":
+            return True
+        if manifest.layout != "onnxmt":
+            return None
+        return activation_scales(manifest) is None  # fp32, int4 (weight-only): yes; per-tensor int8: no
 
     async def stop(self) -> None:
         """After the server has finished the requests in flight: stop the batch loop and the inference thread."""
@@ -239,6 +257,7 @@ class Service:
                 "max_batch_size": o.max_batch_size,
                 "batch_window_ms": o.batch_window_ms,
                 "max_queue": o.max_queue,
+                "batch_invariant": self.batch_invariant(),
             },
             "limits": {
                 "max_chars": o.max_chars,

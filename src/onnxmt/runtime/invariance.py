@@ -1,0 +1,84 @@
+"""Does a sentence's translation depend on what it is batched with? The check `validate` and `eval` report.
+
+In fp32 it does not (padding moves some logits by ~1e-6, below any measured token change). In dynamic int8 it can:
+`DynamicQuantizeLinear` computes one activation scale over the whole batch tensor, so batch-mates move the rounding
+grid of every row, and at a near-tie a token flips (docs/serve.md). `onnxmt quantize --per-row-scales` gives each
+row its own scale. This module measures the rate on a bounded sample: each sentence alone, then the same sentences
+shuffled into batches, as the service's micro-batcher mixes concurrent requests.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..manifest import Manifest
+from .translator import Translator, resolve_settings
+
+SAMPLE = 32  # sentences: ~5 s at batch 1 for opus-mt's architecture in int8 on 2 cores, greedy
+BATCH_SIZE = 8
+
+
+def activation_scales(manifest: Manifest) -> str | None:
+    """ "per tensor" or "per row" for a dynamic int8 directory (older directories: per tensor), else None."""
+    quantization = manifest.quantization or {}
+    if quantization.get("method") != "dynamic int8":
+        return None
+    return str(quantization.get("activation_scales") or "per tensor")
+
+
+@dataclass(frozen=True)
+class BatchInvariance:
+    """How many sentences of a sample got the same tokens alone and in shuffled batches."""
+
+    sentences: int
+    identical: int
+    batch_size: int
+    beams: int
+    scales: str | None  # the directory's activation scales (None: not dynamic int8)
+
+    @property
+    def rate(self) -> float:
+        return self.identical / self.sentences if self.sentences else 1.0
+
+    def describe(self) -> str:
+        """e.g. "96.9% of sentences (31/32; alone vs shuffled batches of 8, int8 per-tensor scales)"."""
+        kind = f"int8 {self.scales.replace(' ', '-')} scales" if self.scales else "not dynamic int8"
+        return (
+            f"{self.rate:.1%} of sentences ({self.identical}/{self.sentences}; alone vs shuffled batches of "
+            f"{self.batch_size}, {kind})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "rate": self.rate}
+
+
+def batch_invariance(
+    translator: Translator,
+    texts: Sequence[str],
+    *,
+    beams: int | None = None,
+    max_new_tokens: int | None = None,
+    sample: int = SAMPLE,
+    batch_size: int = BATCH_SIZE,
+    seed: int = 0,
+) -> BatchInvariance:
+    """Translate up to `sample` non-empty `texts` one at a time and in shuffled batches of `batch_size` (each
+    sorted by length inside, as `translate` does); count the sentences whose tokens are the same both ways."""
+    if sample < 1 or batch_size < 2:
+        raise ValueError(f"sample must be at least 1 and batch_size at least 2, got {sample} and {batch_size}")
+    chosen = [t for t in texts if t.strip()][:sample]
+    options: dict[str, Any] = {"beams": beams, "max_new_tokens": max_new_tokens}
+    alone = [translator.translate([t], batch_size=1, **options)[0].token_ids for t in chosen]
+    order = list(range(len(chosen)))
+    random.Random(seed).shuffle(order)
+    batched: dict[int, list[int]] = {}
+    for start in range(0, len(order), batch_size):
+        group = order[start : start + batch_size]
+        results = translator.translate([chosen[i] for i in group], batch_size=batch_size, **options)
+        batched.update({i: r.token_ids for i, r in zip(group, results, strict=True)})
+    identical = sum(alone[i] == batched[i] for i in order)
+    used = resolve_settings(translator.manifest, translator.decoding.merged(beams=beams)).num_beams
+    return BatchInvariance(len(chosen), identical, batch_size, used, activation_scales(translator.manifest))
