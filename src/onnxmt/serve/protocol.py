@@ -83,6 +83,7 @@ def parse_translate(data: Mapping[str, Any], limits: ServeOptions, *, form: bool
 
 def parse_detect(data: Mapping[str, Any], limits: ServeOptions) -> str:
     """The text of a /detect body (LibreTranslate's: `q`, a string); ApiError 400 naming the problem."""
+    _string(data, "api_key")  # checked as /translate checks it, though only the key check reads it
     q = data.get("q")
     if q is None:
         raise ApiError(400, "Invalid request: missing q parameter")
