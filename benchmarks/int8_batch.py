@@ -106,7 +106,16 @@ def artifacts(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
         return {m.strip(): extras[m.strip()] for m in args.models.split(",")}
     corpus = [line for name in TOKENIZER_CORPUS for line in models.read_lines(args.data / name)]
     spec = models.QUICK if args.quick else models.FULL
-    art = models.prepare(args.cache, spec, corpus, skip_ct2="not used here", log=log)
+    optimum = not args.models or "Optimum" in args.models
+    art = models.prepare(
+        args.cache,
+        spec,
+        corpus,
+        skip_ct2="not used here",
+        skip_optimum=None if optimum else "not requested",
+        create_optimum_venv=not args.quick,  # creating it takes minutes; --quick uses it only if it exists
+        log=log,
+    )
     found = {"onnxmt fp32": art.onnxmt_fp32}
     if art.onnxmt_int8:
         found["onnxmt int8"] = art.onnxmt_int8
@@ -444,6 +453,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--name", help="results/<name>/ (default int8-batch; quick: int8-batch-quick)")
     p.add_argument("--cache", type=Path, default=HERE / ".cache")
     p.add_argument("--data", type=Path, default=DATA)
+    p.add_argument("--out", type=Path, default=HERE / "results", help="results go to OUT/<name>/")
     args = p.parse_args(argv)
     args.sentences = args.sentences or (4 if args.quick else 48)
     args.tokens = args.tokens or (5 if args.quick else 30)
@@ -485,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     text = markdown(comparisons, contexts, settings, info)
     print(text)
-    out = HERE / "results" / args.name
+    out = args.out / args.name
     out.mkdir(parents=True, exist_ok=True)
     (out / "int8_batch.md").write_text(text, encoding="utf-8")
     data = {
@@ -510,7 +520,7 @@ def speed(dirs: dict[str, Path], texts: list[str], args: argparse.Namespace, inf
     }
     text = speed_markdown(result, settings, info)
     print(text)
-    out = HERE / "results" / args.name
+    out = args.out / args.name
     out.mkdir(parents=True, exist_ok=True)
     (out / "int8_speed.md").write_text(text, encoding="utf-8")
     data = {"settings": settings, "machine": info, **result}

@@ -94,3 +94,18 @@ def test_rounds_merge_into_medians() -> None:
     assert bench.merge_rounds(entries[:1]) is entries[0]
     failed = {**entries[1], "status": "failed", "error": "boom"}
     assert bench.merge_rounds([entries[0], failed])["status"] == "failed"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not (DATA / "flores200").is_dir(), reason=f"shared benchmark data not found at {DATA}")
+def test_int8_batch_quick_run(tmp_path: Path) -> None:
+    # benchmarks/int8_batch.py on the tiny model: fp32 and per-row int8 never change with the batch.
+    models = "onnxmt fp32,onnxmt int8,onnxmt int8 per-row"
+    command = [sys.executable, str(BENCHMARKS / "int8_batch.py"), "--quick", "--models", models]
+    proc = subprocess.run([*command, "--out", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "int8-batch-quick" / "int8_batch.json").read_text())
+    differing = {(c["model"], c["search"], c["condition"]): c["differing"] for c in result["comparisons"]}
+    assert {m for m, _, _ in differing} == set(models.split(","))
+    assert all(n == 0 for (m, _, _), n in differing.items() if m != "onnxmt int8")
+    assert "simd" in result["machine"] and (tmp_path / "int8-batch-quick" / "int8_batch.md").is_file()
