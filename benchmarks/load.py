@@ -2,12 +2,19 @@
 
     python benchmarks/load.py MODEL_DIR                          # concurrency 1, 4, 16, 64; 200 requests each
     python benchmarks/load.py MODEL_DIR --concurrency 1 8 --requests 100 --duration 30 --max-new-tokens 30
+    python benchmarks/load.py MODEL_DIR --concurrency 64 --requests 100000 --output-length source   # real lengths
 
 Starts its own server (`onnxmt serve MODEL_DIR`) on a free port of 127.0.0.1 — traffic never leaves the machine —
 and stops it with SIGTERM at the end. Every level is bounded by `--requests` and by `--duration` seconds, whichever
 comes first. Server settings come from ONNXMT_* variables as usual (e.g. ONNXMT_MAX_BATCH_SIZE=32). Inputs are
 FLORES devtest sentences when ../shared/data is there, generated sentences otherwise. Prints a Markdown table and
 writes benchmarks/results/load-<name>.json.
+
+A random model (all these machines can build) rarely emits its end token, so its outputs run to the length limit
+and every request would cost what the longest translation costs. `--output-length source` gives each request
+`max_new_tokens` = its source's token count (the model's own tokenizer), so outputs are as long as sentence
+translations are: en->zh translations are about as long as their sources in tokens. The generated tokens per
+second come from the server's own counter (/metrics).
 """
 
 from __future__ import annotations
@@ -40,6 +47,17 @@ def sentences(n: int) -> list[str]:
     from onnxmt.export.random_model import generate_corpus
 
     return generate_corpus(0, lines=n)[0]
+
+
+def source_lengths(model_dir: Path, texts: list[str]) -> list[int]:
+    """Each text's token count under the model's tokenizer (its end token included), at least 1 and at most what
+    the model can generate."""
+    from onnxmt.runtime.modeldir import load_manifest
+    from onnxmt.runtime.tokenizer import MarianTokenizer
+
+    tokenizer = MarianTokenizer.from_dir(model_dir)
+    most = int(load_manifest(model_dir, verify=False).model["max_positions"]) - 1
+    return [min(most, max(1, len(tokenizer.encode(text)))) for text in texts]
 
 
 def free_port() -> int:
@@ -77,7 +95,15 @@ def start_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen[byte
     sys.exit(f"the server was not ready within 300 s; see {log}")
 
 
-async def run_level(url: str, body: dict[str, Any], texts: list[str], concurrency: int, requests: int, duration: float):
+async def run_level(
+    url: str,
+    body: dict[str, Any],
+    texts: list[str],
+    concurrency: int,
+    requests: int,
+    duration: float,
+    lengths: list[int] | None = None,
+):
     """`concurrency` clients sending requests back to back until `requests` are sent or `duration` has passed."""
     latencies: list[float] = []
     errors: dict[str, int] = {}
@@ -88,10 +114,13 @@ async def run_level(url: str, body: dict[str, Any], texts: list[str], concurrenc
         nonlocal sent
         while sent < requests and time.monotonic() < deadline:
             text = texts[sent % len(texts)]
+            fields = {**body, "q": text}
+            if lengths is not None:
+                fields["max_new_tokens"] = lengths[sent % len(texts)]
             sent += 1
             started = time.perf_counter()
             try:
-                response = await client.post("/translate", json={**body, "q": text})
+                response = await client.post("/translate", json=fields)
                 status = str(response.status_code)
             except httpx.HTTPError as e:
                 status = type(e).__name__
@@ -135,23 +164,33 @@ def batch_sizes(url: str) -> dict[str, float]:
     samples: dict[str, float] = {}
     for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
         name, _, value = line.partition(" ")
-        if name in ("onnxmt_batch_size_sum", "onnxmt_batch_size_count", "onnxmt_batch_requests_sum"):
+        if name in (
+            "onnxmt_batch_size_sum",
+            "onnxmt_batch_size_count",
+            "onnxmt_batch_requests_sum",
+            "onnxmt_generated_tokens_total",
+        ):
             samples[name] = float(value)
     batches = samples.get("onnxmt_batch_size_count", 0)
     return {
         "batches": batches,
         "texts": samples.get("onnxmt_batch_size_sum", 0),
         "requests": samples.get("onnxmt_batch_requests_sum", 0),
+        "generated_tokens": samples.get("onnxmt_generated_tokens_total", 0),
     }
 
 
 def table(levels: list[dict[str, Any]]) -> str:
-    head = "| concurrency | requests ok | errors | req/s | p50 ms | p95 ms | p99 ms | texts/batch | RSS MB after |"
-    rows = [head, "|" + " --- |" * 9]
+    head = (
+        "| concurrency | requests ok | errors | req/s | tokens/s | p50 ms | p95 ms | p99 ms | texts/batch "
+        "| RSS MB after |"
+    )
+    rows = [head, "|" + " --- |" * 10]
     for r in levels:
         rows.append(
-            f"| {r['concurrency']} | {r['ok']} | {r['errors']} | {r['requests_per_s']:.1f} | {r['p50_ms']:.0f} | "
-            f"{r['p95_ms']:.0f} | {r['p99_ms']:.0f} | {r['mean_batch_texts']:.1f} | {r['server']['rss_mb']:.0f} |"
+            f"| {r['concurrency']} | {r['ok']} | {r['errors']} | {r['requests_per_s']:.1f} | "
+            f"{r['generated_tokens_per_s']:.0f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | "
+            f"{r['mean_batch_texts']:.1f} | {r['server']['rss_mb']:.0f} |"
         )
     return "\n".join(rows)
 
@@ -165,11 +204,19 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--beams", type=int, default=None)
     p.add_argument("--target", default=None, help="target language, e.g. cmn_Hans")
+    p.add_argument(
+        "--output-length",
+        choices=["limit", "source"],
+        default="limit",
+        help="limit: every output may run to --max-new-tokens or the model's limit; source: max_new_tokens per "
+        "request = the source's token count (real-length outputs from a random model)",
+    )
     p.add_argument("--name", default=None, help="results file name: results/load-NAME.json (default: model dir)")
     p.add_argument("--out", type=Path, default=HERE / "results")
     args = p.parse_args()
 
-    texts = sentences(max(args.requests, 1))
+    texts = sentences(min(max(args.requests, 1), 1000))
+    lengths = source_lengths(args.model_dir, texts) if args.output_length == "source" else None
     fields = {"target": args.target, "beams": args.beams, "max_new_tokens": args.max_new_tokens}
     body: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
     keys = [k.strip() for k in os.environ.get("ONNXMT_API_KEYS", "").split(",") if k.strip()]
@@ -188,7 +235,7 @@ def main() -> None:
         for concurrency in args.concurrency:
             before = batch_sizes(url)
             latencies, errors, elapsed = asyncio.run(
-                run_level(url, body, texts, concurrency, args.requests, args.duration)
+                run_level(url, body, texts, concurrency, args.requests, args.duration, lengths)
             )
             after = batch_sizes(url)
             level = summarize(concurrency, latencies, errors, elapsed)
@@ -197,6 +244,8 @@ def main() -> None:
             level["mean_batch_requests"] = (
                 round((after["requests"] - before["requests"]) / batches, 2) if batches else 0.0
             )
+            generated = after["generated_tokens"] - before["generated_tokens"]
+            level["generated_tokens_per_s"] = round(generated / elapsed, 1)
             level["server"] = rss_mb(process.pid)
             levels.append(level)
             print(json.dumps(level), file=sys.stderr)
@@ -213,6 +262,7 @@ def main() -> None:
         "server_rss_end_mb": server_end,
         "server_exit_code": exit_code,
         "levels": levels,
+        "output_lengths": None if lengths is None else {"median": statistics.median(lengths), "max": max(lengths)},
         "machine": machine.describe(),
     }
     path = args.out / f"load-{name}.json"

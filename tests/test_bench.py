@@ -97,9 +97,9 @@ def test_rounds_merge_into_medians() -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(not (DATA / "flores200").is_dir(), reason=f"shared benchmark data not found at {DATA}")
 def test_int8_batch_quick_run(tmp_path: Path) -> None:
     # benchmarks/int8_batch.py on the tiny model: fp32 and per-row int8 never change with the batch.
+    shared_data("flores200")
     models = "onnxmt fp32,onnxmt int8,onnxmt int8 per-row"
     command = [sys.executable, str(BENCHMARKS / "int8_batch.py"), "--quick", "--models", models]
     proc = subprocess.run([*command, "--out", str(tmp_path)], capture_output=True, text=True)
@@ -109,3 +109,24 @@ def test_int8_batch_quick_run(tmp_path: Path) -> None:
     assert {m for m, _, _ in differing} == set(models.split(","))
     assert all(n == 0 for (m, _, _), n in differing.items() if m != "onnxmt int8")
     assert "simd" in result["machine"] and (tmp_path / "int8-batch-quick" / "int8_batch.md").is_file()
+
+
+@pytest.mark.timeout(300)
+def test_load_run_bounds_outputs_by_source_length(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    # benchmarks/load.py end to end on the tiny model: every request answered, and with --output-length source no
+    # request generates more tokens than its source has (the server's own counter).
+    command = [sys.executable, str(BENCHMARKS / "load.py"), str(tiny_onnx_dir), "--concurrency", "1", "4"]
+    command += ["--requests", "12", "--duration", "60", "--output-length", "source", "--name", "t", "--out"]
+    proc = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "load-t.json").read_text())
+    assert [(level["ok"], level["errors"]) for level in result["levels"]] == [(12, 0), (12, 0)]
+    sys.path.insert(0, str(BENCHMARKS))
+    import load
+
+    lengths = load.source_lengths(tiny_onnx_dir, load.sentences(12))
+    assert result["output_lengths"]["max"] == max(lengths) and len(set(lengths)) > 1
+    for level in result["levels"]:
+        generated = level["generated_tokens_per_s"] * level["seconds"]
+        assert 0 < generated <= sum(lengths) + 1, (generated, lengths)
+    assert result["server_exit_code"] == 0 and "| 4 | 12 | 0 |" in proc.stdout
