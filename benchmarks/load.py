@@ -11,10 +11,11 @@ FLORES devtest sentences when ../shared/data is there, generated sentences other
 writes benchmarks/results/load-<name>.json.
 
 A random model (all these machines can build) rarely emits its end token, so its outputs run to the length limit
-and every request would cost what the longest translation costs. `--output-length source` gives each request
-`max_new_tokens` = its source's token count (the model's own tokenizer), so outputs are as long as sentence
-translations are: en->zh translations are about as long as their sources in tokens. The generated tokens per
-second come from the server's own counter (/metrics).
+and every request would cost what the longest translation costs. `--output-length` gives real-length outputs:
+`median` sends every request `max_new_tokens` = the median source token count (the model's own tokenizer; en->zh
+translations are about as long as their sources in tokens), `source` sends each request its own source's count.
+The service never mixes requests with different settings in one batch, so `source` also shows what per-request
+`max_new_tokens` costs in batching. The generated tokens per second come from the server's own counter (/metrics).
 """
 
 from __future__ import annotations
@@ -206,17 +207,19 @@ def main() -> None:
     p.add_argument("--target", default=None, help="target language, e.g. cmn_Hans")
     p.add_argument(
         "--output-length",
-        choices=["limit", "source"],
+        choices=["limit", "median", "source"],
         default="limit",
-        help="limit: every output may run to --max-new-tokens or the model's limit; source: max_new_tokens per "
-        "request = the source's token count (real-length outputs from a random model)",
+        help="limit: outputs may run to --max-new-tokens or the model's limit; median: max_new_tokens = the median "
+        "source token count for every request; source: each request's own source token count",
     )
     p.add_argument("--name", default=None, help="results file name: results/load-NAME.json (default: model dir)")
     p.add_argument("--out", type=Path, default=HERE / "results")
     args = p.parse_args()
 
     texts = sentences(min(max(args.requests, 1), 1000))
-    lengths = source_lengths(args.model_dir, texts) if args.output_length == "source" else None
+    lengths = source_lengths(args.model_dir, texts) if args.output_length != "limit" else None
+    if lengths is not None and args.output_length == "median":
+        lengths = [int(statistics.median(lengths))] * len(lengths)
     fields = {"target": args.target, "beams": args.beams, "max_new_tokens": args.max_new_tokens}
     body: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
     keys = [k.strip() for k in os.environ.get("ONNXMT_API_KEYS", "").split(",") if k.strip()]
