@@ -61,6 +61,12 @@ def source_lengths(model_dir: Path, texts: list[str]) -> list[int]:
     return [min(most, max(1, len(tokenizer.encode(text)))) for text in texts]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (all its threads), from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -184,14 +190,15 @@ def batch_sizes(url: str) -> dict[str, float]:
 def table(levels: list[dict[str, Any]]) -> str:
     head = (
         "| concurrency | requests ok | errors | req/s | tokens/s | p50 ms | p95 ms | p99 ms | texts/batch "
-        "| RSS MB after |"
+        "| server CPU ms/token | load avg | RSS MB after |"
     )
-    rows = [head, "|" + " --- |" * 10]
+    rows = [head, "|" + " --- |" * 12]
     for r in levels:
         rows.append(
             f"| {r['concurrency']} | {r['ok']} | {r['errors']} | {r['requests_per_s']:.1f} | "
             f"{r['generated_tokens_per_s']:.0f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | "
-            f"{r['mean_batch_texts']:.1f} | {r['server']['rss_mb']:.0f} |"
+            f"{r['mean_batch_texts']:.1f} | {r['cpu_ms_per_token']} | {r['load_average'][1]} | "
+            f"{r['server']['rss_mb']:.0f} |"
         )
     return "\n".join(rows)
 
@@ -236,7 +243,7 @@ def main() -> None:
         print(f"server pid {process.pid} on {url}: RSS at start {server_start['rss_mb']} MB", file=sys.stderr)
         levels = []
         for concurrency in args.concurrency:
-            before = batch_sizes(url)
+            before, cpu_before, load_before = batch_sizes(url), cpu_seconds(process.pid), os.getloadavg()[0]
             latencies, errors, elapsed = asyncio.run(
                 run_level(url, body, texts, concurrency, args.requests, args.duration, lengths)
             )
@@ -249,6 +256,12 @@ def main() -> None:
             )
             generated = after["generated_tokens"] - before["generated_tokens"]
             level["generated_tokens_per_s"] = round(generated / elapsed, 1)
+            # The server's CPU time per generated token does not depend on what else the machine runs, as wall
+            # clock does; the load average says how shared the cores were.
+            cpu = cpu_seconds(process.pid) - cpu_before
+            level["server_cpu_s"] = round(cpu, 2)
+            level["cpu_ms_per_token"] = round(1000 * cpu / generated, 2) if generated else None
+            level["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
             level["server"] = rss_mb(process.pid)
             levels.append(level)
             print(json.dumps(level), file=sys.stderr)

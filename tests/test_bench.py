@@ -130,3 +130,4 @@ def test_load_run_bounds_outputs_by_source_length(tiny_onnx_dir: Path, tmp_path:
         generated = level["generated_tokens_per_s"] * level["seconds"]
         assert 0 < generated <= sum(lengths) + 1, (generated, lengths)
     assert result["server_exit_code"] == 0 and "| 4 | 12 | 0 |" in proc.stdout
+    assert all(level["cpu_ms_per_token"] > 0 for level in result["levels"])
