@@ -35,7 +35,7 @@ def importorskip(name: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        skip(f"needs {name}, which pip install -e '.[export,serve,eval,bench,dev]' installs ({e})")
+        skip(f"needs {name}, which pip install -e '.[export,serve,eval,bench,ray,dev]' installs ({e})")
 
 
 def shared_data(relative: str) -> Path:

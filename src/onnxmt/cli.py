@@ -235,6 +235,66 @@ def _write(results: Iterator, output_file: Path | None, total: int | None, show_
             sink.close()
 
 
+@app.command(name="translate-corpus")
+def translate_corpus(
+    input_file: Annotated[Path, typer.Argument(help="Text (one sentence per line), JSONL or Parquet.")],
+    output_file: Annotated[Path, typer.Argument(help="Where the translations go, in the input's format.")],
+    model: ModelOption = None,
+    workers: Annotated[int, typer.Option(help="Ray actors, each with one Translator.")] = 1,
+    address: Annotated[
+        str | None, typer.Option(help='A Ray cluster to run on ("auto", "ray://head:10001"; default: a local one).')
+    ] = None,
+    field: Annotated[str, typer.Option(help="JSONL field or Parquet column to translate.")] = "text",
+    output_field: Annotated[str, typer.Option(help="JSONL field or Parquet column for the translation.")] = (
+        "translation"
+    ),
+    block_rows: Annotated[int, typer.Option(help="Rows per block: the unit of progress and of resuming.")] = 1000,
+    work_dir: Annotated[
+        Path | None, typer.Option(help="Blocks and finished parts (default: OUTPUT.onnxmt-work beside the output).")
+    ] = None,
+    beams: Annotated[int | None, typer.Option(help="Beam size; 1 is greedy (default: the model's).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate per text.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Texts per decoder batch.")] = 16,
+    target_lang: Annotated[str | None, typer.Option(help=TARGET_LANG_HELP)] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="ONNX Runtime threads per worker (default: the cluster's CPUs / workers).")
+    ] = None,
+) -> None:
+    """Translate a corpus on Ray Data, across the cores of this machine or a Ray cluster; run it again to resume.
+
+    Input order and every JSONL field / Parquet column are kept. Needs the ray extra: pip install 'onnxmt[ray]'.
+    """
+    from rich.progress import Progress
+
+    from .models import resolve_model_dir
+    from .runtime.options import DecodeOptions
+    from .scale.corpus import CorpusJob
+    from .scale.corpus import translate_corpus as run
+
+    try:
+        directory = resolve_model_dir(model, progress=lambda msg: err.print(msg))
+        decoding = DecodeOptions(
+            beams=beams, max_new_tokens=max_new_tokens, batch_size=batch_size, target_lang=target_lang
+        )
+        job = CorpusJob(
+            input_file, output_file, directory, decoding, field, output_field, workers, threads, block_rows, work_dir
+        )
+        with Progress(console=err, transient=True) as bar:
+            task = bar.add_task("translating", total=None)
+
+            def show(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            result = run(job, address=address, progress=show)
+    except (ModelDirError, ValueError, ImportError, OSError) as e:
+        fail(str(e))
+    resumed = f", {result.blocks_done_before} of them done by an earlier run" if result.blocks_done_before else ""
+    err.print(
+        f"{result.rows} rows in {result.blocks} blocks{resumed}; {workers} worker(s) x {result.threads_per_worker} "
+        f"thread(s); {result.seconds} s; wrote {output_file} (work files: {result.work_dir})"
+    )
+
+
 @app.command()
 def serve(
     model: Annotated[
