@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .batcher import BatchStats
@@ -59,11 +60,12 @@ class Metrics:
 
     def add_model(self, model: str) -> None:
         """Every per-model series at zero from the start, so /metrics lists each model before its first batch."""
-        for metric in (self.batch_size, self.batch_requests, self.batch_duration, self.queue_depth):
-            metric.labels(model)
-        for metric in (self.generated_tokens, self.texts, self.model_loads, self.model_unloads, self.model_loaded):
-            metric.labels(model)
-        for metric in (self.cache_hits, self.cache_misses):
+        labelled: tuple[MetricWrapperBase, ...] = (
+            *(self.batch_size, self.batch_requests, self.batch_duration, self.queue_depth, self.model_loaded),
+            *(self.generated_tokens, self.texts, self.model_loads, self.model_unloads),
+            *(self.cache_hits, self.cache_misses),
+        )
+        for metric in labelled:
             metric.labels(model)
 
     def observe_batch(self, model: str, stats: BatchStats) -> None:
