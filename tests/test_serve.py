@@ -77,14 +77,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(model_dir: Path, log_dir: Path, **settings: Any) -> Server:
-    """`onnxmt serve MODEL_DIR` with ONNXMT_* settings, once /ready answers 200."""
+def start_server(model_dir: Path | list[Path], log_dir: Path, **settings: Any) -> Server:
+    """`onnxmt serve MODEL_DIR [MODEL_DIR ...]` with ONNXMT_* settings, once /ready answers 200."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONNXMT_")}
     env.update({f"ONNXMT_{k.upper()}": str(v) for k, v in settings.items()})
     env.setdefault("ONNXMT_ACCESS_LOG", "false")
     log = log_dir / f"server-{port}.log"
-    command = [*ONNXMT, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    dirs = model_dir if isinstance(model_dir, list) else [model_dir]
+    command = [*ONNXMT, "serve", *map(str, dirs), "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "wb") as sink:
         process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
     server = Server(process, f"http://127.0.0.1:{port}", log)

@@ -151,7 +151,7 @@ class ModelPool:
                 log.error(entry.error)
                 return
             self.adopt(entry, translator)
-            variant = translator.manifest.provenance.get("variant")  # Optimum/Transformers.js directories
+            variant = entry.manifest.provenance.get("variant")  # Optimum/Transformers.js directories
             shown = f" (variant {variant})" if variant else ""
             log.info("model %s%s loaded in %.1f s", entry.name, shown, time.perf_counter() - started)
 
