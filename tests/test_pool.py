@@ -5,6 +5,7 @@ model, opus-mt-en-zh's metadata) and zh→en (opus-mt-zh-en's), served by one `o
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from onnxmt.serve.batcher import MicroBatcher
 from onnxmt.serve.metrics import Metrics
 from onnxmt.serve.pool import ModelEntry, ModelPool
 from onnxmt.serve.protocol import Languages
-from test_serve import Server, _sample, assert_error, start_server
+from skips import importorskip, skip
+from test_serve import CHROMIUM_FLAGS, Server, _sample, assert_error, start_server
 
 ENGLISH, CHINESE = (texts[:8] for texts in generate_corpus(7, lines=64))
 SHORT = {"max_new_tokens": 12}  # the tiny models' outputs run long; the parity is the same at any length
@@ -243,3 +245,55 @@ def test_a_model_in_use_is_unloaded_only_once_its_requests_are_answered(tiny_onn
         await pool.stop()
 
     asyncio.run(main())
+
+
+def test_page_chooses_source_and_target_swaps_and_copies(
+    server: Server, en_zh: Translator, zh_en: Translator, tmp_path: Path
+) -> None:
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+    webdriver = importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+    languages = {entry["code"]: entry["targets"] for entry in httpx.get(f"{server.url}/languages").json()}
+
+    def values(select: str) -> list[str]:
+        return [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, f"#{select} option")]
+
+    def translated(before: str) -> str:
+        browser.find_element(By.ID, "translate").click()
+        wait.until(lambda b: b.find_element(By.ID, "result").get_attribute("textContent") not in ("", before))
+        return str(browser.find_element(By.ID, "result").get_attribute("textContent"))
+
+    try:
+        browser.get(f"{server.url}/")
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#source option")) == 3)
+        assert values("source") == ["auto", "en", "zh"]
+        Select(browser.find_element(By.ID, "source")).select_by_value("zh")
+        assert values("target") == languages["zh"]  # en, and the Chinese targets through the pivot
+        Select(browser.find_element(By.ID, "target")).select_by_value("en")
+        text = browser.find_element(By.ID, "text")
+        text.send_keys(CHINESE[5])
+        english = translated("")
+        assert english == zh_en.translate([CHINESE[5]])[0].text
+        browser.find_element(By.ID, "swap").click()  # en → zh now, the translation as the text to translate
+        assert browser.find_element(By.ID, "source").get_attribute("value") == "en"
+        assert browser.find_element(By.ID, "target").get_attribute("value") == "zh"
+        assert text.get_attribute("value") == english
+        assert translated(english) == en_zh.translate([english], target_lang="zh")[0].text
+        browser.find_element(By.ID, "copy").click()
+        wait.until(lambda b: b.find_element(By.ID, "note").text == "copied")
+        assert browser.find_element(By.ID, "error").text == ""
+        violations = [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
+        assert not violations, violations
+    finally:
+        browser.quit()
