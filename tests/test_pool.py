@@ -235,13 +235,15 @@ def test_a_model_in_use_is_unloaded_only_once_its_requests_are_answered(tiny_onn
 
         holder = asyncio.create_task(hold_a())
         await asyncio.sleep(0.01)
-        wanting_b = asyncio.create_task(pool.ensure_loaded(b))
+        wanting_b = asyncio.create_task(pool.acquire(b))
         await asyncio.sleep(0.05)
         assert a.translator is not None and a.evicting and b.translator is None  # waiting for a's request
         release.set()
         await holder
         await wanting_b
         assert a.translator is None and b.translator is not None and (a.unloads, b.loads) == (1, 1)
+        assert b.active == 1  # held for the request that waited for it
+        pool.release(b)
         await pool.stop()
 
     asyncio.run(main())
@@ -297,3 +299,23 @@ def test_page_chooses_source_and_target_swaps_and_copies(
         assert not violations, violations
     finally:
         browser.quit()
+
+
+def test_two_models_under_a_budget_of_one_take_turns_without_livelock(tiny_onnx_dir: Path) -> None:
+    # Requests for a and b at once: each load hands the model to the requests that waited for it before another
+    # load may unload it, so every request is answered and the models are loaded a bounded number of times.
+    pool = _pool(tiny_onnx_dir, ["a", "b"], max_models=1)
+    answered: list[str] = []
+
+    async def request(entry: ModelEntry) -> None:
+        async with pool.use(entry):
+            await asyncio.sleep(0.001)
+            answered.append(entry.name)
+
+    async def main() -> None:
+        await asyncio.wait_for(asyncio.gather(*(request(pool.entries[i % 2]) for i in range(40))), timeout=10)
+        await pool.stop()
+
+    asyncio.run(main())
+    assert sorted(answered) == ["a"] * 20 + ["b"] * 20
+    assert sum(e.loads for e in pool.entries) <= 40

@@ -19,7 +19,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +52,7 @@ class ModelEntry:
     evicting: bool = False
     error: str | None = None  # why its last load failed
     idle: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    tickets: list[asyncio.Future[None]] = field(default_factory=list, repr=False)  # requests waiting for a load
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -107,53 +107,86 @@ class ModelPool:
 
     @contextlib.asynccontextmanager
     async def use(self, entry: ModelEntry) -> AsyncIterator[tuple[Translator, MicroBatcher]]:
-        """The model loaded, kept loaded while the block runs (it is never unloaded under a request)."""
-        await self.ensure_loaded(entry)
-        assert entry.translator is not None and entry.batcher is not None
+        """The model loaded, kept loaded while the block runs (it is never unloaded under a request); ApiError 503
+        when it cannot be loaded."""
+        await self.acquire(entry)
+        try:
+            assert entry.translator is not None and entry.batcher is not None
+            yield entry.translator, entry.batcher
+        finally:
+            self.release(entry)
+
+    async def acquire(self, entry: ModelEntry) -> None:
+        """Returns with `entry` loaded and held (not unloaded until `release`).
+
+        A request that waits for a load gets its hold from the load itself, at the moment it finishes: were it to
+        take it when it next runs, another load could unload the model first, and two models under a budget of one
+        would take turns unloading each other before any request used them."""
+        while True:
+            if entry.translator is not None and not entry.evicting:
+                self._hold(entry)
+                return
+            ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            entry.tickets.append(ticket)
+            if entry.name not in self._tasks:
+                self._tasks[entry.name] = asyncio.create_task(self._bring_in(entry), name=f"onnxmt-load-{entry.name}")
+            try:
+                await ticket
+                return
+            except BaseException:
+                if ticket.done() and not ticket.cancelled() and ticket.exception() is None:
+                    self.release(entry)  # held for this request, which is gone
+                elif ticket in entry.tickets:
+                    entry.tickets.remove(ticket)
+                raise
+
+    def _hold(self, entry: ModelEntry) -> None:
         entry.active += 1
         entry.idle.clear()
         entry.last_used = time.monotonic()
-        try:
-            yield entry.translator, entry.batcher
-        finally:
-            entry.active -= 1
-            entry.last_used = time.monotonic()
-            if entry.active == 0:
-                entry.idle.set()
 
-    async def ensure_loaded(self, entry: ModelEntry) -> None:
-        """Returns with `entry` loaded and not being unloaded (no await between this and the caller's use of it);
-        ApiError 503 when it cannot be loaded."""
-        while entry.translator is None or entry.evicting:
-            task = self._tasks.get(entry.name)
-            if task is None:
-                task = asyncio.create_task(self._bring_in(entry), name=f"onnxmt-load-{entry.name}")
-                self._tasks[entry.name] = task
-                task.add_done_callback(partial(self._forget_task, entry.name))
-            await asyncio.shield(task)
-            if entry.translator is None and entry.error is not None:
-                raise ApiError(503, entry.error, RETRY_AFTER)
-
-    def _forget_task(self, name: str, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(name, None)
+    def release(self, entry: ModelEntry) -> None:
+        entry.active -= 1
+        entry.last_used = time.monotonic()
+        if entry.active == 0:
+            entry.idle.set()
 
     async def _bring_in(self, entry: ModelEntry) -> None:
-        async with self._lock:
+        try:
+            async with self._lock:
+                if entry.translator is None:
+                    await self._load(entry)
+        finally:
+            # Both at once (no await between): a request that comes later starts a load of its own.
+            self._tasks.pop(entry.name, None)
+            self._answer_tickets(entry)
+
+    def _answer_tickets(self, entry: ModelEntry) -> None:
+        """Every request waiting for `entry`: held, or the reason it could not be loaded."""
+        tickets, entry.tickets = entry.tickets, []
+        for ticket in tickets:
+            if ticket.done():
+                continue
             if entry.translator is not None:
-                return
-            await self._make_room(entry)
-            loop = asyncio.get_running_loop()
-            started = time.perf_counter()
-            try:
-                translator = await loop.run_in_executor(self._executor, self._load_fn, entry)
-            except Exception as e:  # ModelDirError, ValueError, OSError, onnxruntime's own errors
-                entry.error = f"cannot load the model from {entry.directory}: {e}"
-                log.error(entry.error)
-                return
-            self.adopt(entry, translator)
-            variant = entry.manifest.provenance.get("variant")  # Optimum/Transformers.js directories
-            shown = f" (variant {variant})" if variant else ""
-            log.info("model %s%s loaded in %.1f s", entry.name, shown, time.perf_counter() - started)
+                self._hold(entry)
+                ticket.set_result(None)
+            else:
+                ticket.set_exception(ApiError(503, entry.error or "the service is shutting down", RETRY_AFTER))
+
+    async def _load(self, entry: ModelEntry) -> None:
+        await self._make_room(entry)
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            translator = await loop.run_in_executor(self._executor, self._load_fn, entry)
+        except Exception as e:  # ModelDirError, ValueError, OSError, onnxruntime's own errors
+            entry.error = f"cannot load the model from {entry.directory}: {e}"
+            log.error(entry.error)
+            return
+        self.adopt(entry, translator)
+        variant = entry.manifest.provenance.get("variant")  # Optimum/Transformers.js directories
+        shown = f" (variant {variant})" if variant else ""
+        log.info("model %s%s loaded in %.1f s", entry.name, shown, time.perf_counter() - started)
 
     def adopt(self, entry: ModelEntry, translator: Translator) -> None:
         """`entry` is loaded now, with `translator`: its batcher starts."""
@@ -206,6 +239,9 @@ class ModelPool:
     async def stop(self) -> None:
         for task in list(self._tasks.values()):
             task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for entry in self.entries:  # tickets of a load cancelled before it started
+            self._answer_tickets(entry)
         for entry in self.entries:
             if entry.batcher is not None:
                 await entry.batcher.stop()
