@@ -101,6 +101,19 @@ class Catalog:
             return None
         return Route((first, second), pivot=shown)
 
+    def reaches(self, source: str, target: str | None) -> bool:
+        """Whether a request from `source` into `target` has a route."""
+        try:
+            self.route(source, target)
+        except ApiError:
+            return False
+        return True
+
+    def through_pivot(self) -> list[tuple[str, str]]:
+        """The pairs only the pivot reaches."""
+        direct = {(e.languages.source, t) for e in self.entries for t in e.languages.targets}
+        return [pair for pair in self.pairs() if pair not in direct]
+
     def pairs(self) -> list[tuple[str, str]]:
         """Every (source, target) the service answers, as /languages shows them, pivot pairs included."""
         pairs: dict[tuple[str, str], None] = {}

@@ -110,6 +110,10 @@ class Service:
             max_bytes=int(self.options.max_loaded_mb * 2**20),
         )
         self.catalog = Catalog(entries, self.options.pivot)
+        if self.catalog.pivot and len(entries) > 1 and not self.catalog.through_pivot():
+            log.warning(
+                "--pivot %s: no two models translate into and out of it; no pair goes through it", self.catalog.pivot
+            )
         if translator is not None:
             self.pool.adopt(entries[0], translator)
             if batch_invariant(translator.manifest, self.options.max_batch_size) is False:
@@ -208,7 +212,9 @@ class Service:
         if not text or not sources:
             if catalog.single:
                 return (Detected(sources[0], 0.0) if sources else None), request.source
-            return Detected(sources[0], 0.0), sources[0]
+            # Nothing to detect: the first source that reaches the target (empty texts translate to empty texts).
+            source = next((s for s in sources if catalog.reaches(s, request.target)), sources[0])
+            return Detected(source, 0.0), source
         best = (await self.detect(text))[0]
         if best.language not in sources:
             where = "this model translates from" if catalog.single else "this server translates from"
