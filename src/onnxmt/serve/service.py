@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..models import model_dirs_in
+from ..manifest import Manifest
+from ..models import is_model_dir, model_dirs_in
 from ..runtime.cancel import CancelToken
 from ..runtime.modeldir import load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
@@ -388,12 +389,10 @@ def _translate(
 
 def _holds_models(path: Path) -> bool:
     """A directory of model directories rather than one."""
-    from ..models import is_model_dir
-
     return path.is_dir() and not is_model_dir(path)
 
 
-def _entry(directory: Path, name: str, manifest: Any) -> ModelEntry:
+def _entry(directory: Path, name: str, manifest: Manifest) -> ModelEntry:
     return ModelEntry(name, directory, manifest, Languages(manifest), model_bytes(directory, manifest))
 
 
