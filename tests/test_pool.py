@@ -1,10 +1,12 @@
 """Many models in one service (serve/pool.py, serve/catalog.py): two model directories, en→zh (the 13-token tiny
 model, opus-mt-en-zh's metadata) and zh→en (opus-mt-zh-en's), served by one `onnxmt serve` process; routing by
-(source, target), lazy loading and least-recently-used unloading, the pivot, a directory of model directories."""
+(source, target) with the HTTP API, libretranslatepy and the npm client, lazy loading and least-recently-used
+unloading, the pivot, a directory of model directories, the page."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from onnxmt.serve.metrics import Metrics
 from onnxmt.serve.pool import ModelEntry, ModelPool
 from onnxmt.serve.protocol import Languages
 from skips import importorskip, skip
+from test_clients import node_modules, run_node  # noqa: F401  (node_modules is a fixture)
 from test_serve import CHROMIUM_FLAGS, Server, _sample, assert_error, start_server
 
 ENGLISH, CHINESE = (texts[:8] for texts in generate_corpus(7, lines=64))
@@ -103,6 +106,17 @@ def test_libretranslatepy_both_directions(server: Server, en_zh: Translator, zh_
     assert languages["zh"]["targets"][0] == "en" and "zt" in languages["zh"]["targets"]
     assert "zh" not in languages["zh"]["targets"]
     assert languages["zh"]["name"] == "Chinese (Simplified)" and languages["en"]["name"] == "English"
+
+
+@pytest.mark.usefixtures("node_modules")  # installs the npm package, or skips without npm
+def test_npm_libretranslate_both_directions(server: Server, en_zh: Translator, zh_en: Translator) -> None:
+    # It checks /languages before it translates: the merged list must offer both directions.
+    done = run_node(server, "zh", "en", CHINESE[6:7])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [zh_en.translate(CHINESE[6:7])[0].text]
+    done = run_node(server, "en", "zh", ENGLISH[6:7])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [en_zh.translate(ENGLISH[6:7], target_lang="zh")[0].text]
 
 
 def test_pivot_is_marked(server: Server, en_zh: Translator, zh_en: Translator) -> None:
