@@ -2,20 +2,26 @@
 
     python benchmarks/load.py MODEL_DIR                          # concurrency 1, 4, 16, 64; 200 requests each
     python benchmarks/load.py MODEL_DIR --concurrency 1 8 --requests 100 --duration 30 --max-new-tokens 30
-    python benchmarks/load.py MODEL_DIR --concurrency 64 --requests 100000 --output-length source   # real lengths
+    python benchmarks/load.py EN_ZH_DIR ZH_EN_DIR --pair en:zh --pair zh:en   # two models, directions alternating
+    python benchmarks/load.py MODEL_DIR --concurrency 64 --requests 100000 --output-length median   # real lengths
 
-Starts its own server (`onnxmt serve MODEL_DIR`) on a free port of 127.0.0.1 — traffic never leaves the machine —
-and stops it with SIGTERM at the end. Every level is bounded by `--requests` and by `--duration` seconds, whichever
-comes first. Server settings come from ONNXMT_* variables as usual (e.g. ONNXMT_MAX_BATCH_SIZE=32). Inputs are
-FLORES devtest sentences when ../shared/data is there, generated sentences otherwise. Prints a Markdown table and
-writes benchmarks/results/load-<name>.json.
+Starts its own server (`onnxmt serve MODEL_DIR [MODEL_DIR ...]`) on a free port of 127.0.0.1 — traffic never
+leaves the machine — and stops it with SIGTERM at the end. Every level is bounded by `--requests` and by
+`--duration` seconds, whichever comes first. Server settings come from ONNXMT_* variables as usual (e.g.
+ONNXMT_MAX_BATCH_SIZE=32, ONNXMT_MAX_LOADED_MODELS=1); the translation cache is off (ONNXMT_CACHE_SIZE=0) unless
+that variable says otherwise, since every level sends the same sentences and would otherwise measure the cache.
+With several `--pair SOURCE:TARGET`, request i goes to pair i mod n, with a sentence in its source language. Inputs
+are FLORES devtest sentences when ../shared/data is there (eng_Latn for en, zho_Hans for zh), generated sentences
+otherwise. Prints a Markdown table and writes benchmarks/results/load-<name>.json.
 
 A random model (all these machines can build) rarely emits its end token, so its outputs run to the length limit
 and every request would cost what the longest translation costs. `--output-length` gives real-length outputs:
 `median` sends every request `max_new_tokens` = the median source token count (the model's own tokenizer; en->zh
 translations are about as long as their sources in tokens), `source` sends each request its own source's count.
 The service never mixes requests with different settings in one batch, so `source` also shows what per-request
-`max_new_tokens` costs in batching. The generated tokens per second come from the server's own counter (/metrics).
+`max_new_tokens` costs in batching. With several pairs and as many model directories, pair i's sources are counted
+with directory i's tokenizer. Generated tokens per second and the server's CPU time per token come from its own
+counter (/metrics) and /proc.
 """
 
 from __future__ import annotations
@@ -39,15 +45,19 @@ import httpx
 import machine
 
 HERE = Path(__file__).resolve().parent
-FLORES = Path(__file__).resolve().parents[2] / "shared" / "data" / "flores200" / "devtest.eng_Latn"
+FLORES = Path(__file__).resolve().parents[2] / "shared" / "data" / "flores200"
+FLORES_NAMES = {"en": "eng_Latn", "zh": "zho_Hans", "auto": "eng_Latn"}
 
 
-def sentences(n: int) -> list[str]:
-    if FLORES.is_file():
-        return FLORES.read_text(encoding="utf-8").splitlines()[:n]
+def sentences(n: int, language: str = "en") -> list[str]:
+    """`n` sentences in `language` (a client code: en, zh); generated ones where FLORES has none."""
+    path = FLORES / f"devtest.{FLORES_NAMES.get(language, language)}"
+    if path.is_file():
+        return path.read_text(encoding="utf-8").splitlines()[:n]
     from onnxmt.export.random_model import generate_corpus
 
-    return generate_corpus(0, lines=n)[0]
+    english, chinese = generate_corpus(0, lines=n)
+    return chinese if language.startswith("zh") else english
 
 
 def source_lengths(model_dir: Path, texts: list[str]) -> list[int]:
@@ -67,6 +77,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _summary(lengths: list[int]) -> dict[str, float]:
+    return {"median": statistics.median(lengths), "max": max(lengths)}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -83,9 +97,11 @@ def rss_mb(pid: int) -> dict[str, float]:
     return out
 
 
-def start_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_server(model_dirs: list[Path], port: int, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "ONNXMT_ACCESS_LOG": os.environ.get("ONNXMT_ACCESS_LOG", "false")}
-    command = [sys.executable, "-m", "onnxmt.cli", "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    env.setdefault("ONNXMT_CACHE_SIZE", "0")
+    command = [sys.executable, "-m", "onnxmt.cli", "serve", *map(str, model_dirs)]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
     with open(log, "wb") as sink:
         process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
@@ -104,14 +120,16 @@ def start_server(model_dir: Path, port: int, log: Path) -> subprocess.Popen[byte
 
 async def run_level(
     url: str,
-    body: dict[str, Any],
-    texts: list[str],
+    bodies: list[dict[str, Any]],
+    texts: list[list[str]],
     concurrency: int,
     requests: int,
     duration: float,
-    lengths: list[int] | None = None,
+    lengths: list[list[int]] | None = None,
 ):
-    """`concurrency` clients sending requests back to back until `requests` are sent or `duration` has passed."""
+    """`concurrency` clients sending requests back to back until `requests` are sent or `duration` has passed;
+    request i has body i mod len(bodies), with a text of that body's source language (`texts[i mod n]`) and, with
+    `lengths`, that text's max_new_tokens."""
     latencies: list[float] = []
     errors: dict[str, int] = {}
     sent = 0
@@ -120,10 +138,11 @@ async def run_level(
     async def client_loop(client: httpx.AsyncClient) -> None:
         nonlocal sent
         while sent < requests and time.monotonic() < deadline:
-            text = texts[sent % len(texts)]
-            fields = {**body, "q": text}
+            body, pool = bodies[sent % len(bodies)], texts[sent % len(bodies)]
+            index = (sent // len(bodies)) % len(pool)
+            fields = {**body, "q": pool[index]}
             if lengths is not None:
-                fields["max_new_tokens"] = lengths[sent % len(texts)]
+                fields["max_new_tokens"] = lengths[sent % len(bodies)][index]
             sent += 1
             started = time.perf_counter()
             try:
@@ -167,17 +186,18 @@ def summarize(concurrency: int, latencies: list[float], errors: dict[str, int], 
 
 
 def batch_sizes(url: str) -> dict[str, float]:
-    """Mean texts per decoder batch and requests per batch so far, from /metrics."""
+    """Mean texts per decoder batch and requests per batch so far, from /metrics, summed over the models."""
     samples: dict[str, float] = {}
     for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
         name, _, value = line.partition(" ")
+        name = name.partition("{")[0]  # {model="..."}
         if name in (
             "onnxmt_batch_size_sum",
             "onnxmt_batch_size_count",
             "onnxmt_batch_requests_sum",
             "onnxmt_generated_tokens_total",
         ):
-            samples[name] = float(value)
+            samples[name] = samples.get(name, 0.0) + float(value)
     batches = samples.get("onnxmt_batch_size_count", 0)
     return {
         "batches": batches,
@@ -205,13 +225,20 @@ def table(levels: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model_dir", type=Path)
+    p.add_argument("model_dirs", type=Path, nargs="+", metavar="MODEL_DIR", help="passed to onnxmt serve")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--requests", type=int, default=200, help="most requests per concurrency level")
     p.add_argument("--duration", type=float, default=60.0, help="most seconds per concurrency level")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--beams", type=int, default=None)
     p.add_argument("--target", default=None, help="target language, e.g. cmn_Hans")
+    p.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="SOURCE:TARGET",
+        help="a language pair (en:zh); repeat it to alternate requests between pairs (and so between models)",
+    )
     p.add_argument(
         "--output-length",
         choices=["limit", "median", "source"],
@@ -223,29 +250,37 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=HERE / "results")
     args = p.parse_args()
 
-    texts = sentences(min(max(args.requests, 1), 1000))
-    lengths = source_lengths(args.model_dir, texts) if args.output_length != "limit" else None
-    if lengths is not None and args.output_length == "median":
-        lengths = [int(statistics.median(lengths))] * len(lengths)
     fields = {"target": args.target, "beams": args.beams, "max_new_tokens": args.max_new_tokens}
     body: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
     keys = [k.strip() for k in os.environ.get("ONNXMT_API_KEYS", "").split(",") if k.strip()]
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = args.name or args.model_dir.name
-    port = free_port()
     if keys:
         body["api_key"] = keys[0]  # the server this script starts inherits ONNXMT_API_KEYS
+    pairs = [pair.split(":", 1) for pair in args.pair]
+    if any(len(pair) != 2 or not all(pair) for pair in pairs):
+        p.error("--pair takes SOURCE:TARGET, e.g. en:zh")
+    bodies = [{**body, "source": source, "target": target} for source, target in pairs] or [body]
+    texts = [sentences(min(max(args.requests, 1), 1000), b.get("source", "en")) for b in bodies]
+    lengths = None
+    if args.output_length != "limit":
+        same = len(args.model_dirs) == len(bodies)
+        lengths = [source_lengths(args.model_dirs[i if same else 0], pool) for i, pool in enumerate(texts)]
+        if args.output_length == "median":
+            lengths = [[int(statistics.median(counts))] * len(counts) for counts in lengths]
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = args.name or "+".join(d.name for d in args.model_dirs)
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = start_server(args.model_dir, port, Path(tempfile.gettempdir()) / f"onnxmt-load-{port}.log")
+    process = start_server(args.model_dirs, port, Path(tempfile.gettempdir()) / f"onnxmt-load-{port}.log")
     try:
-        httpx.post(f"{url}/translate", json={**body, "q": texts[0]}, timeout=120).raise_for_status()  # warm-up
+        for warm, pool in zip(bodies, texts, strict=True):  # every model loaded before the first level
+            httpx.post(f"{url}/translate", json={**warm, "q": pool[0]}, timeout=300).raise_for_status()
         server_start = rss_mb(process.pid)
         print(f"server pid {process.pid} on {url}: RSS at start {server_start['rss_mb']} MB", file=sys.stderr)
         levels = []
         for concurrency in args.concurrency:
             before, cpu_before, load_before = batch_sizes(url), cpu_seconds(process.pid), os.getloadavg()[0]
             latencies, errors, elapsed = asyncio.run(
-                run_level(url, body, texts, concurrency, args.requests, args.duration, lengths)
+                run_level(url, bodies, texts, concurrency, args.requests, args.duration, lengths)
             )
             after = batch_sizes(url)
             level = summarize(concurrency, latencies, errors, elapsed)
@@ -269,16 +304,20 @@ def main() -> None:
     finally:
         process.send_signal(signal.SIGTERM)
         exit_code = process.wait(timeout=120)
+    dirs = [str(d) for d in args.model_dirs]
     result = {
-        "model_dir": str(args.model_dir),
-        "settings": {**vars(args), "model_dir": str(args.model_dir), "out": str(args.out), "body": fields},
+        "model_dir": dirs[0] if len(dirs) == 1 else dirs,
+        "settings": {**vars(args), "model_dirs": dirs, "out": str(args.out), "body": fields, "pairs": args.pair},
         # The server's settings, less its API keys.
-        "server_env": {k: v for k, v in os.environ.items() if k.startswith("ONNXMT_") and k != "ONNXMT_API_KEYS"},
+        "server_env": {
+            **{"ONNXMT_CACHE_SIZE": "0"},
+            **{k: v for k, v in os.environ.items() if k.startswith("ONNXMT_") and k != "ONNXMT_API_KEYS"},
+        },
         "server_rss_start_mb": server_start,
         "server_rss_end_mb": server_end,
         "server_exit_code": exit_code,
         "levels": levels,
-        "output_lengths": None if lengths is None else {"median": statistics.median(lengths), "max": max(lengths)},
+        "output_lengths": None if lengths is None else _summary([n for counts in lengths for n in counts]),
         "machine": machine.describe(),
     }
     path = args.out / f"load-{name}.json"

@@ -20,6 +20,9 @@ TINY = RandomMarianSpec(init_std=0.2, eos_bias=2.0)
 # with a language token in front, no random draw had most outputs longer than 10 tokens; this one has outputs from
 # 1 token to the limit, which its tests (language tokens, max_new_tokens 16) need. The parity of long outputs is
 # proven on TINY.
+# zh→en, with opus-mt-zh-en's metadata (`zho` → `eng`, one target language): the other direction of TINY_MULTI, for
+# a service with two models.
+TINY_ZH_EN = RandomMarianSpec(init_std=0.2, eos_bias=4.0, seed=3, reverse=True)
 TINY_MULTI = RandomMarianSpec(target_languages=OPUS_MT_EN_ZH_TARGETS, init_std=0.2, eos_bias=3.0, seed=6)
 # A tiny model's tied LM head (~45 kB) is far below the size real heads are cut into chunks at (48 MiB, see
 # export/weights.py): cut it anyway (12 chunks in fp32, 3 in int8), so that every test runs the chunked head.
@@ -108,6 +111,18 @@ def tiny_multi_onnx_dir(tiny_multi_hf_dir: Path, tmp_path_factory: pytest.TempPa
 
     out = tmp_path_factory.mktemp("tiny-multi-onnx") / "model"
     export(str(tiny_multi_hf_dir), out, progress=lambda _: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_zh_en_onnx_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random zh→en model (TINY_ZH_EN) exported by onnxmt. Read-only."""
+    from onnxmt.export.exporter import export
+    from onnxmt.export.random_model import build_random_marian
+
+    hf = build_random_marian(tmp_path_factory.mktemp("tiny-zh-en-hf"), TINY_ZH_EN)
+    out = tmp_path_factory.mktemp("tiny-zh-en-onnx") / "model"
+    export(str(hf), out, progress=lambda _: None)
     return out
 
 

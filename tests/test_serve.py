@@ -26,7 +26,6 @@ import pytest
 from onnxmt import DecodeOptions, Translator
 from onnxmt.export.random_model import generate_corpus
 from onnxmt.runtime.cancel import CancelToken
-from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translation
 from onnxmt.serve.batcher import ClientGone, MicroBatcher, QueueFull
 from onnxmt.serve.options import ServeOptions
@@ -78,14 +77,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(model_dir: Path, log_dir: Path, **settings: Any) -> Server:
-    """`onnxmt serve MODEL_DIR` with ONNXMT_* settings, once /ready answers 200."""
+def start_server(model_dir: Path | list[Path], log_dir: Path, **settings: Any) -> Server:
+    """`onnxmt serve MODEL_DIR [MODEL_DIR ...]` with ONNXMT_* settings, once /ready answers 200."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONNXMT_")}
     env.update({f"ONNXMT_{k.upper()}": str(v) for k, v in settings.items()})
     env.setdefault("ONNXMT_ACCESS_LOG", "false")
     log = log_dir / f"server-{port}.log"
-    command = [*ONNXMT, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    dirs = model_dir if isinstance(model_dir, list) else [model_dir]
+    command = [*ONNXMT, "serve", *map(str, dirs), "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "wb") as sink:
         process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
     server = Server(process, f"http://127.0.0.1:{port}", log)
@@ -229,7 +229,8 @@ def test_concurrent_requests_are_batched_and_exact(server: Server, translator: T
     # Two targets and two beam sizes interleaved: settings that must never share a decoder batch.
     settings = [(target, beams) for target in ("cmn_Hans", "yue_Hant") for beams in (1, 3)]
     jobs = [(text, *settings[i % len(settings)]) for i, text in enumerate(TEXTS)]
-    before = _metric(server, "onnxmt_batch_size_count")
+    before = _metric(server, "onnxmt_batch_size_count", model="model")  # batch metrics are per model (its name)
+    decoded = _metric(server, "onnxmt_translated_texts_total", model="model")
 
     async def send_all() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=len(jobs))
@@ -242,9 +243,12 @@ def test_concurrent_requests_are_batched_and_exact(server: Server, translator: T
     for response, (text, target, beams) in zip(responses, jobs, strict=True):
         expected = translator.translate([text], target_lang=target, beams=beams, max_new_tokens=20)[0].text
         assert response.json()["translatedText"] == expected
-    batches = _metric(server, "onnxmt_batch_size_count") - before
+    # Every text went through the decoder (none came from the translation cache), and shared batches.
+    assert _metric(server, "onnxmt_translated_texts_total", model="model") - decoded == len(jobs)
+    batches = _metric(server, "onnxmt_batch_size_count", model="model") - before
     assert batches < len(jobs), "no two requests shared a decoder batch"
-    assert _metric(server, "onnxmt_batch_requests_bucket", le="1.0") < _metric(server, "onnxmt_batch_requests_count")
+    one = _metric(server, "onnxmt_batch_requests_bucket", le="1.0", model="model")
+    assert one < _metric(server, "onnxmt_batch_requests_count", model="model")
 
 
 def _metric(server: Server, name: str, **labels: str) -> float:
@@ -433,7 +437,8 @@ def test_sigterm_finishes_requests_in_flight(tiny_onnx_dir: Path, tmp_path: Path
             while time.monotonic() < deadline:
                 metrics = await client.get("/metrics")
                 if (
-                    _sample(metrics.text, "onnxmt_queue_depth") + _sample(metrics.text, "onnxmt_batch_requests_count")
+                    _sample(metrics.text, "onnxmt_queue_depth", model="model")
+                    + _sample(metrics.text, "onnxmt_batch_requests_count", model="model")
                     >= 7
                 ):
                     break
@@ -820,11 +825,10 @@ def test_info_says_whether_batches_can_change_a_translation(
     # Per-tensor int8 scales depend on the batch; a batch of one, or a scale per row, does not.
     pytest.importorskip("onnx")
     from onnxmt.export.quantize import QuantizeOptions, quantize
-    from onnxmt.serve.service import Service
+    from onnxmt.runtime.modeldir import load_manifest
+    from onnxmt.serve.pool import batch_invariant
 
     int8 = tmp_path / "int8"
     quantize(tiny_onnx_dir, int8, QuantizeOptions(per_row_scales=per_row), progress=lambda _: None)
-    service = Service(int8, ServeOptions(max_batch_size=max_batch_size), RuntimeOptions(), DecodeOptions())
-    assert service.batch_invariant() is None  # not loaded yet
-    service.translator = Translator(int8)
-    assert service.batch_invariant() is expected
+    # Read from the manifest: /info says it for every model, loaded or not.
+    assert batch_invariant(load_manifest(int8), max_batch_size) is expected

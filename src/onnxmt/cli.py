@@ -297,9 +297,15 @@ def translate_corpus(
 
 @app.command()
 def serve(
-    model: Annotated[
-        str | None,
-        typer.Argument(envvar="ONNXMT_MODEL", help="Exported model directory (or a hub id exported on first use)."),
+    models: Annotated[
+        list[str] | None,
+        typer.Argument(
+            envvar="ONNXMT_MODEL",
+            help="Exported model directories, directories of them, or hub ids (exported on first use); requests "
+            "go to the model for their (source, target) pair.",
+            metavar="MODEL_DIR...",
+            show_default=False,
+        ),
     ] = None,
     host: Annotated[str, typer.Option(envvar="ONNXMT_HOST", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="ONNXMT_PORT", help="Port to listen on.")] = 5000,
@@ -369,10 +375,37 @@ def serve(
     ] = None,
     log_level: Annotated[str, typer.Option(envvar="ONNXMT_LOG_LEVEL", help="debug, info, warning or error.")] = "info",
     access_log: Annotated[bool, typer.Option(envvar="ONNXMT_ACCESS_LOG", help="Log every request.")] = True,
+    max_loaded_models: Annotated[
+        int,
+        typer.Option(
+            envvar="ONNXMT_MAX_LOADED_MODELS",
+            help="Most models loaded at once; the least recently used is unloaded to load another (0: no limit).",
+        ),
+    ] = 0,
+    max_loaded_mb: Annotated[
+        float,
+        typer.Option(
+            envvar="ONNXMT_MAX_LOADED_MB",
+            help="Most megabytes of model files loaded at once, least recently used unloaded first (0: no limit).",
+        ),
+    ] = 0.0,
+    pivot: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ONNXMT_PIVOT",
+            help="Translate through this language (e.g. en) when no model translates a pair directly; the answer "
+            'says so ("pivot": "en").',
+        ),
+    ] = None,
+    cache_size: Annotated[
+        int,
+        typer.Option(envvar="ONNXMT_CACHE_SIZE", help="Translations kept in the translation cache (0: no cache)."),
+    ] = 10000,
     variant: VariantOption = None,
 ) -> None:
-    """Serve a LibreTranslate-compatible HTTP API (needs onnxmt\\[serve]); every flag defaults from ONNXMT_*."""
-    from .models import resolve_model_dir
+    """Serve a LibreTranslate-compatible HTTP API (needs onnxmt\\[serve]) for one model or several; every flag
+    defaults from ONNXMT_*. Several models load on first use."""
+    from .models import resolve_model_dirs
     from .runtime.options import DecodeOptions, RuntimeOptions
     from .serve.options import ServeOptions, split_list
 
@@ -402,10 +435,14 @@ def serve(
             max_connections=max_connections,
             log_level=log_level.lower(),
             access_log=access_log,
+            max_loaded_models=max_loaded_models,
+            max_loaded_mb=max_loaded_mb,
+            pivot=pivot,
+            cache_size=cache_size,
         )
-        directory = resolve_model_dir(model, progress=lambda msg: err.print(msg))
+        directories = resolve_model_dirs(models or [], progress=lambda msg: err.print(msg))
         run(
-            directory,
+            directories,
             options,
             RuntimeOptions(threads=threads, variant=variant),
             DecodeOptions(beams=beams, max_new_tokens=max_new_tokens),

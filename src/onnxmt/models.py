@@ -55,3 +55,31 @@ def resolve_model_dir(model: str | None, progress: Callable[[str], None] = print
     progress(f"first use of {model}: exporting it to {cached} (once)")
     export(model, cached, ExportOptions(default_target=DEFAULT_TARGETS.get(model), force=True), progress=progress)
     return cached
+
+
+def model_dirs_in(path: Path) -> list[Path]:
+    """`path` itself when it is a model directory, else the model directories directly inside it (sorted by
+    name); ModelDirError saying what is there when there are none."""
+    if is_model_dir(path):
+        return [path]
+    if not path.is_dir():
+        raise ModelDirError(f"model directory not found: {path}")
+    found = sorted(child for child in path.iterdir() if is_model_dir(child))
+    if not found:
+        raise ModelDirError(
+            f"{path} is neither a model directory nor a directory of model directories: {diagnose(path)}"
+        )
+    return found
+
+
+def resolve_model_dirs(models: list[str], progress: Callable[[str], None] = print) -> list[Path]:
+    """`onnxmt serve DIR [DIR ...]`: each a model directory, a directory of model directories, or a hub id
+    (exported on first use); none: the default model."""
+    dirs: list[Path] = []
+    for model in models or [""]:
+        path = Path(model).expanduser()
+        if model and path.is_dir() and not is_model_dir(path):
+            dirs.extend(model_dirs_in(path))
+        else:
+            dirs.append(resolve_model_dir(model or None, progress))
+    return dirs

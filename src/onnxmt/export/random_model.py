@@ -42,6 +42,9 @@ SPECIAL_PIECES = ("</s>", "<unk>")
 # The real opus-mt-en-zh metadata (hub snapshot 408d9bc4; tests/test_random_model.py compares these with the files
 # under ../shared/data/opus-mt-en-zh/). Its tokenizer_config.json gives ISO 639-3 languages and no model_max_length.
 OPUS_MT_EN_ZH_TOKENIZER_CONFIG = '{"target_lang": "zho", "source_lang": "eng"}'
+# Helsinki-NLP/opus-mt-zh-en's, for zh→en models. Derived from en-zh's (the same writer, the languages swapped):
+# the hub is unreachable here, so its own file could not be read.
+OPUS_MT_ZH_EN_TOKENIZER_CONFIG = '{"target_lang": "eng", "source_lang": "zho"}'
 # generation_config.json with the ids of opus-mt-en-zh (pad 65000); the random model's own pad id and length limit
 # replace 65000 and 512. renormalize_logits and num_beams 4 make the default decoding a renormalised beam search.
 OPUS_MT_EN_ZH_GENERATION_CONFIG = {
@@ -82,6 +85,7 @@ class RandomMarianSpec:
     init_std: float = 0.3
     eos_bias: float = 0.0  # added to the eos logit, so short sentences can finish before the length limit
     seed: int = 0
+    reverse: bool = False  # zh→en (opus-mt-zh-en's metadata): Chinese source pieces, English target pieces
 
 
 OPUS_MT_EN_ZH = RandomMarianSpec(
@@ -163,13 +167,15 @@ def build_random_marian(output_dir: str | Path, spec: RandomMarianSpec = RandomM
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     english, chinese = generate_corpus(spec.seed)
-    source_spm = train_spm(english, spec.source_pieces)
-    target_spm = train_spm(chinese, spec.target_pieces)
+    source_lines, target_lines = (chinese, english) if spec.reverse else (english, chinese)
+    source_spm = train_spm(source_lines, spec.source_pieces)
+    target_spm = train_spm(target_lines, spec.target_pieces)
     (out / "source.spm").write_bytes(source_spm)
     (out / "target.spm").write_bytes(target_spm)
     vocab = build_vocab(spm_pieces(source_spm), spm_pieces(target_spm), spec.target_languages, spec.vocab_size)
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
-    (out / "tokenizer_config.json").write_text(OPUS_MT_EN_ZH_TOKENIZER_CONFIG, encoding="utf-8")
+    tokenizer_config = OPUS_MT_ZH_EN_TOKENIZER_CONFIG if spec.reverse else OPUS_MT_EN_ZH_TOKENIZER_CONFIG
+    (out / "tokenizer_config.json").write_text(tokenizer_config, encoding="utf-8")
 
     pad = len(vocab) - 1
     config = MarianConfig(

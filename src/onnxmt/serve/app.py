@@ -7,7 +7,7 @@ to give a 5xx (`guards.LastResortMiddleware` is the net for what slips through, 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from functools import cache, partial
 from importlib.resources import files
@@ -88,13 +88,14 @@ async def detect(request: Request) -> JSONResponse:
 
 
 async def languages(request: Request) -> JSONResponse:
-    """The languages this model translates from and into (LibreTranslate's shape)."""
+    """The languages the service translates from and into, over all its models (LibreTranslate's shape)."""
     await _authorize(request)
     return JSONResponse(_service(request).libretranslate_languages())
 
 
 async def info(request: Request) -> JSONResponse:
-    """The model (manifest summary), decoding defaults, batching settings and limits."""
+    """The models (manifest summaries, loaded or not, languages), routing, cache, decoding defaults, batching
+    settings and limits."""
     await _authorize(request)
     return JSONResponse(_service(request).info())
 
@@ -105,7 +106,8 @@ async def health() -> JSONResponse:
 
 
 async def ready(request: Request) -> JSONResponse:
-    """Readiness: 200 once the model is loaded, 503 while loading and while shutting down."""
+    """Readiness: 200 once the model is loaded (several models: once they are opened; each loads on its first
+    request), 503 while loading and while shutting down."""
     service = _service(request)
     if service.ready:
         return JSONResponse({"ready": True})
@@ -220,13 +222,14 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def create_app(
-    model_dir: str | Path,
+    model_dirs: str | Path | Sequence[str | Path],
     options: ServeOptions,
     runtime: RuntimeOptions = RuntimeOptions(),
     decoding: DecodeOptions = DecodeOptions(),
 ) -> FastAPI:
-    """The service as an ASGI app. The model loads when the app starts (its lifespan), not here."""
-    service = Service(model_dir, options, runtime, decoding)
+    """The service as an ASGI app, for one model directory or several (or directories of them). Models open when
+    the app starts (its lifespan), not here."""
+    service = Service(model_dirs, options, runtime, decoding)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -1,4 +1,4 @@
-"""Language detection for `POST /detect` and `source: "auto"`: py3langid, restricted to the model's languages.
+"""Language detection for `POST /detect` and `source: "auto"`: py3langid, restricted to the models' languages.
 
 Chosen by measurement on FLORES-200 (benchmarks/detect.py, docs/serve.md): restricted to English and Chinese it was
 right on 100% of English and Chinese sentences and of two-word English snippets, 98% of four-character Chinese
@@ -6,13 +6,14 @@ ones, in 0.1-0.4 ms a text; its model (4.4 MB) ships in the package, so it works
 mistook short English for other Latin-script languages a third of the time, which is why it is restricted, as
 LibreTranslate restricts its detector to the languages it has models for.
 
-The model's languages are taken at the ISO 639-1 level: a target `yue_Hant` or `wuu` counts as `zh` (its
-macrolanguage), since telling Chinese varieties apart on a few characters is not what a source check needs and
-cost 6% of Mandarin sentences in the measurement.
+The models' languages (every model of the service) are taken at the ISO 639-1 level: a target `yue_Hant` or `wuu`
+counts as `zh` (its macrolanguage), since telling Chinese varieties apart on a few characters is not what a source
+check needs and cost 6% of Mandarin sentences in the measurement.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,19 +34,19 @@ class Detected:
 
 
 class Detector:
-    """py3langid restricted to the model's languages (when it knows at least two of them; all of its 97
+    """py3langid restricted to the models' languages (when it knows at least two of them; all of its 97
     otherwise). Read-only after construction: safe to call from several threads."""
 
-    def __init__(self, languages: ModelLanguages) -> None:
+    def __init__(self, languages: ModelLanguages | Sequence[ModelLanguages]) -> None:
         try:
             from py3langid.langid import MODEL_FILE, LanguageIdentifier
         except ImportError as e:
             raise ImportError("language detection needs py3langid: pip install onnxmt[serve]") from e
-        self.languages = languages
+        self.models = [languages] if isinstance(languages, ModelLanguages) else list(languages)
         self._identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
         known = set(self._identifier.nb_classes)
-        wanted = {_detector_code(c) for c in (languages.source, *languages.targets) if c}
-        self.restricted_to = sorted(wanted & known)
+        codes = [c for model in self.models for c in (model.source, *model.targets) if c]
+        self.restricted_to = sorted({_detector_code(c) for c in codes} & known)
         if len(self.restricted_to) >= 2:
             self._identifier.set_languages(self.restricted_to)
 
@@ -56,10 +57,15 @@ class Detector:
         return [found[0]] + [d for d in found[1:] if d.confidence >= MIN_CONFIDENCE]
 
     def _public(self, code: str) -> str:
-        """The detector's code as /languages shows it, the model's source first (`zh` for Chinese)."""
-        model = self.languages
-        own = match(code, [c for c in (model.source, *model.targets) if c])
-        return model.public[own] if own is not None else code
+        """The detector's code as /languages shows it, a model's source first (`zh` for Chinese)."""
+        for model in self.models:
+            if model.source is not None and match(code, [model.source]) is not None:
+                return model.public[model.source]
+        for model in self.models:
+            own = match(code, model.targets)
+            if own is not None:
+                return model.public[own]
+        return code
 
 
 def _detector_code(code: str) -> str:

@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .batcher import BatchStats
@@ -15,39 +16,76 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 class Metrics:
-    """Requests by path and status, latency, batch sizes, queue depth, generated tokens."""
+    """Requests by path and status, latency; per model (label `model`): batch sizes, queue depth, generated
+    tokens, loads and unloads, translation cache hits and misses."""
 
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        m = ["model"]
         self.requests = Counter("onnxmt_requests", "HTTP requests by path and status.", ["path", "status"], registry=r)
         self.latency = Histogram(
             "onnxmt_request_duration_seconds", "HTTP request latency.", ["path"], buckets=LATENCY_BUCKETS, registry=r
         )
-        self.batch_size = Histogram("onnxmt_batch_size", "Texts per decoder batch.", buckets=BATCH_BUCKETS, registry=r)
+        self.batch_size = Histogram(
+            "onnxmt_batch_size", "Texts per decoder batch.", m, buckets=BATCH_BUCKETS, registry=r
+        )
         self.batch_requests = Histogram(
-            "onnxmt_batch_requests", "Requests served by one batch.", buckets=BATCH_BUCKETS, registry=r
+            "onnxmt_batch_requests", "Requests served by one batch.", m, buckets=BATCH_BUCKETS, registry=r
         )
         self.batch_duration = Histogram(
-            "onnxmt_batch_duration_seconds", "Inference time of one batch.", buckets=LATENCY_BUCKETS, registry=r
+            "onnxmt_batch_duration_seconds", "Inference time of one batch.", m, buckets=LATENCY_BUCKETS, registry=r
         )
-        self.queue_depth = Gauge("onnxmt_queue_depth", "Requests waiting for the decoder.", registry=r)
-        self.generated_tokens = Counter("onnxmt_generated_tokens", "Tokens generated.", registry=r)
-        self.texts = Counter("onnxmt_translated_texts", "Texts translated.", registry=r)
+        self.queue_depth = Gauge("onnxmt_queue_depth", "Requests waiting for the decoder.", m, registry=r)
+        self.generated_tokens = Counter("onnxmt_generated_tokens", "Tokens generated.", m, registry=r)
+        self.texts = Counter("onnxmt_translated_texts", "Texts translated by the decoder.", m, registry=r)
         self.rejected = Counter(
             "onnxmt_rejected", "Requests rejected before translation, by reason.", ["reason"], registry=r
         )
-        self.ready = Gauge("onnxmt_ready", "1 when the model is loaded and the service takes requests.", registry=r)
+        self.ready = Gauge("onnxmt_ready", "1 when the service takes requests.", registry=r)
+        self.model_loaded = Gauge("onnxmt_model_loaded", "1 while the model is loaded.", m, registry=r)
+        self.model_loads = Counter("onnxmt_model_loads", "Times the model was loaded.", m, registry=r)
+        self.model_unloads = Counter(
+            "onnxmt_model_unloads", "Times the model was unloaded to make room for another.", m, registry=r
+        )
+        self.cache_hits = Counter("onnxmt_cache_hits", "Texts answered from the translation cache.", m, registry=r)
+        self.cache_misses = Counter("onnxmt_cache_misses", "Texts not in the translation cache.", m, registry=r)
+        self.cache_hit_ratio = Gauge(
+            "onnxmt_cache_hit_ratio", "Translation cache hits / lookups since start (all models).", registry=r
+        )
+        self.cache_entries = Gauge("onnxmt_cache_entries", "Translations in the cache.", registry=r)
+        self._hits = self._lookups = 0
 
-    def observe_batch(self, stats: BatchStats) -> None:
+    def add_model(self, model: str) -> None:
+        """Every per-model series at zero from the start, so /metrics lists each model before its first batch."""
+        labelled: tuple[MetricWrapperBase, ...] = (
+            *(self.batch_size, self.batch_requests, self.batch_duration, self.queue_depth, self.model_loaded),
+            *(self.generated_tokens, self.texts, self.model_loads, self.model_unloads),
+            *(self.cache_hits, self.cache_misses),
+        )
+        for metric in labelled:
+            metric.labels(model)
+
+    def observe_batch(self, model: str, stats: BatchStats) -> None:
         for size in stats.decoder_batches:
-            self.batch_size.observe(size)
-        self.batch_requests.observe(stats.requests)
-        self.batch_duration.observe(stats.seconds)
-        self.generated_tokens.inc(stats.generated_tokens)
-        self.texts.inc(sum(stats.decoder_batches))
+            self.batch_size.labels(model).observe(size)
+        self.batch_requests.labels(model).observe(stats.requests)
+        self.batch_duration.labels(model).observe(stats.seconds)
+        self.generated_tokens.labels(model).inc(stats.generated_tokens)
+        self.texts.labels(model).inc(sum(stats.decoder_batches))
+
+    def observe_cache(self, model: str, hits: int, misses: int, entries: int) -> None:
+        if hits:
+            self.cache_hits.labels(model).inc(hits)
+        if misses:
+            self.cache_misses.labels(model).inc(misses)
+        self._hits += hits
+        self._lookups += hits + misses
+        if self._lookups:
+            self.cache_hit_ratio.set(self._hits / self._lookups)
+        self.cache_entries.set(entries)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -25,6 +25,10 @@ class ServeOptions:
     counted from the moment the server waits for it; then it is answered 408 and closed. keep_alive_timeout:
     seconds an idle keep-alive connection is kept. max_connections: open connections; one more is answered 503
     and closed at once, and requests beyond it in flight get 503 (uvicorn's limit_concurrency).
+    Several models (serve/pool.py): max_loaded_models: most models loaded at once; max_loaded_mb: most megabytes
+    of model files loaded at once (0: no limit, for both); the least recently used are unloaded to make room.
+    pivot: a language (`en`) to translate through when no model translates a pair directly (None: never).
+    cache_size: translations kept in the translation cache, per text (0: no cache).
     """
 
     host: str = "127.0.0.1"
@@ -47,6 +51,10 @@ class ServeOptions:
     max_connections: int = 1000
     log_level: str = "info"
     access_log: bool = True
+    max_loaded_models: int = 0
+    max_loaded_mb: float = 0.0
+    pivot: str | None = None
+    cache_size: int = 10000
 
     def __post_init__(self) -> None:
         positive = (
@@ -61,7 +69,8 @@ class ServeOptions:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("batch_window_ms", "timeout", "max_request_cost", "max_batch_cost"):
+        non_negative = ("batch_window_ms", "timeout", "max_request_cost", "max_batch_cost")
+        for name in (*non_negative, "max_loaded_models", "max_loaded_mb", "cache_size"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         for name in ("request_timeout", "keep_alive_timeout"):

@@ -26,6 +26,7 @@ class TranslateAnswer(BaseModel):
     translatedText: str | list[str]  # LibreTranslate's names
     alternatives: list[str] | list[list[str]] | None = None
     detectedLanguage: dict[str, Any] | list[dict[str, Any]] | None = None
+    pivot: str | None = Field(None, description="onnxmt: translated through this language (--pivot), by two models.")
 
 
 class DetectBody(BaseModel):

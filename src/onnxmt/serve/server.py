@@ -19,7 +19,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -88,13 +88,13 @@ class _Server(uvicorn.Server):
 
 
 def run(
-    model_dir: str | Path,
+    model_dirs: str | Path | Sequence[str | Path],
     options: ServeOptions,
     runtime: RuntimeOptions = RuntimeOptions(),
     decoding: DecodeOptions = DecodeOptions(),
 ) -> None:
-    """Serve until SIGTERM or Ctrl+C; ServeError if the model cannot be loaded."""
-    app = create_app(model_dir, options, runtime, decoding)
+    """Serve until SIGTERM or Ctrl+C; ServeError if the models cannot be opened."""
+    app = create_app(model_dirs, options, runtime, decoding)
     service: Service = app.state.service
     config = uvicorn.Config(
         _CloseWhenDraining(app, service),

@@ -1,5 +1,10 @@
-"""The service's state between requests: the translator (loaded after start-up, off the event loop), the batcher
-and the metrics. Request handlers in `app.py` call into one `Service`; nothing here knows about HTTP routing."""
+"""The service's state between requests: its models (serve/pool.py: loaded on demand, one batcher each), the
+routing of language pairs to them (serve/catalog.py), the translation cache and the metrics. Request handlers in
+`app.py` call into one `Service`; nothing here knows about HTTP routing.
+
+One model directory: it is loaded at start-up and the service is ready once it is (a model that cannot be loaded
+stops the server). Several: their manifests are read at start-up (ready then), each model is loaded on its first
+request."""
 
 from __future__ import annotations
 
@@ -7,33 +12,44 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..manifest import Manifest
+from ..models import is_model_dir, model_dirs_in
 from ..runtime.cancel import CancelToken
-from ..runtime.invariance import activation_scales
+from ..runtime.modeldir import load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.translator import Translation, Translator, resolve_settings
 from .batcher import ClientGone, MicroBatcher, QueueFull
+from .cache import TranslationCache
+from .catalog import Catalog, Leg
 from .detect import Detected, Detector
 from .metrics import Metrics
 from .options import ServeOptions
+from .pool import RETRY_AFTER, ModelEntry, ModelPool, batch_invariant, model_bytes
 from .protocol import ApiError, Languages, TranslateRequest
 
 log = logging.getLogger("onnxmt.serve")
 
-RETRY_AFTER = {"Retry-After": "1"}
-
 
 class Service:
     def __init__(
-        self, model_dir: str | Path, options: ServeOptions, runtime: RuntimeOptions, decoding: DecodeOptions
+        self,
+        model_dirs: str | Path | Sequence[str | Path],
+        options: ServeOptions,
+        runtime: RuntimeOptions,
+        decoding: DecodeOptions,
     ) -> None:
-        self.model_dir = Path(model_dir)
+        given = [model_dirs] if isinstance(model_dirs, (str, Path)) else list(model_dirs)
+        if not given:
+            raise ValueError("no model directory given")
+        self.model_dirs = [Path(d) for d in given]
         self.options = options
         self.runtime = runtime
         # Decoder batches are the service's to size, whatever the library default.
@@ -41,86 +57,112 @@ class Service:
             batch_size=options.max_batch_size, max_batch_cost=options.max_batch_cost or None
         )
         self.metrics = Metrics()
-        self.translator: Translator | None = None
-        self.languages: Languages | None = None
+        self.cache = TranslationCache(options.cache_size)
+        self.pool: ModelPool | None = None
+        self.catalog: Catalog | None = None
         self.detector: Detector | None = None
-        self.error: str | None = None  # why the model could not be loaded
+        self.error: str | None = None  # why the service could not start
         self.draining = False
-        # Called when the model cannot be loaded: the server stops and the command exits non-zero.
+        # Called when the models cannot be opened: the server stops and the command exits non-zero.
         self.on_fatal: Callable[[str], None] = lambda message: None
         self._executor: ThreadPoolExecutor | None = None
-        self._batcher: MicroBatcher | None = None
-        self._loading: asyncio.Task[None] | None = None
+        self._opening: asyncio.Task[None] | None = None
+        self._open = False
 
     @property
     def ready(self) -> bool:
-        return self.translator is not None and not self.draining
+        return self._open and not self.draining
 
     async def start(self) -> None:
-        """Start loading the model on the inference thread; the server answers /health meanwhile."""
-        # One inference thread: ONNX Runtime parallelises inside a batch; two batches at once would only compete
-        # for the same cores.
+        """Start opening the models on the inference thread; the server answers /health meanwhile."""
+        # One inference thread for every model: ONNX Runtime parallelises inside a batch; two batches at once
+        # would only compete for the same cores. Loads run there too, between batches.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxmt-inference")
-        self._batcher = MicroBatcher(
-            self._translate,
+        self._opening = asyncio.create_task(self._start(), name="onnxmt-load")
+
+    async def _start(self) -> None:
+        assert self._executor is not None
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        where = ", ".join(str(d) for d in self.model_dirs)
+        try:
+            if len(self.model_dirs) == 1 and not _holds_models(self.model_dirs[0]):
+                translator = await loop.run_in_executor(
+                    self._executor, Translator, self.model_dirs[0], self.runtime, self.decoding
+                )
+                entries = [_entry(self.model_dirs[0], self.model_dirs[0].name, translator.manifest)]
+            else:
+                translator = None
+                entries = await loop.run_in_executor(self._executor, self._read_entries)
+            languages = [e.languages.model for e in entries]
+            self.detector = await loop.run_in_executor(self._executor, Detector, languages)
+        except Exception as e:  # ModelDirError, ValueError, OSError, onnxruntime's own errors: all fatal here
+            self.error = f"cannot load the model from {where}: {e}"
+            log.error(self.error)
+            self.on_fatal(self.error)
+            return
+        self.pool = ModelPool(
+            entries,
+            load=self._load,
+            make_batcher=self._make_batcher,
+            executor=self._executor,
+            metrics=self.metrics,
+            max_models=self.options.max_loaded_models,
+            max_bytes=int(self.options.max_loaded_mb * 2**20),
+        )
+        self.catalog = Catalog(entries, self.options.pivot)
+        if self.catalog.pivot and len(entries) > 1 and not self.catalog.through_pivot():
+            log.warning(
+                "--pivot %s: no two models translate into and out of it; no pair goes through it", self.catalog.pivot
+            )
+        if translator is not None:
+            self.pool.adopt(entries[0], translator)
+            if batch_invariant(translator.manifest, self.options.max_batch_size) is False:
+                log.info(
+                    "int8 with per-tensor activation scales: a text's translation can depend on the requests it "
+                    "is batched with (docs/serve.md); `onnxmt quantize --per-row-scales` makes it independent"
+                )
+        self._open = True
+        self.metrics.ready.set(1)
+        shown = "; ".join(f"{e.name}: {e.languages.source} → {', '.join(e.languages.targets)}" for e in entries)
+        log.info("%d model(s) opened in %.1f s (%s); ready", len(entries), time.perf_counter() - started, shown)
+
+    def _read_entries(self) -> list[ModelEntry]:
+        """Every model directory given (directories of model directories opened), by its manifest: what it
+        translates, without loading it."""
+        dirs = [d for given in self.model_dirs for d in model_dirs_in(given)]
+        names = _unique_names(dirs)
+        options = RuntimeOptions(threads=1, variant=self.runtime.variant)
+        return [
+            _entry(d, name, load_manifest(d, verify=False, options=options))
+            for d, name in zip(dirs, names, strict=True)
+        ]
+
+    def _load(self, entry: ModelEntry) -> Translator:
+        """Runs on the inference thread."""
+        return Translator(entry.directory, self.runtime, self.decoding)
+
+    def _make_batcher(self, entry: ModelEntry) -> MicroBatcher:
+        assert self._executor is not None
+        return MicroBatcher(
+            partial(_translate, entry),
             self._executor,
             max_batch_size=self.options.max_batch_size,
             window=self.options.batch_window_ms / 1000,
             max_queue=self.options.max_queue,
             max_batch_cost=self.options.max_batch_cost or None,
-            on_queue=self.metrics.queue_depth.set,
-            on_batch=self.metrics.observe_batch,
+            on_queue=self.metrics.queue_depth.labels(entry.name).set,
+            on_batch=partial(self.metrics.observe_batch, entry.name),
         )
-        self._loading = asyncio.create_task(self._load(), name="onnxmt-load")
-
-    async def _load(self) -> None:
-        assert self._executor is not None and self._batcher is not None
-        started = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        try:
-            translator = await loop.run_in_executor(
-                self._executor, Translator, self.model_dir, self.runtime, self.decoding
-            )
-            languages = Languages(translator.manifest)
-            self.detector = await loop.run_in_executor(self._executor, Detector, languages.model)
-        except Exception as e:  # ModelDirError, ValueError, OSError, onnxruntime's own errors: all fatal here
-            self.error = f"cannot load the model from {self.model_dir}: {e}"
-            log.error(self.error)
-            self.on_fatal(self.error)
-            return
-        self.translator = translator
-        self.languages = languages
-        self._batcher.start()
-        self.metrics.ready.set(1)
-        variant = translator.manifest.provenance.get("variant")  # Optimum/Transformers.js directories
-        shown = f" (variant {variant})" if variant else ""
-        log.info("model %s%s loaded in %.1f s; ready", self.model_dir, shown, time.perf_counter() - started)
-        if self.batch_invariant() is False:
-            log.info(
-                "int8 with per-tensor activation scales: a text's translation can depend on the requests it is "
-                "batched with (docs/serve.md); `onnxmt quantize --per-row-scales` makes it independent"
-            )
-
-    def batch_invariant(self) -> bool | None:
-        """Whether a text's translation is independent of what it is batched with; None: cannot tell (an Optimum
-        directory's quantization is not recorded)."""
-        if self.translator is None:
-            return None
-        manifest = self.translator.manifest
-        if self.options.max_batch_size == 1 or activation_scales(manifest) == "per row":
-            return True
-        if manifest.layout != "onnxmt":
-            return None
-        return activation_scales(manifest) is None  # fp32, int4 (weight-only): yes; per-tensor int8: no
 
     async def stop(self) -> None:
-        """After the server has finished the requests in flight: stop the batch loop and the inference thread."""
+        """After the server has finished the requests in flight: stop the batch loops and the inference thread."""
         self.draining = True
         self.metrics.ready.set(0)
-        if self._loading is not None and not self._loading.done():
-            self._loading.cancel()
-        if self._batcher is not None:
-            await self._batcher.stop()
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
+        if self.pool is not None:
+            await self.pool.stop()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -136,27 +178,99 @@ class Service:
         if not any(hmac.compare_digest(given, key.encode()) for key in keys):
             raise ApiError(403, "Invalid API key")
 
-    def _require_ready(self) -> tuple[Translator, Languages, MicroBatcher]:
+    def _require_ready(self) -> tuple[Catalog, ModelPool]:
         if self.draining:
             raise ApiError(503, "the service is shutting down", RETRY_AFTER)
-        if self.translator is None or self.languages is None or self._batcher is None:
+        if not self._open or self.catalog is None or self.pool is None:
             raise ApiError(503, self.error or "the model is still loading", RETRY_AFTER)
-        return self.translator, self.languages, self._batcher
+        return self.catalog, self.pool
 
     async def translate(
         self, request: TranslateRequest, disconnected: Callable[[], Awaitable[object]] | None = None
     ) -> dict[str, Any]:
         """Answer a checked /translate request in LibreTranslate's shape. `disconnected()` returns when the client
         has gone: the request's work is then cancelled."""
-        translator, languages, batcher = self._require_ready()
-        detected = await self._check_source(languages, request)
-        options = self._decode_options(translator, languages, request)
+        catalog, _ = self._require_ready()
+        detected, source = await self._source(catalog, request)
+        route = catalog.route(source, request.target)
+        texts, results = request.texts, []
+        for i, leg in enumerate(route.legs):
+            last = i == len(route.legs) - 1
+            # Through a pivot, the first leg's best translation is the second's input: alternatives are the
+            # second leg's.
+            results = await self._leg(leg, texts, request, request.alternatives if last else 0, disconnected)
+            texts = [r.text for r in results]
+        return _answer(request, results, detected, route.pivot)
+
+    async def _source(self, catalog: Catalog, request: TranslateRequest) -> tuple[Detected | None, str | None]:
+        """(the detected language to report, the source to route by). A named source is taken as it is; for
+        `auto` (or none), the detected language of the texts together (one answer for a batch, as LibreTranslate
+        gives), which must be a source the service has: 400 otherwise."""
+        if request.source not in (None, "", "auto"):
+            return None, request.source
+        sources = catalog.sources()
+        text = "\n".join(t for t in request.texts if t.strip())
+        if not text or not sources:
+            if catalog.single:
+                return (Detected(sources[0], 0.0) if sources else None), request.source
+            # Nothing to detect: the first source that reaches the target (empty texts translate to empty texts).
+            source = next((s for s in sources if catalog.reaches(s, request.target)), sources[0])
+            return Detected(source, 0.0), source
+        best = (await self.detect(text))[0]
+        if best.language not in sources:
+            where = "this model translates from" if catalog.single else "this server translates from"
+            raise ApiError(
+                400,
+                f"the text is in {best.language} (detected, {best.confidence:g}% confident); "
+                f"{where} {', '.join(sources)}",
+            )
+        return best, request.source if catalog.single else best.language
+
+    async def _leg(
+        self,
+        leg: Leg,
+        texts: list[str],
+        request: TranslateRequest,
+        alternatives: int,
+        disconnected: Callable[[], Awaitable[object]] | None,
+    ) -> list[Translation]:
+        """`texts` translated by one model: from the cache where it has them, the others through its batcher."""
+        _, pool = self._require_ready()
+        entry = leg.entry
+        async with pool.use(entry) as (translator, batcher):
+            options = self._decode_options(translator, leg.target_lang, request, alternatives)
+            if not texts:
+                return []
+            cost = self._check_cost(translator, texts, options)
+            if not self.cache.size:
+                return await self._queue(batcher, texts, options, cost, disconnected)
+            keys = [(entry.name, options, text) for text in texts]
+            found = [self.cache.get(key) for key in keys]
+            missing = list(dict.fromkeys(text for text, hit in zip(texts, found, strict=True) if hit is None))
+            hits = sum(hit is not None for hit in found)
+            self.metrics.observe_cache(entry.name, hits, len(texts) - hits, len(self.cache))
+            made: dict[str, Translation] = {}
+            if missing:
+                if len(missing) < len(texts):
+                    cost = translator.cost(missing, **asdict(options))
+                done = await self._queue(batcher, missing, options, cost, disconnected)
+                made = dict(zip(missing, done, strict=True))
+                for text, translation in made.items():
+                    self.cache.put((entry.name, options, text), translation)
+                self.metrics.cache_entries.set(len(self.cache))
+            return [hit if hit is not None else made[text] for text, hit in zip(texts, found, strict=True)]
+
+    async def _queue(
+        self,
+        batcher: MicroBatcher,
+        texts: list[str],
+        options: DecodeOptions,
+        cost: int,
+        disconnected: Callable[[], Awaitable[object]] | None,
+    ) -> list[Translation]:
         timeout = self.options.timeout or None
-        if not request.texts:
-            return _answer(request, [], detected)
-        cost = self._check_cost(translator, request.texts, options)
         try:
-            results = await batcher.translate(request.texts, options, timeout, cost=cost, disconnected=disconnected)
+            return await batcher.translate(texts, options, timeout, cost=cost, disconnected=disconnected)
         except QueueFull as e:
             raise ApiError(503, f"server busy: {e}; retry later", RETRY_AFTER) from e
         except ClientGone as e:
@@ -167,25 +281,6 @@ class Service:
             raise ApiError(504, f"translation timed out after {self.options.timeout:g} s") from e
         except ValueError as e:
             raise ApiError(400, str(e)) from e
-        return _answer(request, results, detected)
-
-    async def _check_source(self, languages: Languages, request: TranslateRequest) -> Detected | None:
-        """400 for a source the model does not translate from; for `auto` (or none), the detected language of the
-        texts together (one answer for a batch, as LibreTranslate gives), which must be the model's source."""
-        if request.source not in (None, "", "auto"):
-            languages.check_source(request.source)
-            return None
-        text = "\n".join(t for t in request.texts if t.strip())
-        if not text or languages.source is None:
-            return Detected(languages.source, 0.0) if languages.source else None
-        best = (await self.detect(text))[0]
-        if best.language != languages.source:
-            raise ApiError(
-                400,
-                f"the text is in {best.language} (detected, {best.confidence:g}% confident); "
-                f"this model translates from {languages.source}",
-            )
-        return best
 
     async def detect(self, text: str) -> list[Detected]:
         """Candidates for `text`'s language, most confident first; off the event loop and the inference thread."""
@@ -193,18 +288,20 @@ class Service:
         assert self.detector is not None
         return await asyncio.to_thread(self.detector.detect, text)
 
-    def _decode_options(self, translator: Translator, languages: Languages, request: TranslateRequest) -> DecodeOptions:
+    def _decode_options(
+        self, translator: Translator, target_lang: str | None, request: TranslateRequest, alternatives: int
+    ) -> DecodeOptions:
         """The request's decoding settings, checked before queueing so a bad value is a 400, not a failed batch."""
         beams = request.beams
-        returned = request.alternatives + 1
-        if request.alternatives:
+        returned = alternatives + 1
+        if alternatives:
             # LibreTranslate's alternatives are the runner-up beams: widen the beam when it is too narrow.
             default_beams = self.decoding.beams or translator.manifest.generation.get("num_beams") or 1
             beams = max(beams or default_beams, returned)
         options = self.decoding.merged(
             beams=beams,
             max_new_tokens=request.max_new_tokens,
-            target_lang=languages.target_lang(request.target),
+            target_lang=target_lang,
             num_return_sequences=returned,
         )
         try:
@@ -228,53 +325,110 @@ class Service:
             )
         return cost
 
-    def _translate(self, texts: list[str], options: DecodeOptions, tokens: list[CancelToken]) -> list[Translation]:
-        """Runs on the inference thread."""
-        assert self.translator is not None
-        return self.translator.translate(texts, cancel=tokens, **asdict(options))
-
     def info(self) -> dict[str, Any]:
-        translator, languages, _ = self._require_ready()
-        manifest, o = translator.manifest, self.options
-        return {
-            "version": __version__,
-            "model": {
-                # Names, never the server's paths: a model exported from a local directory records its path.
-                "directory": self.model_dir.name,
-                "architecture": manifest.architecture,
-                "layout": manifest.layout,
-                "source_model": _public_name(manifest.provenance.get("source_model")),
-                "revision": manifest.provenance.get("revision"),
-                "quantization": manifest.quantization,
-                "variant": manifest.provenance.get("variant"),
-                "bytes": sum(int(f.get("bytes") or 0) for f in manifest.files.values()),
-                "model": manifest.model,
-                "generation": manifest.generation,
-            },
-            "languages": {"source": languages.source, "targets": languages.targets, "default": languages.target},
-            "decoding": {k: v for k, v in vars(self.decoding).items() if v is not None},
-            "batching": {
-                "max_batch_size": o.max_batch_size,
-                "batch_window_ms": o.batch_window_ms,
-                "max_queue": o.max_queue,
-                "batch_invariant": self.batch_invariant(),
-            },
-            "limits": {
-                "max_chars": o.max_chars,
-                "max_texts": o.max_texts,
-                "max_body_bytes": o.max_body_bytes,
-                "max_beams": o.max_beams,
-                "max_request_cost": o.max_request_cost,
-                "max_batch_cost": o.max_batch_cost,
-                "timeout": o.timeout,
-            },
-            "api_keys": bool(o.api_keys),
-            "protect_all": o.protect_all,
+        catalog, pool = self._require_ready()
+        o = self.options
+        answer: dict[str, Any] = {"version": __version__}
+        if catalog.single:  # the shape /info has always had for one model
+            entry = catalog.entries[0]
+            answer["model"] = _model_info(entry)
+            answer["languages"] = _languages_info(entry.languages)
+        answer["models"] = [
+            {
+                "name": e.name,
+                "loaded": e.translator is not None,
+                "loads": e.loads,
+                "unloads": e.unloads,
+                "error": e.error,
+                "languages": _languages_info(e.languages),
+                "batch_invariant": batch_invariant(e.manifest, o.max_batch_size),
+                **_model_info(e),
+            }
+            for e in catalog.entries
+        ]
+        answer["routing"] = {
+            "pivot": catalog.pivot,
+            "pairs": [f"{s}→{t}" for s, t in catalog.pairs()],
+            "max_loaded_models": pool.max_models,
+            "max_loaded_mb": o.max_loaded_mb,
         }
+        answer["cache"] = {"size": self.cache.size, "entries": len(self.cache)}
+        answer["decoding"] = {k: v for k, v in vars(self.decoding).items() if v is not None}
+        answer["batching"] = {
+            "max_batch_size": o.max_batch_size,
+            "batch_window_ms": o.batch_window_ms,
+            "max_queue": o.max_queue,
+        }
+        if catalog.single:
+            answer["batching"]["batch_invariant"] = batch_invariant(catalog.entries[0].manifest, o.max_batch_size)
+        answer["limits"] = {
+            "max_chars": o.max_chars,
+            "max_texts": o.max_texts,
+            "max_body_bytes": o.max_body_bytes,
+            "max_beams": o.max_beams,
+            "max_request_cost": o.max_request_cost,
+            "max_batch_cost": o.max_batch_cost,
+            "timeout": o.timeout,
+        }
+        answer["api_keys"] = bool(o.api_keys)
+        answer["protect_all"] = o.protect_all
+        return answer
 
     def libretranslate_languages(self) -> list[dict[str, Any]]:
-        _, languages, _ = self._require_ready()
-        return languages.libretranslate()
+        catalog, _ = self._require_ready()
+        return catalog.libretranslate()
+
+
+def _translate(
+    entry: ModelEntry, texts: list[str], options: DecodeOptions, tokens: list[CancelToken]
+) -> list[Translation]:
+    """Runs on the inference thread, in the model's batcher."""
+    assert entry.translator is not None
+    return entry.translator.translate(texts, cancel=tokens, **asdict(options))
+
+
+def _holds_models(path: Path) -> bool:
+    """A directory of model directories rather than one."""
+    return path.is_dir() and not is_model_dir(path)
+
+
+def _entry(directory: Path, name: str, manifest: Manifest) -> ModelEntry:
+    return ModelEntry(name, directory, manifest, Languages(manifest), model_bytes(directory, manifest))
+
+
+def _unique_names(dirs: list[Path]) -> list[str]:
+    """Each directory's name; where two are the same, with as many parent parts as tell them apart."""
+    names = [d.name for d in dirs]
+    for depth in range(2, 8):
+        clashes = {n for n in names if names.count(n) > 1}
+        if not clashes:
+            break
+        names = ["/".join(d.parts[-depth:]) if n in clashes else n for d, n in zip(dirs, names, strict=True)]
+    for i, name in enumerate(names):  # the same path given twice
+        if names.count(name) > 1:
+            names[i] = f"{name}#{names[:i].count(name) + 1}"
+    return names
+
+
+def _languages_info(languages: Languages) -> dict[str, Any]:
+    return {"source": languages.source, "targets": languages.targets, "default": languages.target}
+
+
+def _model_info(entry: ModelEntry) -> dict[str, Any]:
+    manifest = entry.manifest
+    return {
+        # Names, never the server's paths: a model exported from a local directory records its path.
+        "directory": entry.directory.name,
+        "architecture": manifest.architecture,
+        "layout": manifest.layout,
+        "source_model": _public_name(manifest.provenance.get("source_model")),
+        "revision": manifest.provenance.get("revision"),
+        "quantization": manifest.quantization,
+        "variant": manifest.provenance.get("variant"),
+        "bytes": sum(int(f.get("bytes") or 0) for f in manifest.files.values()),
+        "model": manifest.model,
+        "generation": manifest.generation,
+    }
 
 
 def _public_name(source: object) -> str | None:
@@ -286,7 +440,9 @@ def _public_name(source: object) -> str | None:
     return source
 
 
-def _answer(request: TranslateRequest, results: list[Translation], detected: Detected | None) -> dict[str, Any]:
+def _answer(
+    request: TranslateRequest, results: list[Translation], detected: Detected | None, pivot: str | None = None
+) -> dict[str, Any]:
     texts = [r.text for r in results]
     body: dict[str, Any] = {"translatedText": texts if request.batch else texts[0]}
     if request.alternatives:
@@ -295,4 +451,6 @@ def _answer(request: TranslateRequest, results: list[Translation], detected: Det
     if detected is not None:
         shown = detected.libretranslate()
         body["detectedLanguage"] = [shown] * len(results) if request.batch else shown
+    if pivot is not None:
+        body["pivot"] = pivot  # translated through this language: two models, two translations
     return body

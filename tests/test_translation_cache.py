@@ -1,0 +1,121 @@
+"""The translation cache (serve/cache.py): an LRU of translations by (model, decoding options, text), per text; in the
+service, cached answers equal uncached ones and /metrics counts hits and misses."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from onnxmt import DecodeOptions, Translator
+from onnxmt.export.random_model import generate_corpus
+from onnxmt.runtime.translator import Translation
+from onnxmt.serve.app import create_app
+from onnxmt.serve.cache import TranslationCache
+from onnxmt.serve.options import ServeOptions
+from test_serve import _sample
+
+TEXTS = generate_corpus(11, lines=32)[0]
+OPTIONS = DecodeOptions(target_lang="cmn_Hans")
+
+
+def _t(text: str, cancelled: bool = False) -> Translation:
+    return Translation(text, [1, 2], -1.0, cancelled=cancelled)
+
+
+def test_least_recently_used_is_dropped() -> None:
+    cache = TranslationCache(2)
+    cache.put(("m", OPTIONS, "a"), _t("A"))
+    cache.put(("m", OPTIONS, "b"), _t("B"))
+    assert cache.get(("m", OPTIONS, "a")) == _t("A")  # a is now the most recently used
+    cache.put(("m", OPTIONS, "c"), _t("C"))
+    assert len(cache) == 2 and cache.get(("m", OPTIONS, "b")) is None
+    assert cache.get(("m", OPTIONS, "a")) == _t("A") and cache.get(("m", OPTIONS, "c")) == _t("C")
+
+
+def test_the_key_is_model_options_and_text() -> None:
+    cache = TranslationCache(10)
+    cache.put(("m", OPTIONS, "a"), _t("A"))
+    assert cache.get(("other", OPTIONS, "a")) is None
+    assert cache.get(("m", OPTIONS.merged(target_lang="cmn_Hant"), "a")) is None
+    assert cache.get(("m", OPTIONS.merged(beams=2), "a")) is None
+    assert cache.get(("m", DecodeOptions(target_lang="cmn_Hans"), "a")) == _t("A")  # equal options, equal key
+
+
+def test_size_zero_is_off_and_cancelled_work_is_never_kept() -> None:
+    off = TranslationCache(0)
+    off.put(("m", OPTIONS, "a"), _t("A"))
+    assert len(off) == 0 and off.get(("m", OPTIONS, "a")) is None
+    cache = TranslationCache(10)
+    cache.put(("m", OPTIONS, "a"), _t("", cancelled=True))
+    assert cache.get(("m", OPTIONS, "a")) is None
+    with pytest.raises(ValueError, match="must not be negative"):
+        TranslationCache(-1)
+
+
+# --- in the service ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client(tiny_multi_onnx_dir: Path) -> Iterator[TestClient]:
+    with TestClient(create_app(tiny_multi_onnx_dir, ServeOptions(cache_size=1000))) as test_client:
+        deadline = time.monotonic() + 60
+        while test_client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield test_client
+
+
+def _counts(client: TestClient) -> tuple[float, float, float]:
+    """Cache hits, cache misses, texts the decoder translated."""
+    text = client.get("/metrics").text
+    hits, misses, decoded = (
+        _sample(text, name, model="model")
+        for name in ("onnxmt_cache_hits_total", "onnxmt_cache_misses_total", "onnxmt_translated_texts_total")
+    )
+    return hits, misses, decoded
+
+
+def test_sixteen_texts_of_which_ten_are_cached_decode_six(client: TestClient, tiny_multi_onnx_dir: Path) -> None:
+    body = {"target": "zh", "beams": 2, "max_new_tokens": 16}
+    before = _counts(client)
+    first = client.post("/translate", json={**body, "q": TEXTS[:10]})
+    assert first.status_code == 200, first.text
+    middle = _counts(client)
+    assert [b - a for a, b in zip(before, middle, strict=True)] == [0, 10, 10]
+    second = client.post("/translate", json={**body, "q": TEXTS[:16]})
+    assert second.status_code == 200, second.text
+    after = _counts(client)
+    assert [b - a for a, b in zip(middle, after, strict=True)] == [10, 6, 6]  # hits, misses, texts decoded
+    # The cached answers are the uncached ones, and the library's.
+    assert second.json()["translatedText"][:10] == first.json()["translatedText"]
+    library = Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(batch_size=16))
+    expected = library.translate(TEXTS[:16], target_lang="zh", beams=2, max_new_tokens=16)
+    assert second.json()["translatedText"] == [t.text for t in expected]
+    metrics = client.get("/metrics").text
+    assert 0 < _sample(metrics, "onnxmt_cache_hit_ratio") < 1
+
+
+def test_other_options_miss_and_alternatives_are_cached_too(client: TestClient) -> None:
+    body = {"q": TEXTS[20:22], "target": "zt", "max_new_tokens": 16, "alternatives": 2}
+    first = client.post("/translate", json=body).json()
+    hits = _counts(client)[0]
+    again = client.post("/translate", json=body).json()
+    assert again == first and _counts(client)[0] == hits + 2
+    other = client.post("/translate", json={**body, "alternatives": 1}).json()
+    assert _counts(client)[0] == hits + 2  # a different number of alternatives is a different key
+    assert other["translatedText"] == first["translatedText"] and len(other["alternatives"][0]) == 1
+
+
+def test_cache_size_zero_turns_it_off(tiny_multi_onnx_dir: Path) -> None:
+    with TestClient(create_app(tiny_multi_onnx_dir, ServeOptions(cache_size=0))) as off:
+        deadline = time.monotonic() + 60
+        while off.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        body = {"q": TEXTS[:3], "target": "zh", "max_new_tokens": 8}
+        answers = [off.post("/translate", json=body).json() for _ in range(2)]
+        assert answers[0] == answers[1]
+        assert _counts(off) == (0, 0, 6)  # both requests decoded; nothing counted as a cache lookup
+        assert off.get("/info").json()["cache"] == {"size": 0, "entries": 0}
