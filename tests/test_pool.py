@@ -204,7 +204,7 @@ def test_concurrent_requests_for_two_models_within_a_budget_of_one(
 # --- the pool in process: budgets by size, draining ---------------------------------------------------------------
 
 
-def _echo(texts: list[str], options: DecodeOptions, tokens: object) -> list[Translation]:
+def _echo(texts: list[str], options: DecodeOptions, tokens: object, on_batch: object = None) -> list[Translation]:
     return [Translation(text, [], 0.0) for text in texts]
 
 

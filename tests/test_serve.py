@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -27,7 +27,7 @@ from onnxmt import DecodeOptions, Translator
 from onnxmt.export.random_model import generate_corpus
 from onnxmt.runtime.cancel import CancelToken
 from onnxmt.runtime.translator import Translation
-from onnxmt.serve.batcher import ClientGone, MicroBatcher, QueueFull
+from onnxmt.serve.batcher import BatchStats, ClientGone, MicroBatcher, QueueFull
 from onnxmt.serve.options import ServeOptions
 from skips import importorskip, skip
 
@@ -537,10 +537,34 @@ def _echo(texts: list[str], options: DecodeOptions, tokens: object = None) -> li
     return [Translation(f"{options.beams}:{text}", [1], 0.0) for text in texts]
 
 
+def test_batcher_reports_the_decoder_batches_the_translator_ran() -> None:
+    # The translator cuts a batch by size and by cost: the metrics count its decoder batches, not a guess.
+    seen: list[BatchStats] = []
+
+    def translate(
+        texts: list[str], options: DecodeOptions, tokens: list[CancelToken], on_batch: Callable[[int], None]
+    ) -> list[Translation]:
+        for size in (3, 1, 2):
+            on_batch(size)
+        return _echo(texts, options)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as executor:
+            batcher = MicroBatcher(translate, executor, max_batch_size=8, window=0, max_queue=10, on_batch=seen.append)
+            batcher.start()
+            await batcher.translate(list("abcdef"), DecodeOptions(), timeout=10)
+            await batcher.stop()
+
+    asyncio.run(main())
+    assert [s.decoder_batches for s in seen] == [[3, 1, 2]]
+
+
 def test_batcher_batches_but_never_mixes_settings() -> None:
     calls: list[tuple[list[str], DecodeOptions]] = []
 
-    def translate(texts: list[str], options: DecodeOptions, tokens: list[CancelToken]) -> list[Translation]:
+    def translate(
+        texts: list[str], options: DecodeOptions, tokens: list[CancelToken], on_batch: object
+    ) -> list[Translation]:
         calls.append((texts, options))
         time.sleep(0.01)
         return _echo(texts, options)
@@ -567,7 +591,9 @@ def test_batcher_batches_but_never_mixes_settings() -> None:
 def test_batcher_queue_full_and_timeout() -> None:
     gate = threading.Event()
 
-    def blocked(texts: list[str], options: DecodeOptions, tokens: list[CancelToken]) -> list[Translation]:
+    def blocked(
+        texts: list[str], options: DecodeOptions, tokens: list[CancelToken], on_batch: object
+    ) -> list[Translation]:
         gate.wait(30)
         return _echo(texts, options)
 
@@ -597,7 +623,9 @@ def test_batcher_cancels_the_work_of_requests_that_are_gone() -> None:
     # A fake decoder that works in 10 ms steps until its texts' tokens are all set, as the decoding loop does.
     ran: list[list[str]] = []
 
-    def stepping(texts: list[str], options: DecodeOptions, tokens: list[CancelToken]) -> list[Translation]:
+    def stepping(
+        texts: list[str], options: DecodeOptions, tokens: list[CancelToken], on_batch: object
+    ) -> list[Translation]:
         ran.append(texts)
         for _ in range(1 if texts == ["small"] else 500):
             if all(t.cancelled for t in tokens):

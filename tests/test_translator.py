@@ -96,10 +96,12 @@ def test_cost_and_the_batch_budget(translator: Translator) -> None:
     translator.graphs.encode = counted  # type: ignore[method-assign]
     try:
         budget = max(lengths) * 2 + 8 * 2 * 2  # two of the longest texts at 2 beams
-        cut = translator.translate(TEXTS, beams=2, max_batch_cost=budget)
+        reported: list[int] = []
+        cut = translator.translate(TEXTS, beams=2, max_batch_cost=budget, on_batch=reported.append)
     finally:
         del translator.graphs.encode
     assert calls and max(calls) <= 2 and sum(calls) == len(lengths)
+    assert reported == calls  # on_batch is told each decoder batch the budget cut (the service's batch metrics)
     assert [r.token_ids for r in cut] == [r.token_ids for r in translator.translate(TEXTS, beams=2)]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
@@ -87,17 +87,23 @@ class Translator:
         return None if lang is None else str(self.manifest.languages["target_tokens"][lang])
 
     def translate(
-        self, texts: Sequence[str], *, cancel: CancelToken | Sequence[CancelToken] | None = None, **overrides: Any
+        self,
+        texts: Sequence[str],
+        *,
+        cancel: CancelToken | Sequence[CancelToken] | None = None,
+        on_batch: Callable[[int], None] | None = None,
+        **overrides: Any,
     ) -> list[Translation]:
         """Translate `texts` (a list of strings); keyword arguments (beams, max_new_tokens, batch_size,
         target_lang, ...) override this translator's DecodeOptions for this call. Empty texts give empty
         translations; the order of the input is kept.
 
         `cancel`: one token for all texts, or one per text. Once a text's token is set, the text leaves its decoder
-        batch at the next step (or is never started) and comes back with `cancelled=True`."""
+        batch at the next step (or is never started) and comes back with `cancelled=True`. `on_batch(n)` is called
+        with the size of each decoder batch as it starts (the service's batch metrics)."""
         _check_texts(texts)
         options = self.decoding.merged(**overrides)
-        return self._translate_list(list(texts), options, _tokens(cancel, len(texts)))
+        return self._translate_list(list(texts), options, _tokens(cancel, len(texts)), on_batch)
 
     def cost(self, texts: Sequence[str], **overrides: Any) -> int:
         """What translating `texts` may cost, in tokens x beams: the sum over texts of (source tokens + most new
@@ -118,7 +124,11 @@ class Translator:
             yield from self._translate_list(chunk, options)
 
     def _translate_list(
-        self, texts: list[str], options: DecodeOptions, tokens: list[CancelToken | None] | None = None
+        self,
+        texts: list[str],
+        options: DecodeOptions,
+        tokens: list[CancelToken | None] | None = None,
+        on_batch: Callable[[int], None] | None = None,
     ) -> list[Translation]:
         if options.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {options.batch_size}")
@@ -138,6 +148,8 @@ class Translator:
                 results[i] = Translation(text="", token_ids=[], score=0.0, cancelled=True)
             batch = [i for i in batch if results[i] is None]
             if batch:
+                if on_batch is not None:
+                    on_batch(len(batch))
                 ids, batch_tokens = [encoded[i] for i in batch], [tokens[i] for i in batch]
                 for i, hyps in zip(batch, self._decode_batch(ids, settings, batch_tokens), strict=True):
                     results[i] = hyps

@@ -29,9 +29,9 @@ from ..runtime.translator import Translation
 
 log = logging.getLogger("onnxmt.serve")
 
-# The translator call the batcher runs on the inference thread: texts, settings and one cancel token per text in,
-# translations out.
-TranslateFn = Callable[[list[str], DecodeOptions, list[CancelToken]], list[Translation]]
+# The translator call the batcher runs on the inference thread: texts, settings, one cancel token per text and a
+# callback told each decoder batch's size in, translations out.
+TranslateFn = Callable[[list[str], DecodeOptions, list[CancelToken], Callable[[int], None]], list[Translation]]
 
 
 class QueueFull(Exception):
@@ -208,8 +208,10 @@ class MicroBatcher:
         tokens = [job.token for job in jobs for _ in job.texts]
         started = loop.time()
         self._running = jobs
+        sizes: list[int] = []  # the decoder batches the translator ran: cut by batch size and by cost
         try:
-            results = await loop.run_in_executor(self._executor, self._translate, texts, jobs[0].options, tokens)
+            options = jobs[0].options
+            results = await loop.run_in_executor(self._executor, self._translate, texts, options, tokens, sizes.append)
         except Exception as e:
             await self._run_alone(jobs, e)
             return
@@ -218,7 +220,7 @@ class MicroBatcher:
         self._on_batch(
             BatchStats(
                 requests=len(jobs),
-                decoder_batches=_decoder_batches(len(texts), self.max_batch_size),
+                decoder_batches=sizes,
                 seconds=loop.time() - started,
                 generated_tokens=sum(len(r.token_ids) for r in results),
             )
@@ -241,11 +243,6 @@ class MicroBatcher:
         for job in jobs:
             if not job.future.done():
                 await self._run([job])
-
-
-def _decoder_batches(texts: int, max_batch_size: int) -> list[int]:
-    full, rest = divmod(texts, max_batch_size)
-    return [max_batch_size] * full + ([rest] if rest else [])
 
 
 def _split(results: Sequence[Translation], sizes: list[int]) -> list[list[Translation]]:

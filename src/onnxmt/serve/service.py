@@ -241,7 +241,7 @@ class Service:
             options = self._decode_options(translator, leg.target_lang, request, alternatives)
             if not texts:
                 return []
-            cost = self._check_cost(translator, texts, options)
+            cost = await self._check_cost(translator, texts, options)
             if not self.cache.size:
                 return await self._queue(batcher, texts, options, cost, disconnected)
             keys = [(entry.name, options, text) for text in texts]
@@ -252,7 +252,7 @@ class Service:
             made: dict[str, Translation] = {}
             if missing:
                 if len(missing) < len(texts):
-                    cost = translator.cost(missing, **asdict(options))
+                    cost = await asyncio.to_thread(translator.cost, missing, **asdict(options))
                 done = await self._queue(batcher, missing, options, cost, disconnected)
                 made = dict(zip(missing, done, strict=True))
                 for text, translation in made.items():
@@ -311,9 +311,10 @@ class Service:
             raise ApiError(400, str(e)) from e
         return options
 
-    def _check_cost(self, translator: Translator, texts: list[str], options: DecodeOptions) -> int:
-        """The request's cost in tokens x beams; ApiError 413 above --max-request-cost."""
-        cost = translator.cost(texts, **asdict(options))
+    async def _check_cost(self, translator: Translator, texts: list[str], options: DecodeOptions) -> int:
+        """The request's cost in tokens x beams; ApiError 413 above --max-request-cost. Tokenizing is done off the
+        event loop (64 texts of 5,000 characters take a second) and off the inference thread."""
+        cost = await asyncio.to_thread(translator.cost, texts, **asdict(options))
         limit = self.options.max_request_cost
         if limit and cost > limit:
             settings = resolve_settings(translator.manifest, options)
@@ -380,11 +381,15 @@ class Service:
 
 
 def _translate(
-    entry: ModelEntry, texts: list[str], options: DecodeOptions, tokens: list[CancelToken]
+    entry: ModelEntry,
+    texts: list[str],
+    options: DecodeOptions,
+    tokens: list[CancelToken],
+    on_batch: Callable[[int], None],
 ) -> list[Translation]:
     """Runs on the inference thread, in the model's batcher."""
     assert entry.translator is not None
-    return entry.translator.translate(texts, cancel=tokens, **asdict(options))
+    return entry.translator.translate(texts, cancel=tokens, on_batch=on_batch, **asdict(options))
 
 
 def _holds_models(path: Path) -> bool:
