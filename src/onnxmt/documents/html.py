@@ -37,9 +37,9 @@ class _Events(HTMLParser):
         super().__init__(convert_charrefs=False)
         self.source = source
         self.events: list[tuple[int, str, str]] = []  # (offset, kind, tag)
-        self._lines = [0]
-        for line in source.splitlines(keepends=True):
-            self._lines.append(self._lines[-1] + len(line))
+        self._lines = [0]  # where each line starts; the parser counts lines by "\n" alone
+        for line in source.split("\n")[:-1]:
+            self._lines.append(self._lines[-1] + len(line) + 1)
 
     def _offset(self) -> int:
         line, column = self.getpos()
@@ -136,6 +136,12 @@ def _close(units: list[_Unit], current: list[int]) -> list[int]:
 
 def translate_html(source: str, translate: Translate) -> str:
     """`source` (a page or a fragment) with its text translated by `translate` (texts in, texts out, in one call)."""
+    texts, rebuild = prepare_html(source)
+    return rebuild(translate(texts) if texts else [])
+
+
+def prepare_html(source: str) -> tuple[list[str], Callable[[list[str]], str]]:
+    """The texts to translate in `source`, and the function that writes the page again with their translations."""
     events = parse(source)
     units = _units(events)
     texts, marks = [], []
@@ -148,11 +154,14 @@ def translate_html(source: str, translate: Translate) -> str:
                 unit_marks.append(len(text))
         texts.append(text)
         marks.append(unit_marks)
-    translated = translate(texts) if texts else []
-    out = [e.raw for e in events]
-    for unit, text, unit_marks, translation in zip(units, texts, marks, translated, strict=True):
-        _rebuild(events, out, unit, text, unit_marks, translation)
-    return "".join(out)
+
+    def rebuild(translated: list[str]) -> str:
+        out = [e.raw for e in events]
+        for unit, text, unit_marks, translation in zip(units, texts, marks, translated, strict=True):
+            _rebuild(events, out, unit, text, unit_marks, translation)
+        return "".join(out)
+
+    return texts, rebuild
 
 
 def _rebuild(events: list[Event], out: list[str], unit: _Unit, text: str, marks: list[int], translation: str) -> None:

@@ -85,7 +85,15 @@ def _atom_at(text: str, i: int) -> int:
 
 
 def translate_markdown(source: str, translate: Translate) -> str:
-    lines = source.splitlines(keepends=True)
+    texts, rebuild = prepare_markdown(source)
+    return rebuild(translate(texts) if texts else [])
+
+
+def prepare_markdown(source: str) -> tuple[list[str], Callable[[list[str]], str]]:
+    """The texts to translate in `source`, and the function that writes it again with their translations."""
+    # Lines as markdown-it counts them: by "\n" alone.
+    lines = [line + "\n" for line in source.split("\n")]
+    lines[-1] = lines[-1][:-1]
     kept = _kept_lines(source)
     jobs: list[tuple[int, str, list[str], list[int], str]] = []  # line, prefix, atoms, marks, ending
     texts: list[str] = []
@@ -105,9 +113,13 @@ def translate_markdown(source: str, translate: Translate) -> str:
             continue
         jobs.append((n, body[:start], atoms, marks, line[len(body) :]))
         texts.append(text)
-    translated = translate(texts) if texts else []
-    for (n, prefix, atoms, marks, ending), text, translation in zip(jobs, texts, translated, strict=True):
-        parts = cut(translation, place(marks, len(text), translation))
-        rebuilt = parts[0] + "".join(atom + part for atom, part in zip(atoms, parts[1:], strict=True))
-        lines[n] = prefix + rebuilt + ending
-    return "".join(lines)
+
+    def rebuild(translated: list[str]) -> str:
+        out = list(lines)
+        for (n, prefix, atoms, marks, ending), text, translation in zip(jobs, texts, translated, strict=True):
+            parts = cut(translation, place(marks, len(text), translation))
+            rebuilt = parts[0] + "".join(atom + part for atom, part in zip(atoms, parts[1:], strict=True))
+            out[n] = prefix + rebuilt + ending
+        return "".join(out)
+
+    return texts, rebuild

@@ -4,6 +4,7 @@ its formatting (bold, italic, font, size, colour) and each paragraph its style."
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,16 +48,32 @@ def _in(container: Any) -> Iterator[Any]:
 
 
 def translate_docx(source: Path, target: Path, translate: Translate) -> None:
-    document = _docx().Document(str(source))
+    texts, rebuild = prepare_docx(source.read_bytes())
+    target.write_bytes(rebuild(translate(texts) if texts else []))
+
+
+def prepare_docx(data: bytes) -> tuple[list[str], Callable[[list[str]], bytes]]:
+    """The paragraphs' texts of the .docx file `data`, and the function that writes the file again with their
+    translations. ValueError when `data` is not a Word document."""
+    docx = _docx()
+    try:
+        document = docx.Document(io.BytesIO(data))
+    except Exception as e:  # python-docx raises what zipfile and lxml raise: BadZipFile, KeyError, XMLSyntaxError
+        raise ValueError(f"not a .docx document ({type(e).__name__}: {e})") from e
     todo = [p for p in paragraphs(document) if any(c.isalpha() for c in p.text) and p.runs]
     texts = ["".join(run.text for run in p.runs) for p in todo]
-    translated = translate(texts) if texts else []
-    for paragraph, text, translation in zip(todo, texts, translated, strict=True):
-        runs = paragraph.runs
-        marks, position = [], 0
-        for run in runs[:-1]:
-            position += len(run.text)
-            marks.append(position)
-        for run, part in zip(runs, cut(translation, place(marks, len(text), translation)), strict=True):
-            run.text = part
-    document.save(str(target))
+
+    def rebuild(translated: list[str]) -> bytes:
+        for paragraph, text, translation in zip(todo, texts, translated, strict=True):
+            runs = paragraph.runs
+            marks, position = [], 0
+            for run in runs[:-1]:
+                position += len(run.text)
+                marks.append(position)
+            for run, part in zip(runs, cut(translation, place(marks, len(text), translation)), strict=True):
+                run.text = part
+        out = io.BytesIO()
+        document.save(out)
+        return out.getvalue()
+
+    return texts, rebuild

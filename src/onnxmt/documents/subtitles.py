@@ -32,8 +32,18 @@ def cues(source: str) -> list[tuple[list[str], list[str]]]:
 
 
 def translate_subtitles(source: str, translate: Translate) -> str:
+    texts, rebuild = prepare_subtitles(source)
+    return rebuild(translate(texts) if texts else [])
+
+
+def prepare_subtitles(source: str) -> tuple[list[str], Callable[[list[str]], str]]:
+    """The cues' texts, and the function that writes the subtitles again with their translations."""
     parsed = cues(source)
     texts = [" ".join(line.strip() for line in lines) for _, lines in parsed if lines]
-    translated = iter(translate(texts) if texts else [])
-    blocks = [[*head, next(translated)] if lines else head for head, lines in parsed]
-    return "\n\n".join("\n".join(block) for block in blocks) + "\n"
+
+    def rebuild(translated: list[str]) -> str:
+        it = iter(translated)
+        blocks = [[*head, next(it)] if lines else head for head, lines in parsed]
+        return "\n\n".join("\n".join(block) for block in blocks) + "\n"
+
+    return texts, rebuild
