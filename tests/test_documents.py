@@ -233,3 +233,26 @@ def test_formats_by_name_and_errors(translator: Translator) -> None:
         translate_string(translator, "x", "pdf")
     with pytest.raises(ValueError, match="valid extensions"):
         translate_file(translator, "in.pdf", "out.pdf")
+
+
+def test_any_markup_parses_losslessly_or_raises_value_error() -> None:
+    import random
+
+    alphabet = [*"<>/!-=\"' ab\n&;#", "<b>", "</b>", "<a href='x'>", "<script>", "<pre>", "</pre>", "<!--", "-->"]
+    alphabet += ["<![", "&amp;", "\r", "\x0c", "\u2028", "。", "`", "*", "[", "](", ")", "```", "\n    ", "<br/>"]
+    rng = random.Random(0)
+    for _ in range(500):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert "".join(p.text for p in split_sentences(text)) == text
+        translate_markdown(text, upper)
+        translate_subtitles(text, upper)
+        try:
+            events = parse(text)
+        except ValueError:
+            continue
+        assert "".join(e.raw for e in events) == text
+        tags = [e.raw for e in events if e.kind != "data"]
+        assert [e.raw for e in parse(translate_html(text, upper)) if e.kind != "data"] == tags
+    assert translate_html("", upper) == ""
+    with pytest.raises(ValueError, match="malformed HTML"):
+        translate_html("<![<p>", upper)

@@ -80,11 +80,16 @@ class _Events(HTMLParser):
 
 
 def parse(source: str) -> list[Event]:
+    """`source` as events whose raw texts join back to it; ValueError where the parser gives up (Python's
+    html.parser asserts on some malformed `<![` sections)."""
     parser = _Events(source)
-    parser.feed(source)
-    parser.close()
+    try:
+        parser.feed(source)
+        parser.close()
+    except AssertionError as e:
+        raise ValueError(f"malformed HTML: {e}") from e
     offsets = [o for o, _, _ in parser.events]
-    ends = [*offsets[1:], len(source)]
+    ends = [*offsets[1:], len(source)] if offsets else []
     events = [Event(kind, tag, source[a:b]) for (a, kind, tag), b in zip(parser.events, ends, strict=True)]
     if offsets and offsets[0] > 0:  # nothing is lost, even before the first event
         events.insert(0, Event("data", "", source[: offsets[0]]))

@@ -25,7 +25,8 @@ def _docx() -> Any:
 def paragraphs(document: Any) -> Iterator[Any]:
     """Every paragraph of the document once: body, table cells (nested too; a merged cell is listed once per grid
     cell it spans), headers and footers."""
-    seen: set[int] = set()
+    # Keyed by id, holding the element: lxml keeps one proxy per node while it is referenced, so ids stay unique.
+    seen: dict[int, Any] = {}
     containers = [document] + [
         part
         for section in document.sections
@@ -35,7 +36,7 @@ def paragraphs(document: Any) -> Iterator[Any]:
     for container in containers:
         for paragraph in _in(container):
             if id(paragraph._p) not in seen:
-                seen.add(id(paragraph._p))
+                seen[id(paragraph._p)] = paragraph._p
                 yield paragraph
 
 
