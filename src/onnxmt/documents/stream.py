@@ -69,20 +69,26 @@ def _joined(pieces: list[Piece], events: Iterator[Event]) -> Iterator[str]:
         yield space
 
 
+def _ranges(n: int, size: int) -> Iterator[tuple[int, int]]:
+    """Batches of consecutive sentences: the first alone, so that it comes soonest; then `size` at a time."""
+    start, end = 0, min(n, 1)
+    while start < n:
+        yield start, end
+        start, end = end, min(n, end + size)
+
+
 def _sentences(translator: Translator, sentences: list[str], options: DecodeOptions) -> Iterator[Event]:
     """Beam search: each batch of consecutive sentences, once translated."""
-    size = options.batch_size
-    for start in range(0, len(sentences), size):
-        batch = translator.translate(sentences[start : start + size], **vars(options))
+    for start, end in _ranges(len(sentences), options.batch_size):
+        batch = translator.translate(sentences[start:end], **vars(options))
         for i, result in enumerate(batch, start):
             yield i, result.text, True
 
 
 def _tokens(translator: Translator, sentences: list[str], options: DecodeOptions) -> Iterator[Event]:
     """Greedy search: each sentence's text after every token, decoded on a worker thread batch by batch."""
-    size = options.batch_size
-    for start in range(0, len(sentences), size):
-        yield from _batch_tokens(translator, sentences[start : start + size], start, options)
+    for start, end in _ranges(len(sentences), options.batch_size):
+        yield from _batch_tokens(translator, sentences[start:end], start, options)
 
 
 def _batch_tokens(translator: Translator, batch: list[str], offset: int, options: DecodeOptions) -> Iterator[Event]:
