@@ -32,7 +32,7 @@ from ..documents.segment import Piece, join, separator
 from ..documents.translate import layout
 from .fields import read_fields
 from .protocol import ApiError, TranslateRequest, parse_translate
-from .schemas import errors
+from .schemas import ErrorAnswer, errors, translate_request
 from .service import Service
 
 Disconnected = Callable[[], Awaitable[object]] | None
@@ -304,16 +304,73 @@ def _sse(data: dict[str, Any], event: str | None = None) -> str:
     return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary", "description": ", ".join(FORMATS)},
+                        "source": {"type": "string", "examples": ["en"]},
+                        "target": {"type": "string", "examples": ["zh"]},
+                        "api_key": {"type": "string"},
+                        "beams": {"type": "integer", "minimum": 1},
+                        "max_new_tokens": {"type": "integer", "minimum": 1},
+                    },
+                }
+            }
+        },
+    }
+}
+Answers = dict[int | str, dict[str, Any]]
+FILE_ANSWER: Answers = {
+    200: {
+        "description": "Where to download the translated file",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["translatedFileUrl"],
+                    "properties": {"translatedFileUrl": {"type": "string"}},
+                }
+            }
+        },
+    }
+}
+DOWNLOAD_ANSWER: Answers = {
+    200: {"description": "The translated file", "content": {t: {} for t in sorted(set(MEDIA_TYPES.values()))}},
+    404: {"model": ErrorAnswer, "description": "No such file, or kept past its hour"},
+}
+STREAM_ANSWER: Answers = {200: {"description": "Server-Sent Events", "content": {"text/event-stream": {}}}}
+
+
 ROUTES: list[BaseRoute] = [
-    APIRoute("/translate_file", translate_file, methods=["POST"], responses=errors(400, 403, 413, 503, 504)),
     APIRoute(
-        "/download_file/{filename}", download_file, methods=["GET"], response_class=Response, responses=errors(403)
+        "/translate_file",
+        translate_file,
+        methods=["POST"],
+        responses={**FILE_ANSWER, **errors(400, 403, 413, 503, 504)},
+        openapi_extra=UPLOAD_BODY,
+    ),
+    APIRoute(
+        "/download_file/{filename}",
+        download_file,
+        methods=["GET"],
+        response_class=Response,
+        responses={**DOWNLOAD_ANSWER, **errors(403)},
+        openapi_extra={
+            "parameters": [{"name": "filename", "in": "path", "required": True, "schema": {"type": "string"}}]
+        },
     ),
     APIRoute(
         "/translate/stream",
         translate_stream,
         methods=["POST"],
         response_class=StreamingResponse,
-        responses=errors(400, 403, 413, 503, 504),
+        responses={**STREAM_ANSWER, **errors(400, 403, 413, 503, 504)},
+        openapi_extra=translate_request(),
     ),
 ]
