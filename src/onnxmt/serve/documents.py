@@ -59,7 +59,9 @@ async def translate_sentences(
     service: Service, request: TranslateRequest, texts: list[str], disconnected: Disconnected = None
 ) -> tuple[list[str], Any]:
     """`texts` translated sentence by sentence through `service` (in chunks under the cost limit); and the
-    detected source language of the first chunk, when the request asked for detection."""
+    detected source language of the first chunk, when the request asked for detection. A document has no
+    alternatives: `alternatives` is ignored."""
+    request = replace(request, alternatives=0)
     layouts = await _layouts(service, request, texts)
     sentences = [p.text for pieces in layouts for p in pieces if p.translate]
     translated: list[str] = []
@@ -254,6 +256,7 @@ async def translate_stream(request: Request) -> Response:
         raise ApiError(400, "Invalid request: /translate/stream translates one text: q must be a string")
     if parsed.format != "text":
         raise ApiError(400, "Invalid request: /translate/stream translates text; format must be text")
+    parsed = replace(parsed, alternatives=0)
     pieces = (await _layouts(service, parsed, parsed.texts))[0]
     sentences = [p.text for p in pieces if p.translate]
     events = _sentences(service, parsed, sentences)
