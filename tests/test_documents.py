@@ -152,6 +152,9 @@ def test_markdown_keeps_code_blocks_and_spans() -> None:
         "# A title\n\nUse `pip install x` and [the docs](http://example.com/a_b) for **more**.\n\n"
         "```python\nprint('hello world')\n```\n\n    indented code here\n\n- one item\n1. two items\n"
     )
+    assert translate_markdown('[docs]: http://example.com/a "Title"\n', upper) == (
+        '[DOCS]: http://example.com/a "Title"\n'
+    )
     out = translate_markdown(source, upper)
     assert out == (
         "# A TITLE\n\nUSE `pip install x` AND [THE DOCS](http://example.com/a_b) FOR **MORE**.\n\n"

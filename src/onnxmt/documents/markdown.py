@@ -69,6 +69,8 @@ def _atom_at(text: str, i: int) -> int:
         run = len(text[i:]) - len(text[i:].lstrip("`"))
         close = text.find("`" * run, i + run)
         return close + run if close >= 0 else i + run
+    if text.startswith("]:", i):  # a link reference definition: its target (and title) to the end of the line
+        return len(text)
     if text.startswith("](", i):
         close = text.find(")", i + 2)
         return close + 1 if close >= 0 else i + 2
