@@ -90,3 +90,60 @@ def test_export_via_cli_and_refusal_without_force(tiny_hf_dir: Path, tmp_path: P
     assert "--force" in again.output
     bad = runner.invoke(app, ["export", str(tmp_path / "missing"), str(tmp_path / "x")])
     assert bad.exit_code == 2 and "not found" in bad.output
+
+
+def _document_round_trip(tiny_onnx_dir: Path, source: Path, target: Path) -> None:
+    args = ["translate", "-m", str(tiny_onnx_dir), "-i", str(source), "-o", str(target), "--max-new-tokens", "4"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+
+
+def test_translate_a_multi_paragraph_text_file(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    text = "First sentence here. Second one!\nSame paragraph, next line.\n\n\nAnother paragraph. Its end.\n"
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    _document_round_trip(tiny_onnx_dir, tmp_path / "in.txt", tmp_path / "out.txt")
+    out = (tmp_path / "out.txt").read_text(encoding="utf-8")
+    assert [bool(line.strip()) for line in out.split("\n")] == [bool(line.strip()) for line in text.split("\n")]
+    assert "First sentence" not in out
+
+
+def test_translate_an_html_file_keeps_its_tags(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    from onnxmt.documents.html import parse
+
+    page = '<html><body><h1 class="t">A title</h1><p>Some <b>bold</b> words. <a href="/x">A link</a>.</p></body></html>'
+    (tmp_path / "in.html").write_text(page, encoding="utf-8")
+    _document_round_trip(tiny_onnx_dir, tmp_path / "in.html", tmp_path / "out.html")
+    out = (tmp_path / "out.html").read_text(encoding="utf-8")
+    assert [e.raw for e in parse(out) if e.kind != "data"] == [e.raw for e in parse(page) if e.kind != "data"]
+    assert "A title" not in out
+
+
+def test_translate_an_srt_file_keeps_its_cues(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    from onnxmt.documents.subtitles import cues
+
+    srt = "1\n00:00:01,000 --> 00:00:02,000\nHello there,\nmy friend.\n\n2\n00:00:03,000 --> 00:00:04,500\nBye.\n"
+    (tmp_path / "in.srt").write_text(srt, encoding="utf-8")
+    _document_round_trip(tiny_onnx_dir, tmp_path / "in.srt", tmp_path / "out.srt")
+    out = cues((tmp_path / "out.srt").read_text(encoding="utf-8"))
+    assert [head for head, _ in out] == [head for head, _ in cues(srt)]
+    assert [len(lines) for _, lines in out] == [1, 1]
+
+
+def test_translate_a_docx_file_keeps_styles_and_runs(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    importorskip("docx")
+    from test_documents import docx_structure, make_docx
+
+    make_docx(tmp_path / "in.docx")
+    _document_round_trip(tiny_onnx_dir, tmp_path / "in.docx", tmp_path / "out.docx")
+    assert docx_structure(tmp_path / "out.docx") == docx_structure(tmp_path / "in.docx")
+
+
+def test_format_html_on_stdin_and_format_errors(tiny_onnx_dir: Path) -> None:
+    base = ["translate", "-m", str(tiny_onnx_dir), "--max-new-tokens", "4"]
+    result = runner.invoke(app, [*base, "--format", "html"], input="<p>Hello <i>there</i> world.</p>")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("<p>") and "<i>" in result.stdout and result.stdout.endswith("</p>\n")
+    bad = runner.invoke(app, [*base, "--format", "pdf", "hi"])
+    assert bad.exit_code == 2 and "valid formats" in bad.output
+    docx = runner.invoke(app, [*base, "--format", "docx"], input="x")
+    assert docx.exit_code == 2 and "needs --input FILE and --output FILE" in " ".join(docx.output.split())

@@ -281,7 +281,7 @@ BAD_BODIES: dict[str, tuple[Any, int]] = {
     "unknown target": ({"q": "a", "target": "fr"}, 400),
     "unknown source": ({"q": "a", "source": "de"}, 400),
     "target a number": ({"q": "a", "target": 1}, 400),
-    "html format": ({"q": "a", "format": "html"}, 400),
+    "unknown format": ({"q": "a", "format": "xml"}, 400),
     "beams zero": ({"q": "a", "beams": 0}, 400),
     "beams too large": ({"q": "a", "beams": 9}, 400),
     "beams a string": ({"q": "a", "beams": "4"}, 400),

@@ -192,8 +192,23 @@ def translate(
         list[str] | None, typer.Argument(help="Texts to translate (default: one per line on stdin).")
     ] = None,
     model: ModelOption = None,
-    input_file: Annotated[Path | None, typer.Option("--input", "-i", help="File with one text per line.")] = None,
+    input_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--input",
+            "-i",
+            help="File to translate, its format from the extension: .txt, .srt, .vtt, .html, .md, .docx (sentence "
+            "by sentence, structure kept); any other extension: one text per line.",
+        ),
+    ] = None,
     output_file: Annotated[Path | None, typer.Option("--output", "-o", help="Write translations here.")] = None,
+    format: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            help="Read the input as one document in this format: text, html, markdown, srt, vtt (docx: files only).",
+        ),
+    ] = None,
     beams: Annotated[int | None, typer.Option(help="Beam size; 1 is greedy (default: the model's).")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate per text.")] = None,
     batch_size: Annotated[int, typer.Option(help="Texts per decoder batch.")] = 16,
@@ -201,12 +216,18 @@ def translate(
     threads: Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads (default: all cores).")] = None,
     variant: VariantOption = None,
 ) -> None:
-    """Translate texts, one translation per line, in input order (empty line in, empty line out)."""
+    """Translate texts, one translation per line, in input order (empty line in, empty line out); or a document
+    (a file of a known extension, or --format), sentence by sentence with its structure kept."""
+    from .documents.files import FORMATS
     from .models import resolve_model_dir
     from .runtime.options import DecodeOptions, RuntimeOptions
     from .runtime.translator import Translator
 
-    lines, total = _read_lines(texts or [], input_file)
+    document = format is not None or (input_file is not None and input_file.suffix.lower() in FORMATS)
+    if document:
+        source = _check_document(texts or [], input_file, output_file, format)
+    else:
+        lines, total = _read_lines(texts or [], input_file)
     try:
         directory = resolve_model_dir(model, progress=lambda msg: err.print(msg))
         decoding = DecodeOptions(
@@ -214,9 +235,61 @@ def translate(
         )
         translator = Translator(directory, RuntimeOptions(threads=threads, variant=variant), decoding)
         _report_variant(translator.manifest)
-        _write(translator.translate_iter(lines), output_file, total, show_progress=input_file is not None)
+        if document:
+            _translate_document(translator, source, input_file, output_file, format)
+        else:
+            _write(translator.translate_iter(lines), output_file, total, show_progress=input_file is not None)
     except (ModelDirError, ValueError, ImportError, OSError) as e:
         fail(str(e))
+
+
+def _check_document(texts: list[str], input_file: Path | None, output_file: Path | None, format: str | None) -> str:
+    """The document's text when it comes from arguments or stdin ("" when it is a file), after the checks."""
+    from .documents.files import format_of
+
+    if texts and input_file is not None:
+        fail("give texts as arguments or --input FILE, not both")
+    try:
+        kind = format_of(input_file or "", format)
+    except ValueError as e:
+        fail(str(e))
+    if kind == "docx" and (input_file is None or output_file is None):
+        fail("a .docx document needs --input FILE and --output FILE")
+    if input_file is not None:
+        if not input_file.is_file():
+            fail(f"input file not found: {input_file}")
+        return ""
+    if texts:
+        return "\n".join(texts)
+    if sys.stdin.isatty():
+        fail("no text: give TEXT arguments, --input FILE, or pipe the document on stdin")
+    return sys.stdin.read()
+
+
+def _translate_document(
+    translator: Any, source: str, input_file: Path | None, output_file: Path | None, format: str | None
+) -> None:
+    """A document translated whole, with a progress bar (counting sentences) on stderr for a file."""
+    from rich.progress import Progress
+
+    from .documents.files import format_of, translate_file, translate_string
+
+    with Progress(console=err, disable=input_file is None, transient=True) as bar:
+        task = bar.add_task("translating", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        if input_file is not None and output_file is not None:
+            translate_file(translator, input_file, output_file, format, progress)
+            return
+        kind = format_of(input_file or "", format)
+        text = input_file.read_text(encoding="utf-8-sig") if input_file is not None else source
+        translated = translate_string(translator, text, kind, progress if input_file else None)
+    if output_file is not None:
+        output_file.write_text(translated, encoding="utf-8")
+    else:
+        sys.stdout.write(translated if translated.endswith("\n") else translated + "\n")
 
 
 def _write(results: Iterator, output_file: Path | None, total: int | None, show_progress: bool) -> None:

@@ -23,6 +23,8 @@ DEFAULT_MAX_NEW_TOKENS = 20  # transformers' GenerationConfig default max_length
 
 # Polled once per step: (batch,) bool, True for the rows whose request is gone (timed out, client disconnected).
 Cancelled = Callable[[], np.ndarray]
+# Told after each greedy step: the batch rows that took a token, and the tokens (streams of translated text).
+OnStep = Callable[[np.ndarray, np.ndarray], None]
 
 
 @dataclass(frozen=True)
@@ -212,12 +214,14 @@ def decode(
     attention_mask: np.ndarray,
     s: Settings,
     cancelled: Cancelled | None = None,
+    on_step: OnStep | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate one padded batch: (batch, src_len) ids and mask in, `num_return_sequences` hypotheses per row.
-    Rows that `cancelled` marks leave the batch at the next step."""
+    Rows that `cancelled` marks leave the batch at the next step. Greedy search tells `on_step` each step's tokens
+    (beam search cannot: its best hypothesis is known only at the end)."""
     cache = graphs.encode(input_ids, attention_mask)
     if s.num_beams == 1:
-        return [[h] for h in greedy_search(graphs, cache, s, build_processors(s), cancelled)]
+        return [[h] for h in greedy_search(graphs, cache, s, build_processors(s), cancelled, on_step)]
     return beam_search(graphs, cache, s, build_processors(s, graphs.ops.log_softmax), cancelled)
 
 
@@ -226,7 +230,12 @@ def _none_cancelled(batch: int) -> Cancelled:
 
 
 def greedy_search(
-    graphs: Graphs, cache: Cache, s: Settings, processors: list[LogitsProcessor], cancelled: Cancelled | None = None
+    graphs: Graphs,
+    cache: Cache,
+    s: Settings,
+    processors: list[LogitsProcessor],
+    cancelled: Cancelled | None = None,
+    on_step: OnStep | None = None,
 ) -> list[Hypothesis]:
     batch = cache.sentences
     sequences = np.full((batch, s.max_length), s.pad, dtype=np.int64)  # (batch, max_length)
@@ -245,6 +254,8 @@ def greedy_search(
         chosen = logits.argmax(axis=-1)
         totals[active] += np.take_along_axis(graphs.ops.log_softmax(logits), chosen[:, None], axis=1)[:, 0]
         sequences[active, cur_len] = chosen
+        if on_step is not None:
+            on_step(active, chosen)
         # Rows that produced eos, or reached the length limit, are done; so are rows nobody waits for any more.
         done = np.isin(chosen, eos) | (cur_len + 1 >= s.max_length)
         dropped = cancelled()[active] & ~done

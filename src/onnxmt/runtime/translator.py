@@ -123,6 +123,16 @@ class Translator:
             _check_texts(chunk)
             yield from self._translate_list(chunk, options)
 
+    def translate_stream(self, text: str, **overrides: Any) -> Iterator[str]:
+        """One text (a sentence or a whole document) translated as a stream of pieces of text: token by token with
+        greedy search, sentence by sentence with beam search. The pieces join to what
+        `onnxmt.documents.translate_document` returns (sentences split, whitespace and line breaks kept)."""
+        from ..documents.stream import stream_document
+
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a string, got {type(text).__name__}")
+        return stream_document(self, text, **overrides)
+
     def _translate_list(
         self,
         texts: list[str],

@@ -22,6 +22,8 @@ from starlette.routing import BaseRoute, Route
 
 from .. import __version__
 from ..runtime.options import DecodeOptions, RuntimeOptions
+from .documents import ROUTES as DOCUMENT_ROUTES
+from .documents import translate_html_request
 from .fields import Fields, read_fields
 from .guards import (
     BodyLimitMiddleware,
@@ -69,6 +71,8 @@ async def translate(request: Request) -> JSONResponse:
     service = _service(request)
     fields = await _authorize(request, always=True)
     parsed = parse_translate(fields.checked(), service.options, form=fields.form)
+    if parsed.format == "html":
+        return JSONResponse(await translate_html_request(service, parsed, partial(_gone, request)))
     answer = await service.translate(parsed, partial(_gone, request))
     return JSONResponse(answer)
 
@@ -195,6 +199,7 @@ ROUTES: list[BaseRoute] = [
         responses=errors(400, 403, 413, 503),
         openapi_extra=request_body(DetectBody, query=True),
     ),
+    *DOCUMENT_ROUTES,
     APIRoute("/languages", languages, methods=["GET"], response_model=list[Language], responses=errors(403, 503)),
     APIRoute("/info", info, methods=["GET"], responses=errors(403, 503)),
     APIRoute("/health", health, methods=["GET"]),

@@ -38,6 +38,7 @@ class TranslateRequest:
     alternatives: int
     beams: int | None
     max_new_tokens: int | None
+    format: str = "text"  # or "html": markup kept (serve/documents.py)
 
 
 def parse_translate(data: Mapping[str, Any], limits: ServeOptions, *, form: bool) -> TranslateRequest:
@@ -59,8 +60,8 @@ def parse_translate(data: Mapping[str, Any], limits: ServeOptions, *, form: bool
             where = f"q[{i}]" if batch else "q"
             raise ApiError(400, f"Invalid request: {where} has {len(text)} characters, the limit is {limits.max_chars}")
     text_format = _string(data, "format") or "text"
-    if text_format != "text":
-        raise ApiError(400, f"Invalid request: format {text_format!r} is not supported; valid: text")
+    if text_format not in ("text", "html"):
+        raise ApiError(400, f"Invalid request: format {text_format!r} is not supported; valid: text, html")
     alternatives = _integer(data, "alternatives", form, low=0) or 0
     beams = _integer(data, "beams", form, low=1)
     if beams is not None and beams > limits.max_beams:
@@ -78,6 +79,7 @@ def parse_translate(data: Mapping[str, Any], limits: ServeOptions, *, form: bool
         alternatives=alternatives,
         beams=beams,
         max_new_tokens=_integer(data, "max_new_tokens", form, low=1),
+        format=text_format,
     )
 
 

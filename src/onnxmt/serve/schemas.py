@@ -15,7 +15,9 @@ class TranslateBody(BaseModel):
     )
     source: str | None = Field(None, description='Source language code, or "auto".', examples=["en"])
     target: str | None = Field(None, description="Target language code (see /languages).", examples=["zh"])
-    format: str | None = Field(None, description='Only "text" is supported.', examples=["text"])
+    format: str | None = Field(
+        None, description='"text" (default) or "html" (markup kept; docs/documents.md).', examples=["text"]
+    )
     api_key: str | None = Field(None, description="Needed when the server has API keys.")
     alternatives: int | None = Field(None, ge=0, description="Number of alternative translations to return too.")
     beams: int | None = Field(None, ge=1, description="onnxmt: beam size (1 is greedy; default: the model's).")
