@@ -9,6 +9,7 @@ An upload is limited by --max-body-bytes (413 above it, as for any body).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import tempfile
@@ -30,6 +31,7 @@ from ..documents.files import FORMATS, prepare
 from ..documents.html import prepare_html
 from ..documents.segment import Piece, join, separator
 from ..documents.translate import layout
+from ..runtime.translator import Translator
 from .fields import read_fields
 from .protocol import ApiError, TranslateRequest, parse_translate
 from .schemas import ErrorAnswer, errors, translate_request
@@ -79,20 +81,30 @@ async def translate_sentences(
     return out, detected
 
 
+@contextlib.asynccontextmanager
+async def _first_model(service: Service, request: TranslateRequest) -> AsyncIterator[tuple[Translator, str | None]]:
+    """The translator that reads the request's source (the first of a pivot's two), and its target_lang: its
+    tokenizer decides where sentences too long for it are cut, and what a sentence costs."""
+    catalog, pool = service._require_ready()
+    _, source = await service._source(catalog, request)
+    leg = catalog.route(source, request.target).legs[0]
+    async with pool.use(leg.entry) as (translator, _):
+        yield translator, leg.target_lang
+
+
 async def _layouts(service: Service, request: TranslateRequest, texts: list[str]) -> list[list[Piece]]:
-    translator, languages, _ = service._require_ready()
-    target_lang = languages.target_lang(request.target)
-    try:
-        return await asyncio.to_thread(lambda: [layout(translator, t, target_lang) for t in texts])
-    except ValueError as e:
-        raise ApiError(400, str(e)) from e
+    async with _first_model(service, request) as (translator, target_lang):
+        try:
+            return await asyncio.to_thread(lambda: [layout(translator, t, target_lang) for t in texts])
+        except ValueError as e:
+            raise ApiError(400, str(e)) from e
 
 
 async def _chunks(service: Service, request: TranslateRequest, sentences: list[str]) -> list[list[str]]:
     """`sentences` cut into consecutive requests, each under the request cost and text limits."""
-    translator, languages, _ = service._require_ready()
-    options = service._decode_options(translator, languages, request)
-    costs = await asyncio.to_thread(lambda: [translator.cost([s], **vars(options)) for s in sentences])
+    async with _first_model(service, request) as (translator, target_lang):
+        options = service._decode_options(translator, target_lang, request, 0)
+        costs = await asyncio.to_thread(lambda: [translator.cost([s], **vars(options)) for s in sentences])
     limit = service.options.max_request_cost or None
     chunks: list[list[str]] = []
     total = 0
