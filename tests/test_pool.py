@@ -335,3 +335,26 @@ def test_two_models_under_a_budget_of_one_take_turns_without_livelock(tiny_onnx_
     asyncio.run(main())
     assert sorted(answered) == ["a"] * 20 + ["b"] * 20
     assert sum(e.loads for e in pool.entries) <= 40
+
+
+def test_documents_are_routed_too(server: Server, en_zh: Translator, zh_en: Translator) -> None:
+    # format html and multi-sentence texts on a service of two models: each direction's model splits and
+    # translates, as the library does with that model.
+    from onnxmt.documents.html import translate_html
+    from onnxmt.documents.translate import translate_document, translate_texts
+
+    page = f"<p>{CHINESE[0]}<b>{CHINESE[1]}</b></p>"
+    html = translate(server, {"q": page, "source": "zh", "target": "en", "format": "html", **SHORT})
+    assert html.status_code == 200, html.text
+    expected = translate_html(page, lambda texts: translate_texts(zh_en, texts, **SHORT))
+    assert html.json()["translatedText"] == expected and expected.count("<b>") == 1
+    text = f"{ENGLISH[0]} {ENGLISH[1]}\n\n{ENGLISH[2]}"
+    upload = httpx.post(
+        f"{server.url}/translate_file",
+        data={"source": "en", "target": "zh", **{k: str(v) for k, v in SHORT.items()}},
+        files={"file": ("a.txt", text.encode(), "text/plain")},
+        timeout=60,
+    )
+    assert upload.status_code == 200, upload.text
+    got = httpx.get(upload.json()["translatedFileUrl"], timeout=30).text
+    assert got == translate_document(en_zh, text, target_lang="zh", **SHORT)
