@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from browser import headless_chromium
 from onnxmt import DecodeOptions, Translator
 from onnxmt.export.random_model import generate_corpus
 from onnxmt.runtime.modeldir import load_manifest
@@ -23,9 +23,8 @@ from onnxmt.serve.batcher import MicroBatcher
 from onnxmt.serve.metrics import Metrics
 from onnxmt.serve.pool import ModelEntry, ModelPool
 from onnxmt.serve.protocol import Languages
-from skips import importorskip, skip
 from test_clients import node_modules, run_node  # noqa: F401  (node_modules is a fixture)
-from test_serve import CHROMIUM_FLAGS, Server, _sample, assert_error, start_server
+from test_serve import Server, _sample, assert_error, start_server
 
 ENGLISH, CHINESE = (texts[:8] for texts in generate_corpus(7, lines=64))
 SHORT = {"max_new_tokens": 12}  # the tiny models' outputs run long; the parity is the same at any length
@@ -268,19 +267,10 @@ def test_a_model_in_use_is_unloaded_only_once_its_requests_are_answered(tiny_onn
 def test_page_chooses_source_and_target_swaps_and_copies(
     server: Server, en_zh: Translator, zh_en: Translator, tmp_path: Path
 ) -> None:
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
-    webdriver = importorskip("selenium.webdriver")
+    browser = headless_chromium(tmp_path / "profile")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
     languages = {entry["code"]: entry["targets"] for entry in httpx.get(f"{server.url}/languages").json()}
 
     def values(select: str) -> list[str]:

@@ -23,13 +23,13 @@ from typing import Any
 import httpx
 import pytest
 
+from browser import headless_chromium
 from onnxmt import DecodeOptions, Translator
 from onnxmt.export.random_model import generate_corpus
 from onnxmt.runtime.cancel import CancelToken
 from onnxmt.runtime.translator import Translation
 from onnxmt.serve.batcher import BatchStats, ClientGone, MicroBatcher, QueueFull
 from onnxmt.serve.options import ServeOptions
-from skips import importorskip, skip
 
 TEXTS = generate_corpus(7, lines=64)[0]
 KEYS = ("key-one", "key-two")
@@ -781,32 +781,12 @@ def assert_error_body(response: httpx.Response, status: int) -> str:
 
 # --- the page in a real browser --------------------------------------------------------------------------------
 
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-)
-
 
 def test_page_translates_in_headless_chromium(server: Server, translator: Translator, tmp_path: Path) -> None:
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
-    webdriver = importorskip("selenium.webdriver")
+    browser = headless_chromium(tmp_path / "profile")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # to see Content-Security-Policy violations
-    browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
     try:
         browser.get(f"{server.url}/")
         wait = WebDriverWait(browser, 30)
