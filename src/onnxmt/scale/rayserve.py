@@ -19,7 +19,7 @@ import dataclasses
 import time
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -80,10 +80,10 @@ def _import_serve() -> Any:
 
 
 class Replica:
-    """One replica: the app of `create_app`, served by Ray through `serve.ingress` (late-bound, so the app and
-    its models are built in the replica's process, never pickled)."""
+    """One replica: the app of `create_app`, its lifespan (the service's start and stop) run here, answering the
+    HTTP requests the gateway forwards, whole, through a deployment handle."""
 
-    def __init__(
+    async def __init__(  # type: ignore[misc]  # Ray awaits a replica's async constructor
         self,
         model_dirs: list[str],
         options: ServeOptions,
@@ -92,12 +92,13 @@ class Replica:
     ) -> None:
         from ..serve.app import create_app
 
-        # Not `self.app`: Ray's ASGI wrapper, which this class becomes, has a read-only `app` of its own.
-        self.onnxmt_app: FastAPI = create_app(model_dirs, options, runtime, decoding)
-        self.service = self.onnxmt_app.state.service
+        self.app: FastAPI = create_app(model_dirs, options, runtime, decoding)
+        self.service = self.app.state.service
+        self._lifespan = self.app.router.lifespan_context(self.app)
+        await self._lifespan.__aenter__()
 
-    def __serve_build_asgi_app__(self) -> FastAPI:
-        return self.onnxmt_app
+    async def __del__(self) -> None:
+        await self._lifespan.__aexit__(None, None, None)
 
     async def check_health(self) -> None:
         """Ray's health check: it fails while the models cannot be opened or the service stops (Ray then
@@ -106,6 +107,104 @@ class Replica:
         if not self.service.ready:
             reason = "shutting down" if self.service.draining else self.service.error or "not ready"
             raise RuntimeError(f"onnxmt replica not ready: {reason}")
+
+    async def answer(self, scope: dict[str, Any], body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """One HTTP request through the app: (status, headers, body)."""
+        import asyncio
+
+        delivered = False
+        messages: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()  # a client that leaves cancels this call at the gateway instead
+            raise AssertionError("unreachable")
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            messages.append(dict(message))
+
+        await self.app(scope, receive, send)
+        start = next(m for m in messages if m["type"] == "http.response.start")
+        content = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+        return start["status"], list(start.get("headers", [])), content
+
+
+# The scope keys a request needs in the replica (not Ray's own, which do not pickle).
+SCOPE_KEYS = ("type", "asgi", "http_version", "method", "scheme", "path", "raw_path", "query_string", "root_path")
+
+
+class Gateway:
+    """The ingress: reads each HTTP request and sends it, whole, to a replica through a deployment handle. When
+    the replica dies while it holds the request, Ray's handle raises an actor error and the gateway sends the
+    request again, to another replica (a translation has no side effect, so it is safe to repeat), `retries`
+    times at most; then 503. Ray's own proxy answers such a request 500 and does not repeat it."""
+
+    def __init__(self, replicas: Any, max_body_bytes: int, retries: int = 3) -> None:
+        self.replicas = replicas
+        self.max_body_bytes = max_body_bytes
+        self.retries = retries
+        self.repeated = 0  # requests sent again after their replica died
+
+    def __serve_build_asgi_app__(self) -> Any:
+        # A plain coroutine function: uvicorn (which runs the lifespan in Ray) takes a bound method for ASGI 2.
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await self._asgi(scope, receive, send)
+
+        return app
+
+    def repeated_requests(self) -> int:
+        """Requests this gateway sent again after their replica died (through a handle: `.remote()`)."""
+        return self.repeated
+
+    async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                kind = message["type"].rsplit(".", 1)[-1]
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            # One byte past the limit is enough for the replica's BodyLimitMiddleware to answer 413.
+            if size > self.max_body_bytes or not message.get("more_body"):
+                break
+        forwarded = {k: scope[k] for k in SCOPE_KEYS if k in scope}
+        forwarded["headers"] = [(bytes(k), bytes(v)) for k, v in scope.get("headers", [])]
+        forwarded["client"] = tuple(scope["client"]) if scope.get("client") else None
+        forwarded["server"] = tuple(scope["server"]) if scope.get("server") else None
+        status, headers, body = await self._forward(forwarded, b"".join(chunks))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _forward(self, scope: dict[str, Any], body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        import json
+        import logging
+
+        from ray.exceptions import RayActorError
+
+        for attempt in range(self.retries + 1):
+            try:
+                answer: tuple[int, list[tuple[bytes, bytes]], bytes] = await self.replicas.answer.remote(scope, body)
+                return answer
+            except RayActorError as e:
+                self.repeated += 1
+                # Ray's serve logger: its records go to the replica's log file.
+                logging.getLogger("ray.serve").warning(
+                    "the replica of %s %s died (attempt %d): %s", scope["method"], scope["path"], attempt + 1, e
+                )
+        message = json.dumps({"error": f"the replicas died {self.retries + 1} times while translating; retry later"})
+        headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
+        return 503, headers, message.encode()
 
 
 def application(
@@ -141,8 +240,9 @@ def application(
         }
     else:
         settings["num_replicas"] = scaling.replicas
-    deployment = serve.deployment(serve.ingress()(Replica), **settings)
-    return deployment.bind([str(d) for d in given], options, runtime, decoding)
+    replicas = serve.deployment(Replica, **settings).bind([str(d) for d in given], options, runtime, decoding)
+    gateway = serve.deployment(serve.ingress()(Gateway), name="gateway", ray_actor_options={"num_cpus": 0})
+    return gateway.bind(replicas, options.max_body_bytes)
 
 
 def run(
