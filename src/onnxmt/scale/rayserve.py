@@ -1,10 +1,13 @@
-"""The service on Ray Serve: the same FastAPI app (`serve.app.create_app`) in every replica, behind Ray's proxy.
+"""The service on Ray Serve: the same FastAPI app (`serve.app.create_app`) in every replica, behind a gateway.
 
-Each replica builds its own `Service` for the model directories (one `Translator` per model, its micro-batcher
-and inference thread, as `onnxmt serve` runs them), so the API, limits, errors, metrics and page are the ones of
-the single-process service. The app's lifespan starts and stops the service inside the replica; a replica's first
-health check waits until its models are opened, so Ray routes nothing to a replica that is still loading, and a
-replica whose models cannot be opened fails to start (Ray retries it, then marks the deployment unhealthy).
+Two deployments. `Replica` (as many as asked, or autoscaled) builds its own `Service` for the model directories
+(one `Translator` per model, its micro-batcher and inference thread, as `onnxmt serve` runs them) and runs the app's
+lifespan, so the API, limits, errors, metrics and page are the ones of the single-process service. Its first health
+check waits until its models are opened, so Ray routes nothing to a replica still loading, and a replica whose
+models cannot be opened fails to start. `Gateway`, the HTTP ingress behind Ray's proxy, reads each request and
+forwards it whole to a replica through a deployment handle; when that replica dies with the request, the gateway
+sends it to another. Without the gateway (the app itself as the ingress), Ray's proxy answers 500 for a request
+running on a replica that dies: measured in tests/test_rayserve.py and docs/scale-out.md.
 
 Three ways in: `onnxmt serve DIR --ray --replicas N`; `serve run onnxmt.scale.rayserve:app_builder model_dir=DIR`;
 a Serve config file whose `import_path` is `onnxmt.scale.rayserve:app_builder` (docs/scale-out.md).
