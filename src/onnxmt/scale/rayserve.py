@@ -101,7 +101,10 @@ class Replica:
         await self._lifespan.__aenter__()
 
     async def __del__(self) -> None:
-        await self._lifespan.__aexit__(None, None, None)
+        """Ray calls this when it stops the replica, after the requests it holds are answered."""
+        lifespan = getattr(self, "_lifespan", None)  # None: the constructor failed before the service started
+        if lifespan is not None:
+            await lifespan.__aexit__(None, None, None)
 
     async def check_health(self) -> None:
         """Ray's health check: it fails while the models cannot be opened or the service stops (Ray then
