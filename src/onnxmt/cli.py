@@ -475,9 +475,39 @@ def serve(
         typer.Option(envvar="ONNXMT_CACHE_SIZE", help="Translations kept in the translation cache (0: no cache)."),
     ] = 10000,
     variant: VariantOption = None,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            envvar="ONNXMT_RAY",
+            help="Serve on Ray Serve (needs onnxmt\\[ray]): replicas of this service behind Ray's proxy, which "
+            "listens on --host and --port.",
+        ),
+    ] = False,
+    replicas: Annotated[
+        int, typer.Option(envvar="ONNXMT_REPLICAS", help="With --ray: replicas (the initial number when autoscaling).")
+    ] = 1,
+    min_replicas: Annotated[
+        int | None, typer.Option(envvar="ONNXMT_MIN_REPLICAS", help="With --ray: autoscale, down to this many.")
+    ] = None,
+    max_replicas: Annotated[
+        int | None, typer.Option(envvar="ONNXMT_MAX_REPLICAS", help="With --ray: autoscale, up to this many.")
+    ] = None,
+    cpus_per_replica: Annotated[
+        float,
+        typer.Option(
+            envvar="ONNXMT_CPUS_PER_REPLICA", help="With --ray: CPUs per replica (its threads unless --threads)."
+        ),
+    ] = 1.0,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ONNXMT_RAY_ADDRESS", help='With --ray: a Ray cluster ("auto", "ray://head:10001"; default: local).'
+        ),
+    ] = None,
 ) -> None:
     """Serve a LibreTranslate-compatible HTTP API (needs onnxmt\\[serve]) for one model or several; every flag
-    defaults from ONNXMT_*. Several models load on first use."""
+    defaults from ONNXMT_*. Several models load on first use. With --ray, as replicas on Ray Serve."""
     from .models import resolve_model_dirs
     from .runtime.options import DecodeOptions, RuntimeOptions
     from .serve.options import ServeOptions, split_list
@@ -514,12 +544,15 @@ def serve(
             cache_size=cache_size,
         )
         directories = resolve_model_dirs(models or [], progress=lambda msg: err.print(msg))
-        run(
-            directories,
-            options,
-            RuntimeOptions(threads=threads, variant=variant),
-            DecodeOptions(beams=beams, max_new_tokens=max_new_tokens),
-        )
+        runtime = RuntimeOptions(threads=threads, variant=variant)
+        decoding = DecodeOptions(beams=beams, max_new_tokens=max_new_tokens)
+        if ray:
+            from .scale import rayserve
+
+            scaling = rayserve.RayServeOptions(replicas, min_replicas, max_replicas, cpus_per_replica)
+            rayserve.run(directories, options, runtime, decoding, scaling, address=address)
+        else:
+            run(directories, options, runtime, decoding)
     except (ModelDirError, ValueError, ImportError, OSError, ServeError) as e:
         fail(str(e))
 

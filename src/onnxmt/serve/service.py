@@ -80,6 +80,12 @@ class Service:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxmt-inference")
         self._opening = asyncio.create_task(self._start(), name="onnxmt-load")
 
+    async def opened(self) -> None:
+        """Returns once the models are opened or could not be (`ready` and `error` then say which): what a Ray
+        Serve replica's first health check waits for, so that no request reaches a replica still loading."""
+        if self._opening is not None:
+            await asyncio.shield(self._opening)
+
     async def _start(self) -> None:
         assert self._executor is not None
         started = time.perf_counter()

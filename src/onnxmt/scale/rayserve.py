@@ -1,0 +1,341 @@
+"""The service on Ray Serve: the same FastAPI app (`serve.app.create_app`) in every replica, behind a gateway.
+
+Two deployments. `Replica` (as many as asked, or autoscaled) builds its own `Service` for the model directories
+(one `Translator` per model, its micro-batcher and inference thread, as `onnxmt serve` runs them) and runs the app's
+lifespan, so the API, limits, errors, metrics and page are the ones of the single-process service. Its first health
+check waits until its models are opened, so Ray routes nothing to a replica still loading, and a replica whose
+models cannot be opened fails to start. `Gateway`, the HTTP ingress behind Ray's proxy, reads each request and
+forwards it whole to a replica through a deployment handle; when that replica dies with the request, the gateway
+sends it to another. Without the gateway (the app itself as the ingress), Ray's proxy answers 500 for a request
+running on a replica that dies: measured in tests/test_rayserve.py and docs/scale-out.md.
+
+Three ways in: `onnxmt serve DIR --ray --replicas N`; `serve run onnxmt.scale.rayserve:app_builder model_dir=DIR`;
+a Serve config file whose `import_path` is `onnxmt.scale.rayserve:app_builder` (docs/scale-out.md).
+
+What is per replica, not per deployment: /metrics (the replica that answers shows its own counters), the
+translation cache, and the models a multi-model replica has loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import types
+import typing
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..runtime.options import DecodeOptions, RuntimeOptions
+from ..serve.options import ServeOptions, split_list
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from ray.serve import Application
+
+__all__ = ["RayServeOptions", "app_builder", "application", "run"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RayServeOptions:
+    """How the deployment scales. replicas: a fixed number of replicas; min_replicas / max_replicas: autoscaling
+    bounds instead (either one set turns autoscaling on; `replicas` is then the initial number), scaled on
+    ongoing requests per replica against target_ongoing_requests (default: max_batch_size, a full batch).
+    cpus_per_replica: Ray CPUs each replica reserves, and its ONNX Runtime threads unless `--threads` says
+    otherwise. max_ongoing_requests: requests Ray sends a replica at once (default: two batches, so the next batch
+    is queued while one runs); more wait in Ray's router. name / route_prefix: the Serve application's."""
+
+    replicas: int = 1
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    cpus_per_replica: float = 1.0
+    max_ongoing_requests: int | None = None
+    target_ongoing_requests: float | None = None
+    name: str = "onnxmt"
+    route_prefix: str = "/"
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be at least 1, got {self.replicas}")
+        if self.min_replicas is not None and self.min_replicas < 0:
+            raise ValueError(f"min_replicas must not be negative, got {self.min_replicas}")
+        if self.max_replicas is not None and self.max_replicas < max(1, self.min_replicas or 0):
+            raise ValueError(f"max_replicas must be at least 1 and min_replicas, got {self.max_replicas}")
+        if not self.cpus_per_replica > 0:
+            raise ValueError(f"cpus_per_replica must be positive, got {self.cpus_per_replica}")
+        if self.max_ongoing_requests is not None and self.max_ongoing_requests < 1:
+            raise ValueError(f"max_ongoing_requests must be at least 1, got {self.max_ongoing_requests}")
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.min_replicas is not None or self.max_replicas is not None
+
+
+def _import_serve() -> Any:
+    try:
+        from ray import serve
+    except ImportError as e:
+        raise ImportError("the service on Ray Serve needs Ray: pip install 'onnxmt[ray]'") from e
+    return serve
+
+
+class Replica:
+    """One replica: the app of `create_app`, its lifespan (the service's start and stop) run here, answering the
+    HTTP requests the gateway forwards, whole, through a deployment handle."""
+
+    async def __init__(  # type: ignore[misc]  # Ray awaits a replica's async constructor
+        self,
+        model_dirs: list[str],
+        options: ServeOptions,
+        runtime: RuntimeOptions,
+        decoding: DecodeOptions,
+    ) -> None:
+        from ..serve.app import create_app
+
+        self.app: FastAPI = create_app(model_dirs, options, runtime, decoding)
+        self.service = self.app.state.service
+        self._lifespan = self.app.router.lifespan_context(self.app)
+        await self._lifespan.__aenter__()
+
+    async def __del__(self) -> None:
+        """Ray calls this when it stops the replica, after the requests it holds are answered."""
+        lifespan = getattr(self, "_lifespan", None)  # None: the constructor failed before the service started
+        if lifespan is not None:
+            await lifespan.__aexit__(None, None, None)
+
+    async def check_health(self) -> None:
+        """Ray's health check: it fails while the models cannot be opened or the service stops (Ray then
+        replaces the replica). The first one, before the replica gets traffic, waits for the models."""
+        await self.service.opened()
+        if not self.service.ready:
+            reason = "shutting down" if self.service.draining else self.service.error or "not ready"
+            raise RuntimeError(f"onnxmt replica not ready: {reason}")
+
+    async def answer(self, scope: dict[str, Any], body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """One HTTP request through the app: (status, headers, body)."""
+        import asyncio
+
+        delivered = False
+        messages: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()  # a client that leaves cancels this call at the gateway instead
+            raise AssertionError("unreachable")
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            messages.append(dict(message))
+
+        await self.app(scope, receive, send)
+        start = next(m for m in messages if m["type"] == "http.response.start")
+        content = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+        return start["status"], list(start.get("headers", [])), content
+
+
+# The scope keys a request needs in the replica (not Ray's own, which do not pickle).
+SCOPE_KEYS = ("type", "asgi", "http_version", "method", "scheme", "path", "raw_path", "query_string", "root_path")
+
+
+class Gateway:
+    """The ingress: reads each HTTP request and sends it, whole, to a replica through a deployment handle. When
+    the replica dies while it holds the request, Ray's handle raises an actor error and the gateway sends the
+    request again, to another replica (a translation has no side effect, so it is safe to repeat), `retries`
+    times at most; then 503. Ray's own proxy answers such a request 500 and does not repeat it."""
+
+    def __init__(self, replicas: Any, max_body_bytes: int, retries: int = 3) -> None:
+        self.replicas = replicas
+        self.max_body_bytes = max_body_bytes
+        self.retries = retries
+        self.repeated = 0  # requests sent again after their replica died
+
+    def __serve_build_asgi_app__(self) -> Any:
+        # A plain coroutine function: uvicorn (which runs the lifespan in Ray) takes a bound method for ASGI 2.
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await self._asgi(scope, receive, send)
+
+        return app
+
+    def repeated_requests(self) -> int:
+        """Requests this gateway sent again after their replica died (through a handle: `.remote()`)."""
+        return self.repeated
+
+    async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                kind = message["type"].rsplit(".", 1)[-1]
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            # One byte past the limit is enough for the replica's BodyLimitMiddleware to answer 413.
+            if size > self.max_body_bytes or not message.get("more_body"):
+                break
+        forwarded = {k: scope[k] for k in SCOPE_KEYS if k in scope}
+        forwarded["headers"] = [(bytes(k), bytes(v)) for k, v in scope.get("headers", [])]
+        forwarded["client"] = tuple(scope["client"]) if scope.get("client") else None
+        forwarded["server"] = tuple(scope["server"]) if scope.get("server") else None
+        status, headers, body = await self._forward(forwarded, b"".join(chunks))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _forward(self, scope: dict[str, Any], body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        import json
+        import logging
+
+        from ray.exceptions import RayActorError
+
+        for attempt in range(self.retries + 1):
+            try:
+                answer: tuple[int, list[tuple[bytes, bytes]], bytes] = await self.replicas.answer.remote(scope, body)
+                return answer
+            except RayActorError as e:
+                self.repeated += 1
+                # Ray's serve logger: its records go to the replica's log file.
+                logging.getLogger("ray.serve").warning(
+                    "the replica of %s %s died (attempt %d): %s", scope["method"], scope["path"], attempt + 1, e
+                )
+        message = json.dumps({"error": f"the replicas died {self.retries + 1} times while translating; retry later"})
+        headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
+        return 503, headers, message.encode()
+
+
+def application(
+    model_dirs: str | Path | Sequence[str | Path],
+    options: ServeOptions = ServeOptions(),
+    runtime: RuntimeOptions = RuntimeOptions(),
+    decoding: DecodeOptions = DecodeOptions(),
+    scaling: RayServeOptions = RayServeOptions(),
+) -> Application:
+    """The Serve application: a deployment of `Replica`, bound to the model directories, for `serve.run`."""
+    serve = _import_serve()
+    given = [model_dirs] if isinstance(model_dirs, (str, Path)) else list(model_dirs)
+    if not given:
+        raise ValueError("no model directory given")
+    if runtime.threads is None:  # all the machine's cores would oversubscribe them with a replica per core
+        runtime = replace(runtime, threads=max(1, int(scaling.cpus_per_replica)))
+    settings: dict[str, Any] = {
+        "name": "onnxmt",
+        "ray_actor_options": {"num_cpus": scaling.cpus_per_replica},
+        "max_ongoing_requests": scaling.max_ongoing_requests or 2 * options.max_batch_size,
+        # A health check waits at most this long; loading a model happens before the first one.
+        "health_check_period_s": 5.0,
+        "health_check_timeout_s": 30.0,
+        # Ray stops a replica (scale-down, redeploy) only after the requests it holds are answered.
+        "graceful_shutdown_timeout_s": options.timeout + 5.0 if options.timeout else 60.0,
+    }
+    if scaling.autoscaling:
+        settings["autoscaling_config"] = {
+            "min_replicas": scaling.min_replicas if scaling.min_replicas is not None else 1,
+            "max_replicas": scaling.max_replicas if scaling.max_replicas is not None else scaling.replicas,
+            "initial_replicas": scaling.replicas,
+            "target_ongoing_requests": scaling.target_ongoing_requests or options.max_batch_size,
+        }
+    else:
+        settings["num_replicas"] = scaling.replicas
+    replicas = serve.deployment(Replica, **settings).bind([str(d) for d in given], options, runtime, decoding)
+    gateway = serve.deployment(serve.ingress()(Gateway), name="gateway", ray_actor_options={"num_cpus": 0})
+    return gateway.bind(replicas, options.max_body_bytes)
+
+
+def run(
+    model_dirs: str | Path | Sequence[str | Path],
+    options: ServeOptions,
+    runtime: RuntimeOptions = RuntimeOptions(),
+    decoding: DecodeOptions = DecodeOptions(),
+    scaling: RayServeOptions = RayServeOptions(),
+    address: str | None = None,
+) -> None:
+    """`onnxmt serve --ray`: deploy on a Ray cluster (a local one unless `address`), Ray's proxy listening on
+    options.host:options.port, until Ctrl+C or SIGTERM; then the application is deleted."""
+    import signal
+
+    import ray
+
+    serve = _import_serve()
+    ray.init(address=address, configure_logging=False)
+    try:
+        serve.start(http_options={"host": options.host, "port": options.port})
+        serve.run(application(model_dirs, options, runtime, decoding, scaling), **_target(scaling))
+        stopping: list[int] = []
+        signal.signal(signal.SIGTERM, lambda sig, frame: stopping.append(sig))
+        try:
+            while not stopping:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        serve.delete(scaling.name)
+        if address is None:
+            serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+def _target(scaling: RayServeOptions) -> dict[str, Any]:
+    return {"name": scaling.name, "route_prefix": scaling.route_prefix}
+
+
+# `serve run onnxmt.scale.rayserve:app_builder key=value ...` and a config file's `args:` arrive here, as strings
+# (CLI) or YAML values (config). Each key is a field of one of the options dataclasses, or model_dir(s).
+_OPTIONS = (ServeOptions, RuntimeOptions, DecodeOptions, RayServeOptions)
+
+
+def app_builder(args: Mapping[str, Any]) -> Application:
+    """The application for `serve run` / a Serve config: `model_dir` (one directory, or several comma-separated)
+    or `model_dirs` (a list), and any ServeOptions, RuntimeOptions, DecodeOptions or RayServeOptions field
+    (`replicas=2`, `max_batch_size=32`, `threads=1`, `beams=4`, `max_replicas=4`, ...)."""
+    args = dict(args)
+    dirs = args.pop("model_dirs", None) or split_list(args.pop("model_dir", None))
+    if isinstance(dirs, str):
+        dirs = split_list(dirs)
+    if not dirs:
+        raise ValueError("app_builder needs model_dir=DIR (or model_dirs: [DIR, ...] in a config file)")
+    options = _build(ServeOptions, args)
+    runtime = _build(RuntimeOptions, args)
+    decoding = _build(DecodeOptions, args)
+    scaling = _build(RayServeOptions, args)
+    if args:
+        valid = sorted({f.name for cls in _OPTIONS for f in dataclasses.fields(cls)} | {"model_dir", "model_dirs"})
+        raise ValueError(f"unknown argument(s) {', '.join(sorted(args))}; valid: {', '.join(valid)}")
+    return application(list(dirs), options, runtime, decoding, scaling)
+
+
+def _build(cls: type[T], args: dict[str, Any]) -> T:
+    """An options dataclass from the arguments that are its fields (taken out of `args`)."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    return cls(**{k: _coerce(args.pop(k), hints[k], k) for k in names if k in args})
+
+
+def _coerce(value: Any, hint: Any, name: str) -> Any:
+    """A `serve run` string (or a YAML value) as the field's type: int, float, bool, str, tuple[str, ...], or
+    one of them or None."""
+    if not isinstance(value, str):
+        return tuple(value) if isinstance(value, list) else value
+    kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if type(None) in kinds and value.lower() in ("", "none", "null"):
+        return None
+    kind = next(k for k in kinds if k is not type(None))
+    if kind is bool:
+        if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+            raise ValueError(f"{name}={value!r}: expected true or false")
+        return value.lower() in ("1", "true", "yes")
+    if typing.get_origin(kind) is tuple:
+        return split_list(value)
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}={value!r}: expected {getattr(kind, '__name__', kind)}") from e
