@@ -116,7 +116,9 @@ def test_two_replicas_answer_as_the_single_process_app(deployed: str, local: Tes
 def test_a_killed_replica_is_replaced(deployed: str, target: str) -> None:
     """A replica SIGKILLed while requests are in flight: every request is answered 200 (the gateway sends those
     the killed replica held to the other one), and Ray starts a new replica that answers."""
-    body = {"q": TEXTS[0], "target": target, "max_new_tokens": 40}
+    # Heavy enough (8 texts, 4 beams, to the tiny model's length limit) that each replica always holds requests in
+    # flight: the kill must catch some, or the test would not show what happens to them.
+    body = {"q": TEXTS[:8], "target": target, "beams": 4, "max_new_tokens": 63}
     statuses: list[int] = []
     errors: list[str] = []
     stop = threading.Event()
