@@ -312,7 +312,7 @@ class _PytorchModel:
         logging.set_verbosity_error()  # this process is ours: no notices about max_length vs max_new_tokens
         logging.disable_progress_bar()
 
-        from .export.architectures import get_architecture
+        from .architectures import get_architecture
         from .export.hub import resolve_model
 
         if options.threads:

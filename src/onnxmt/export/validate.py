@@ -226,7 +226,7 @@ class _Reference:
         import torch
         from transformers import AutoTokenizer
 
-        from .architectures import get_architecture
+        from ..architectures import get_architecture
         from .hub import resolve_model
 
         source, _ = resolve_model(reference)

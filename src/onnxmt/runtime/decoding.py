@@ -118,12 +118,16 @@ class MinLength:
 
 @dataclass(frozen=True)
 class ForcedBos:
-    bos: int
+    """The first generated token, forced: one for all rows, or one per row (`rows` ids: a batch that mixes target
+    languages). Every row of the first step is live, one per sentence (beam search computes the first step once
+    per sentence), so per-row ids line up with the sentences."""
+
+    bos: int | np.ndarray
 
     def __call__(self, sequences: np.ndarray, scores: np.ndarray) -> None:
         if sequences.shape[1] == 1:
             scores[:] = NEG_INF
-            scores[:, self.bos] = 0.0
+            scores[np.arange(len(scores)), self.bos] = 0.0
 
 
 @dataclass(frozen=True)
@@ -159,11 +163,15 @@ class Renormalize:
 
 
 def build_processors(
-    s: Settings, log_softmax: Callable[[np.ndarray], np.ndarray] | None = None
+    s: Settings,
+    log_softmax: Callable[[np.ndarray], np.ndarray] | None = None,
+    forced_bos: np.ndarray | None = None,
 ) -> list[LogitsProcessor]:
     """The processors `s` asks for, in the order transformers' `_get_logits_processor` applies them. Renormalising
     needs `log_softmax`; greedy search leaves it out (it cannot change an argmax, and greedy scores are already
-    log-probabilities of the processed logits)."""
+    log-probabilities of the processed logits). `forced_bos`: (sentences,) first tokens, in place of
+    `s.forced_bos` (the language scheme's forced target language)."""
+    forced: int | np.ndarray | None = s.forced_bos if forced_bos is None else forced_bos
     processors: list[LogitsProcessor] = []
     if s.repetition_penalty != 1.0:
         processors.append(RepetitionPenalty(s.repetition_penalty))
@@ -175,15 +183,15 @@ def build_processors(
         processors.append(BadWords(tuple(w[0] for w in words if len(w) == 1), tuple(w for w in words if len(w) > 1)))
     if s.min_length > 0:
         processors.append(MinLength(s.min_length, s.eos_ids))
-    if s.forced_bos is not None:
-        processors.append(ForcedBos(s.forced_bos))
+    if forced is not None:
+        processors.append(ForcedBos(forced))
     if s.forced_eos is not None:
         processors.append(ForcedEos(s.max_length, s.forced_eos))
     if s.suppress:
         processors.append(SuppressTokens(s.suppress))
     if s.begin_suppress:
         # The first free position: after the decoder start token, and after the forced token when there is one.
-        processors.append(SuppressTokens(s.begin_suppress, at_length=1 if s.forced_bos is None else 2))
+        processors.append(SuppressTokens(s.begin_suppress, at_length=1 if forced is None else 2))
     if s.renormalize and log_softmax is not None:
         processors.append(Renormalize(log_softmax))
     return processors
@@ -212,13 +220,15 @@ def decode(
     attention_mask: np.ndarray,
     s: Settings,
     cancelled: Cancelled | None = None,
+    forced_bos: np.ndarray | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate one padded batch: (batch, src_len) ids and mask in, `num_return_sequences` hypotheses per row.
-    Rows that `cancelled` marks leave the batch at the next step."""
+    Rows that `cancelled` marks leave the batch at the next step. `forced_bos`: (batch,) first output token of
+    each row (its target language), overriding the model's forced_bos_token_id."""
     cache = graphs.encode(input_ids, attention_mask)
     if s.num_beams == 1:
-        return [[h] for h in greedy_search(graphs, cache, s, build_processors(s), cancelled)]
-    return beam_search(graphs, cache, s, build_processors(s, graphs.ops.log_softmax), cancelled)
+        return [[h] for h in greedy_search(graphs, cache, s, build_processors(s, None, forced_bos), cancelled)]
+    return beam_search(graphs, cache, s, build_processors(s, graphs.ops.log_softmax, forced_bos), cancelled)
 
 
 def _none_cancelled(batch: int) -> Cancelled:

@@ -11,14 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from ..languages import ModelLanguages
-from ..manifest import Manifest, verify_files
+from ..architectures import LanguageScheme, Prompt, scheme_for
+from ..manifest import Manifest, ModelDirError, verify_files
 from .cancel import CancelToken
 from .decoding import DEFAULT_MAX_NEW_TOKENS, Settings, decode
 from .graphs import Graphs, open_graphs
 from .modeldir import load_manifest
 from .options import DecodeOptions, RuntimeOptions
-from .tokenizer import MarianTokenizer
+from .tokenizer import load_tokenizer
 
 # How many texts the streaming variant reads ahead: enough to sort into full batches of similar length.
 STREAM_WINDOW_BATCHES = 8
@@ -57,13 +57,17 @@ class Translator:
         with ThreadPoolExecutor(max_workers=1) as pool:
             hashes = pool.submit(verify_files, self.directory, self.manifest) if runtime.verify else None
             try:
-                self.tokenizer = MarianTokenizer.from_dir(self.directory)
+                self.tokenizer = load_tokenizer(self.directory, self.manifest.tokenizer.get("kind"))
                 # Truncate at the model's positions even where the tokenizer's own limit is larger: opus-mt's
                 # tokenizer_config.json names no length, so MarianTokenizer's 512 applies, past a smaller model's
                 # position table.
                 self.tokenizer.model_max_length = min(
                     self.tokenizer.model_max_length, int(self.manifest.model["max_positions"])
                 )
+                try:
+                    self.scheme: LanguageScheme = scheme_for(self.manifest.languages, self.tokenizer.token_id)
+                except KeyError as e:
+                    raise ModelDirError(f"{self.directory}: language token {e} is not in the tokenizer") from e
                 self.graphs: Graphs = open_graphs(self.directory, self.manifest, runtime, sessions)
             except Exception:
                 if hashes is not None:
@@ -73,31 +77,55 @@ class Translator:
                 hashes.result()
         self.runtime = runtime
         self.decoding = decoding
-        if decoding.target_lang is not None:
-            self.target_token(decoding.target_lang)  # fail at construction, not at the first request
+        if decoding.target_lang is not None or decoding.source_lang is not None:
+            self.prompt(decoding.source_lang, decoding.target_lang)  # fail at construction, not at the first request
 
     @property
     def target_languages(self) -> list[str]:
         return sorted(self.manifest.languages.get("target_tokens", {}))
 
+    @property
+    def source_languages(self) -> list[str]:
+        return sorted(self.manifest.languages.get("source_tokens", {}))
+
     def target_token(self, target_lang: str | None) -> str | None:
         """The language token for `target_lang`: any code a client sends (`zh`, `zh-TW`, `cmn_Hant`, `>>cmn_Hant<<`,
-        see onnxmt.languages); ValueError naming the valid ones."""
-        lang = ModelLanguages(self.manifest.languages).resolve_target(target_lang)
+        `zho_Hans`, see onnxmt.languages); ValueError naming the valid ones."""
+        lang = self.scheme.resolve_target(target_lang)
         return None if lang is None else str(self.manifest.languages["target_tokens"][lang])
 
+    def prompt(self, source_lang: str | None = None, target_lang: str | None = None) -> Prompt:
+        """What the model's language scheme puts around a text for this language pair (architectures/schemes.py);
+        ValueError naming the valid codes."""
+        return self.scheme.prompt(source_lang, target_lang)
+
+    def encode(self, text: str, prompt: Prompt) -> list[int]:
+        """The source ids of `text` under `prompt`: the one path every caller (validate, eval, serve) encodes by."""
+        return self.tokenizer.encode(prompt.text + text, prefix=prompt.prefix, suffix=prompt.suffix)
+
     def translate(
-        self, texts: Sequence[str], *, cancel: CancelToken | Sequence[CancelToken] | None = None, **overrides: Any
+        self,
+        texts: Sequence[str],
+        *,
+        source_lang: str | Sequence[str | None] | None = None,
+        target_lang: str | Sequence[str | None] | None = None,
+        cancel: CancelToken | Sequence[CancelToken] | None = None,
+        **overrides: Any,
     ) -> list[Translation]:
-        """Translate `texts` (a list of strings); keyword arguments (beams, max_new_tokens, batch_size,
-        target_lang, ...) override this translator's DecodeOptions for this call. Empty texts give empty
-        translations; the order of the input is kept.
+        """Translate `texts` (a list of strings); keyword arguments (beams, max_new_tokens, batch_size, ...)
+        override this translator's DecodeOptions for this call. Empty texts give empty translations; the order of
+        the input is kept.
+
+        `source_lang`, `target_lang`: one code for all texts, or one per text (a batch may mix them; models told
+        the source language by a token, as NLLB and M2M100, use it, others check it). None: the translator's
+        DecodeOptions, then the model's defaults.
 
         `cancel`: one token for all texts, or one per text. Once a text's token is set, the text leaves its decoder
         batch at the next step (or is never started) and comes back with `cancelled=True`."""
         _check_texts(texts)
         options = self.decoding.merged(**overrides)
-        return self._translate_list(list(texts), options, _tokens(cancel, len(texts)))
+        prompts = self._prompts(len(texts), options, source_lang, target_lang)
+        return self._translate_list(list(texts), options, _tokens(cancel, len(texts)), prompts)
 
     def cost(self, texts: Sequence[str], **overrides: Any) -> int:
         """What translating `texts` may cost, in tokens x beams: the sum over texts of (source tokens + most new
@@ -105,8 +133,24 @@ class Translator:
         _check_texts(texts)
         options = self.decoding.merged(**overrides)
         settings = resolve_settings(self.manifest, options)
-        token = self.target_token(options.target_lang)
-        return sum(_text_cost(len(self.tokenizer.encode(t, target_token=token)), settings) for t in texts if t.strip())
+        prompt = self.prompt(options.source_lang, options.target_lang)
+        return sum(_text_cost(len(self.encode(t, prompt)), settings) for t in texts if t.strip())
+
+    def _prompts(
+        self,
+        n: int,
+        options: DecodeOptions,
+        source_lang: str | Sequence[str | None] | None,
+        target_lang: str | Sequence[str | None] | None,
+    ) -> list[Prompt]:
+        """One prompt per text; a pair of codes is resolved once however many texts share it."""
+        sources = _per_text(source_lang, n, "source_lang", options.source_lang)
+        targets = _per_text(target_lang, n, "target_lang", options.target_lang)
+        resolved: dict[tuple[str | None, str | None], Prompt] = {}
+        for pair in zip(sources, targets, strict=True):
+            if pair not in resolved:
+                resolved[pair] = self.prompt(*pair)
+        return [resolved[pair] for pair in zip(sources, targets, strict=True)]
 
     def translate_iter(self, texts: Iterable[str], **overrides: Any) -> Iterator[Translation]:
         """Streaming variant: reads `texts` lazily, yields translations in input order."""
@@ -115,18 +159,21 @@ class Translator:
         window = max(1, options.batch_size) * STREAM_WINDOW_BATCHES
         while chunk := list(islice(iterator, window)):
             _check_texts(chunk)
-            yield from self._translate_list(chunk, options)
+            yield from self._translate_list(chunk, options, None, self._prompts(len(chunk), options, None, None))
 
     def _translate_list(
-        self, texts: list[str], options: DecodeOptions, tokens: list[CancelToken | None] | None = None
+        self,
+        texts: list[str],
+        options: DecodeOptions,
+        tokens: list[CancelToken | None] | None,
+        prompts: list[Prompt],
     ) -> list[Translation]:
         if options.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {options.batch_size}")
         settings = resolve_settings(self.manifest, options)
-        token = self.target_token(options.target_lang)
         tokens = tokens or [None] * len(texts)
         results: list[Translation | None] = [None] * len(texts)
-        encoded = {i: self.tokenizer.encode(t, target_token=token) for i, t in enumerate(texts) if t.strip()}
+        encoded = {i: self.encode(t, prompts[i]) for i, t in enumerate(texts) if t.strip()}
         for i, text in enumerate(texts):
             if not text.strip():
                 results[i] = Translation(text="", token_ids=[], score=0.0)
@@ -139,22 +186,47 @@ class Translator:
             batch = [i for i in batch if results[i] is None]
             if batch:
                 ids, batch_tokens = [encoded[i] for i in batch], [tokens[i] for i in batch]
-                for i, hyps in zip(batch, self._decode_batch(ids, settings, batch_tokens), strict=True):
+                forced = [prompts[i].forced_bos for i in batch]
+                for i, hyps in zip(batch, self._decode_batch(ids, settings, batch_tokens, forced), strict=True):
                     results[i] = hyps
         return [r for r in results if r is not None]
 
     def _decode_batch(
-        self, ids: list[list[int]], settings: Settings, tokens: list[CancelToken | None]
+        self,
+        ids: list[list[int]],
+        settings: Settings,
+        tokens: list[CancelToken | None],
+        forced: Sequence[int | None] = (),
     ) -> list[Translation]:
         input_ids, mask = pad_batch(ids, self.manifest.tokens["pad"])
         cancelled = None
         if any(t is not None for t in tokens):
             cancelled = lambda: np.array([_is_cancelled(t) for t in tokens])  # noqa: E731
+        forced_bos = _forced_bos(forced, settings)
         out = []
-        for hyps in decode(self.graphs, input_ids, mask, settings, cancelled):
+        for hyps in decode(self.graphs, input_ids, mask, settings, cancelled, forced_bos):
             first, *rest = (Translation(self.tokenizer.decode(h.tokens), h.tokens, h.score) for h in hyps)
             out.append(Translation(first.text, first.token_ids, first.score, tuple(rest), hyps[0].cancelled))
         return out
+
+
+def _per_text(value: str | Sequence[str | None] | None, n: int, name: str, default: str | None) -> list[str | None]:
+    if value is None or isinstance(value, str):
+        return [default if value is None else value] * n
+    if len(value) != n:
+        raise ValueError(f"{name} holds {len(value)} codes for {n} texts; give one code, or one per text")
+    return [default if v is None else v for v in value]
+
+
+def _forced_bos(forced: Sequence[int | None], settings: Settings) -> np.ndarray | None:
+    """The rows' forced first tokens for `decode`, or None when no prompt forces one (the model's own
+    forced_bos_token_id, if any, then applies to all rows)."""
+    if all(f is None for f in forced):
+        return None
+    fallback = settings.forced_bos
+    if any(f is None for f in forced) and fallback is None:
+        raise ValueError("a batch cannot mix texts with and without a forced first token")
+    return np.array([fallback if f is None else f for f in forced], dtype=np.int64)
 
 
 def _tokens(cancel: CancelToken | Sequence[CancelToken] | None, n: int) -> list[CancelToken | None] | None:
