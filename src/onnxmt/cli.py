@@ -43,6 +43,10 @@ VariantOption = Annotated[
         "fp16, q4f16 (default: fp32 if present, else the first of those present).",
     ),
 ]
+SOURCE_LANG_HELP = (
+    "Source language of a model told it by a token, in the model's codes or as clients write them: eng_Latn, en "
+    "(NLLB-200, M2M100; default: the model's, English). Other models check it against their one source."
+)
 
 ModelOption = Annotated[
     str | None,
@@ -198,6 +202,7 @@ def translate(
     max_new_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate per text.")] = None,
     batch_size: Annotated[int, typer.Option(help="Texts per decoder batch.")] = 16,
     target_lang: Annotated[str | None, typer.Option(help=TARGET_LANG_HELP)] = None,
+    source_lang: Annotated[str | None, typer.Option(help=SOURCE_LANG_HELP)] = None,
     threads: Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads (default: all cores).")] = None,
     variant: VariantOption = None,
 ) -> None:
@@ -210,7 +215,11 @@ def translate(
     try:
         directory = resolve_model_dir(model, progress=lambda msg: err.print(msg))
         decoding = DecodeOptions(
-            beams=beams, max_new_tokens=max_new_tokens, batch_size=batch_size, target_lang=target_lang
+            beams=beams,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            target_lang=target_lang,
+            source_lang=source_lang,
         )
         translator = Translator(directory, RuntimeOptions(threads=threads, variant=variant), decoding)
         _report_variant(translator.manifest)
