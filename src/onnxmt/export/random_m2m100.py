@@ -30,7 +30,7 @@ M2M100_418M_GENERATION_CONFIG = {
     "num_beams": 5,
     "pad_token_id": 1,
 }
-M2M100_418M_TOKENIZER_CONFIG = {
+M2M100_418M_TOKENIZER_CONFIG: dict[str, Any] = {
     "src_lang": None,
     "tgt_lang": None,
     "bos_token": "<s>",
@@ -54,7 +54,7 @@ NLLB_GENERATION_CONFIG = {
     "pad_token_id": 1,
 }
 _MASK = {"content": "<mask>", "lstrip": True, "normalized": True, "rstrip": False, "single_word": False}
-NLLB_TOKENIZER_CONFIG = {
+NLLB_TOKENIZER_CONFIG: dict[str, Any] = {
     "bos_token": "<s>",
     "cls_token": "<s>",
     "eos_token": "</s>",
