@@ -180,3 +180,36 @@ def test_cli_translates_with_source_and_target_languages(tiny_nllb_onnx_dir: Pat
     ids = _hf_generate(tiny_nllb_hf_dir, [text], "eng_Latn", "fra_Latn", 1)[0]
     assert expected[0].text == tokenizer.decode(ids, skip_special_tokens=True)
     assert np.array_equal(expected[0].token_ids, ids)
+
+
+def test_validate_quantize_eval_and_inspect_work_on_nllb(
+    tiny_nllb_onnx_dir: Path, tiny_nllb_hf_dir: Path, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from onnxmt.cli import app
+    from onnxmt.eval import EvalOptions, evaluate
+    from onnxmt.export.quantize import QuantizeOptions, quantize
+    from onnxmt.export.validate import ValidateOptions, validate
+
+    texts = SENTENCES[:6]
+    options = ValidateOptions(beams=4, source_lang="eng_Latn", target_lang="fra_Latn", threads=1)
+    report = validate(tiny_nllb_onnx_dir, str(tiny_nllb_hf_dir), texts, options)
+    assert report.tokenizer_identical == report.greedy_identical == report.beam_identical == len(texts)
+    assert report.max_abs_logit_diff < 1e-4
+
+    int8 = tmp_path / "int8"
+    quantize(tiny_nllb_onnx_dir, int8, QuantizeOptions(), progress=lambda _: None)
+    translated = Translator(int8).translate(texts, source_lang="eng_Latn", target_lang="fra_Latn")
+    assert all(t.token_ids[0] == Translator(int8).tokenizer.token_id("fra_Latn") for t in translated)
+
+    src, ref = tmp_path / "test.eng_Latn", tmp_path / "test.fra_Latn"
+    src.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    fast = EvalOptions(max_new_tokens=6, latency_sentences=1, batch_size=2, threads=1, target_lang="fra_Latn")
+    rows = evaluate([tiny_nllb_onnx_dir], src, ref, fast, reference=str(tiny_nllb_hf_dir)).rows
+    assert [r.kind for r in rows] == ["onnx", "pytorch"] and rows[0].hypotheses == rows[1].hypotheses
+
+    result = CliRunner().invoke(app, ["inspect", str(int8)])
+    assert result.exit_code == 0, result.output
+    assert "m2m_100" in result.stdout and "language_tokens" in result.stdout

@@ -99,6 +99,10 @@ class Translator:
         ValueError naming the valid codes."""
         return self.scheme.prompt(source_lang, target_lang)
 
+    def source_code(self, source_lang: str | None) -> str | None:
+        """The model's own code for a client's source code (`en` -> `eng_Latn`), None if it names no source."""
+        return self.scheme.languages.resolve_source(source_lang)
+
     def encode(self, text: str, prompt: Prompt) -> list[int]:
         """The source ids of `text` under `prompt`: the one path every caller (validate, eval, serve) encodes by."""
         return self.tokenizer.encode(prompt.text + text, prefix=prompt.prefix, suffix=prompt.suffix)
