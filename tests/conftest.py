@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from onnxmt.export.random_m2m100 import RandomM2M100Spec
 from onnxmt.export.random_model import OPUS_MT_EN_ZH_TARGETS, RandomMarianSpec
 
 # init_std and eos_bias chosen by measurement so that outputs have many lengths (assert_varied_outputs): with
@@ -226,3 +228,86 @@ def make_transformersjs_variants(path: Path) -> None:
     onnx.save(
         convert_float_to_float16(onnx.load(path), keep_io_types=False, op_block_list=blocked), f"{stem}_fp16.onnx"
     )
+
+
+# Tiny random M2M100 and NLLB-200 models (export/random_m2m100.py), with the real checkpoints' metadata. M2M100 has
+# no final_logits_bias: eos is raised through the final layer norm instead. The biases were measured (seed 0,
+# init_std 0.2) so that outputs have many lengths over the target languages the tests use (assert_varied_m2m100).
+TINY_M2M100 = RandomM2M100Spec(eos_bias=4.5)
+TINY_NLLB = RandomM2M100Spec(nllb=True, eos_bias=5.5)
+M2M100_PAIRS = ("en", ("zh", "fr"))
+NLLB_PAIRS = ("eng_Latn", ("zho_Hans", "fra_Latn"))
+
+
+def hf_m2m100(model_dir: Path) -> tuple[Any, Any]:
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.M2M100ForConditionalGeneration.from_pretrained(model_dir).eval()
+    return tokenizer, model
+
+
+def hf_language_id(tokenizer: Any, code: str) -> int:
+    """The id of a language code's token: M2M100's `__zh__` for "zh", NLLB's own token for "zho_Hans"."""
+    return (
+        int(tokenizer.get_lang_id(code)) if hasattr(tokenizer, "get_lang_id") else tokenizer.convert_tokens_to_ids(code)
+    )
+
+
+def assert_varied_m2m100(model_dir: Path, source: str, targets: tuple[str, ...]) -> None:
+    """Greedy and beam 4 over tests/sentences.py into `targets`: for each search (over the targets together) some
+    outputs end within 5 tokens, some run past 20 (greedy: to the length limit), with at least 5 lengths (greedy:
+    6)."""
+    import torch
+
+    from sentences import SENTENCES
+
+    tokenizer, model = hf_m2m100(model_dir)
+    tokenizer.src_lang = source
+    limit = model.config.max_position_embeddings
+    encoded = tokenizer(SENTENCES, return_tensors="pt", padding=True, truncation=True, max_length=limit)
+    for beams in (1, 4):
+        lengths = []
+        for target in targets:
+            with torch.no_grad():
+                out = model.generate(**encoded, num_beams=beams, forced_bos_token_id=hf_language_id(tokenizer, target))
+            lengths += [int((row != model.generation_config.pad_token_id).sum()) for row in out[:, 1:]]
+        longest = limit - 1 if beams == 1 else 20
+        kinds = 6 if beams == 1 else 5
+        assert min(lengths) <= 5 and max(lengths) >= longest and len(set(lengths)) >= kinds, (beams, sorted(lengths))
+
+
+@pytest.fixture(scope="session")
+def tiny_m2m100_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from onnxmt.export.random_m2m100 import build_random_m2m100
+
+    directory = build_random_m2m100(tmp_path_factory.mktemp("tiny-m2m100-hf"), TINY_M2M100)
+    assert_varied_m2m100(directory, M2M100_PAIRS[0], M2M100_PAIRS[1])
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_nllb_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from onnxmt.export.random_m2m100 import build_random_m2m100
+
+    directory = build_random_m2m100(tmp_path_factory.mktemp("tiny-nllb-hf"), TINY_NLLB)
+    assert_varied_m2m100(directory, NLLB_PAIRS[0], NLLB_PAIRS[1])
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_m2m100_onnx_dir(tiny_m2m100_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from onnxmt.export.exporter import export
+
+    out = tmp_path_factory.mktemp("tiny-m2m100-onnx") / "model"
+    export(str(tiny_m2m100_hf_dir), out, progress=lambda _: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_nllb_onnx_dir(tiny_nllb_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from onnxmt.export.exporter import export
+
+    out = tmp_path_factory.mktemp("tiny-nllb-onnx") / "model"
+    export(str(tiny_nllb_hf_dir), out, progress=lambda _: None)
+    return out

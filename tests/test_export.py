@@ -154,7 +154,7 @@ def test_unsupported_architecture_lists_supported(tiny_hf_dir: Path, tmp_path: P
     config = json.loads((model / "config.json").read_text())
     config["model_type"] = "t5"
     (model / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="'t5' is not supported yet; supported: marian"):
+    with pytest.raises(ValueError, match="'t5' is not supported yet; supported: m2m_100, marian"):
         export(str(model), tmp_path / "out", progress=lambda _: None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t5ish"]
 

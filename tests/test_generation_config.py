@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from onnxmt.manifest import (
+    FORMAT_VERSION,
     GENERATION_KEYS,
     MANIFEST_NAME,
     REFUSED_GENERATION,
@@ -83,7 +84,7 @@ def test_a_version_1_directory_reads_its_generation_config_again(tiny_onnx_dir: 
     # Version 1 did not copy renormalize_logits; the generation_config.json kept beside it still has it.
     old = _as_version_1(tiny_onnx_dir, tmp_path / "v1")
     manifest = read_manifest(old)
-    assert manifest.format_version == 2 and manifest.generation["renormalize_logits"] is True
+    assert manifest.format_version == FORMAT_VERSION and manifest.generation["renormalize_logits"] is True
 
 
 def test_a_version_1_directory_with_a_refused_field_is_refused(tiny_onnx_dir: Path, tmp_path: Path) -> None:

@@ -228,3 +228,27 @@ def test_the_cli_exits_2_with_one_line(model_copy: Path, command: str, edit: Edi
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("Error: ") and message in lines[0]
     assert result.stdout == ""
+
+
+def test_a_version_2_directory_loads_as_marian(model_copy: Path) -> None:
+    # Version 2 wrote no language scheme and no tokenizer kind was read: every such directory is Marian's.
+    from onnxmt.runtime.translator import Translator
+
+    def as_v2(data: dict[str, Any]) -> None:
+        data["format_version"] = 2
+        data["languages"].pop("scheme")
+
+    _rewrite(model_copy, as_v2)
+    manifest = read_manifest(model_copy)
+    assert manifest.format_version == 3 and "scheme" not in manifest.languages
+    translator = Translator(model_copy)
+    assert type(translator.scheme).__name__ == "TargetTokenPrefix"
+    assert translator.translate(["Hello world."], max_new_tokens=4)[0].token_ids
+
+
+def test_an_unknown_tokenizer_kind_names_the_supported_ones(model_copy: Path) -> None:
+    from onnxmt.runtime.translator import Translator
+
+    _rewrite(model_copy, lambda d: d["tokenizer"].update(kind="bpe-of-my-own"))
+    with pytest.raises(ModelDirError, match="'bpe-of-my-own' is not supported; supported: m2m100, marian, tokenizers"):
+        Translator(model_copy)

@@ -43,6 +43,10 @@ VariantOption = Annotated[
         "fp16, q4f16 (default: fp32 if present, else the first of those present).",
     ),
 ]
+SOURCE_LANG_HELP = (
+    "Source language of a model told it by a token, in the model's codes or as clients write them: eng_Latn, en "
+    "(NLLB-200, M2M100; default: the model's, English). Other models check it against their one source."
+)
 
 ModelOption = Annotated[
     str | None,
@@ -130,6 +134,10 @@ def inspect(
         "special tokens": ", ".join(f"{k}={v}" for k, v in manifest.tokens.items()),
         "generation": ", ".join(f"{k}={v}" for k, v in manifest.generation.items()) or "(transformers defaults)",
         "languages": f"{langs.get('source')} -> {langs.get('target')}",
+        "language scheme": str(langs.get("scheme", "target_token_prefix")),
+        "source tokens": f"{len(langs['source_tokens'])} (default {langs.get('default_source')})"
+        if langs.get("source_tokens")
+        else "(none)",
         "target tokens": ", ".join(sorted(langs.get("target_tokens", {}))) or "(single target)",
         "default target": str(langs.get("default_target")),
         "variant": _variants(manifest),
@@ -213,6 +221,7 @@ def translate(
     max_new_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate per text.")] = None,
     batch_size: Annotated[int, typer.Option(help="Texts per decoder batch.")] = 16,
     target_lang: Annotated[str | None, typer.Option(help=TARGET_LANG_HELP)] = None,
+    source_lang: Annotated[str | None, typer.Option(help=SOURCE_LANG_HELP)] = None,
     threads: Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads (default: all cores).")] = None,
     variant: VariantOption = None,
 ) -> None:
@@ -231,7 +240,11 @@ def translate(
     try:
         directory = resolve_model_dir(model, progress=lambda msg: err.print(msg))
         decoding = DecodeOptions(
-            beams=beams, max_new_tokens=max_new_tokens, batch_size=batch_size, target_lang=target_lang
+            beams=beams,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            target_lang=target_lang,
+            source_lang=source_lang,
         )
         translator = Translator(directory, RuntimeOptions(threads=threads, variant=variant), decoding)
         _report_variant(translator.manifest)
@@ -585,6 +598,7 @@ def validate(
     max_new_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate per sentence.")] = None,
     batch_size: Annotated[int, typer.Option(help="Sentences per batch, on both sides.")] = 1,
     target_lang: Annotated[str | None, typer.Option(help=TARGET_LANG_HELP)] = None,
+    source_lang: Annotated[str | None, typer.Option(help=SOURCE_LANG_HELP)] = None,
     threads: Annotated[int | None, typer.Option(help="Threads of ONNX Runtime and torch (default: all cores).")] = None,
     batch_check: Annotated[bool | None, BatchCheckOption] = None,
     batch_sample: Annotated[int, BatchSampleOption] = 32,
@@ -606,6 +620,7 @@ def validate(
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
         target_lang=target_lang,
+        source_lang=source_lang,
         threads=threads,
         batch_check=batch_check,
         batch_sample=batch_sample,
@@ -708,6 +723,7 @@ def evaluate(
     latency_sentences: Annotated[int, typer.Option(help="Sentences timed one at a time (batch 1).")] = 20,
     threads: Annotated[int | None, typer.Option(help="Intra-op threads (default: all cores).")] = None,
     target_lang: Annotated[str | None, typer.Option(help=TARGET_LANG_HELP)] = None,
+    source_lang: Annotated[str | None, typer.Option(help=SOURCE_LANG_HELP)] = None,
     tokenize: Annotated[
         str | None, typer.Option(help="sacrebleu tokenizer (default: zh for Chinese targets, else 13a).")
     ] = None,
@@ -736,6 +752,7 @@ def evaluate(
         latency_sentences=latency_sentences,
         threads=threads,
         target_lang=target_lang,
+        source_lang=source_lang,
         tokenize=tokenize,
         batch_check=batch_check,
         batch_sample=batch_sample,

@@ -56,6 +56,7 @@ class EvalOptions:
     tokenize: str | None = None
     batch_check: bool | None = None
     batch_sample: int = 32
+    source_lang: str | None = None
 
 
 @dataclass(frozen=True)
@@ -183,8 +184,8 @@ def evaluate(
     )
     jobs: list[dict[str, Any]] = [{"kind": "onnx", "model": str(d)} for d in model_dirs]
     if reference is not None:
-        token = _target_token(manifests[0].languages, target) if manifests else None
-        jobs.append({"kind": "pytorch", "model": reference, "target_token": token})
+        prompt = _reference_prompt(Path(model_dirs[0]), manifests[0], options.source_lang, target) if manifests else {}
+        jobs.append({"kind": "pytorch", "model": reference, "prompt": prompt})
     rows = []
     with tempfile.TemporaryDirectory(prefix="onnxmt-eval-") as tmp:
         src_file = Path(tmp) / "src.txt"
@@ -204,11 +205,16 @@ def evaluate(
     return EvalReport(rows=rows, sentences=len(sources), tokenize=tokenize, options=options, machine=_machine())
 
 
-def _target_token(languages: dict[str, Any], target: str | None) -> str | None:
-    from .languages import ModelLanguages
+def _reference_prompt(model_dir: Path, manifest: Any, source: str | None, target: str | None) -> dict[str, Any]:
+    """What the PyTorch reference needs of the model's language scheme (architectures/schemes.py): the text
+    prefix, the source language to set on its tokenizer, the forced first token."""
+    from .architectures import scheme_for
+    from .runtime.tokenizer import load_tokenizer
 
-    lang = ModelLanguages(languages).resolve_target(target)
-    return None if lang is None else str(languages["target_tokens"][lang])
+    tokenizer = load_tokenizer(model_dir, manifest.tokenizer.get("kind"))
+    scheme = scheme_for(manifest.languages, tokenizer.token_id)
+    prompt = scheme.prompt(source, target)
+    return {"text": prompt.text, "source": scheme.languages.resolve_source(source), "forced_bos": prompt.forced_bos}
 
 
 def _run_worker(job: dict[str, Any], tmp: Path, progress: Callable[[str, int, int], None]) -> dict[str, Any]:
@@ -285,7 +291,12 @@ class _OnnxModel:
         self.translator = Translator(
             model,
             RuntimeOptions(threads=options.threads),
-            DecodeOptions(beams=options.beams, max_new_tokens=options.max_new_tokens, target_lang=options.target_lang),
+            DecodeOptions(
+                beams=options.beams,
+                max_new_tokens=options.max_new_tokens,
+                target_lang=options.target_lang,
+                source_lang=options.source_lang,
+            ),
         )
         self.size = _size_on_disk(Path(model))
         quantization = self.translator.manifest.quantization
@@ -304,7 +315,7 @@ class _OnnxModel:
 
 
 class _PytorchModel:
-    def __init__(self, model: str, options: EvalOptions, target_token: str | None) -> None:
+    def __init__(self, model: str, options: EvalOptions, prompt: dict[str, Any]) -> None:
         import torch
         from transformers import AutoTokenizer
         from transformers.utils import logging
@@ -312,7 +323,7 @@ class _PytorchModel:
         logging.set_verbosity_error()  # this process is ours: no notices about max_length vs max_new_tokens
         logging.disable_progress_bar()
 
-        from .export.architectures import get_architecture
+        from .architectures import get_architecture
         from .export.hub import resolve_model
 
         if options.threads:
@@ -324,7 +335,11 @@ class _PytorchModel:
         self.tokenizer = AutoTokenizer.from_pretrained(str(source))
         settings = {"num_beams": options.beams, "max_new_tokens": options.max_new_tokens}
         self.generate_kwargs = {k: v for k, v in settings.items() if v is not None}  # None: the model's default
-        self.prefix = f"{target_token} " if target_token else ""
+        self.prefix = prompt.get("text", "")
+        if prompt.get("source") is not None and hasattr(self.tokenizer, "src_lang"):
+            self.tokenizer.src_lang = prompt["source"]
+        if prompt.get("forced_bos") is not None:
+            self.generate_kwargs["forced_bos_token_id"] = prompt["forced_bos"]
         self.size = _size_on_disk(source)
         self.quantization = "fp32 (PyTorch)"
 
@@ -363,7 +378,7 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
     if job["kind"] == "onnx":
         model = _OnnxModel(job["model"], options)
     else:
-        model = _PytorchModel(job["model"], options, job.get("target_token"))
+        model = _PytorchModel(job["model"], options, job.get("prompt") or {})
     load_seconds = time.perf_counter() - start
     model.translate(texts[:1], 1)  # warm-up: first-run allocations and lazy initialisation
     latencies = []

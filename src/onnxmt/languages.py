@@ -166,14 +166,19 @@ class ModelLanguages:
 
     def __init__(self, languages: dict[str, object]) -> None:
         source, target, default = languages.get("source"), languages.get("target"), languages.get("default_target")
-        tokens = languages.get("target_tokens") or {}
+        tokens, source_tokens = languages.get("target_tokens") or {}, languages.get("source_tokens") or {}
+        default_source = languages.get("default_source")
         self.source: str | None = source if isinstance(source, str) else None
         self.target: str | None = target if isinstance(target, str) else None
         self.tokens: dict[str, str] = dict(tokens) if isinstance(tokens, dict) else {}
+        # Models told their source language by a token (NLLB, M2M100): {code: token}.
+        self.source_tokens: dict[str, str] = dict(source_tokens) if isinstance(source_tokens, dict) else {}
         self.default_target: str | None = default if isinstance(default, str) else None
+        self.default_source: str | None = default_source if isinstance(default_source, str) else None
         # A multi-target model translates into its tokens' languages; its `target` ("zho") only summarises them.
         targets = sorted(self.tokens) or ([self.target] if self.target else [])
-        self.public: dict[str, str] = public_codes([c for c in (self.source, *targets) if c])
+        self.sources: list[str] = sorted(self.source_tokens) or ([self.source] if self.source else [])
+        self.public: dict[str, str] = public_codes([c for c in (*self.sources, *targets) if c])
         # ISO 639-1 codes first, as LibreTranslate lists them.
         self.targets: list[str] = sorted(targets, key=lambda c: _listing_order(self.public[c]))
 
@@ -182,8 +187,19 @@ class ModelLanguages:
         shown = [self.public[c] if _same(self.public[c], c) else f"{self.public[c]} ({c})" for c in codes]
         return ", ".join(sorted(shown, key=_listing_order))
 
+    def valid_sources(self) -> str:
+        return self.valid(self.sources)
+
     def resolve_source(self, code: str | None) -> str | None:
-        """The model's source code for `code`; None for `auto`, no code, or a model that names no source."""
+        """The model's source code for `code`; None for `auto`, no code, or a model that names no source. A model
+        with source-language tokens gives its default source (if any) for `auto` or no code."""
+        if self.source_tokens:
+            if code is None or not code.strip() or code.strip().lower() == AUTO:
+                return self.default_source
+            found = match(code, self.sources)
+            if found is None:
+                raise unknown("source", code, [self.valid_sources()])
+            return found
         if code is None or not code.strip() or code.strip().lower() == AUTO or self.source is None:
             return None
         if match(code, [self.source]) is None:

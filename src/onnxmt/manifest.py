@@ -14,15 +14,15 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 # 2: the generation section holds every honoured field (renormalize_logits, forced_bos_token_id were added).
-FORMAT_VERSION = 2
+# 3: the languages section names its scheme (onnxmt.architectures.schemes) and may hold source-language tokens;
+# the tokenizer section's kind is read (a key of runtime.tokenizer.TOKENIZERS). Versions 1 and 2 still load.
+FORMAT_VERSION = 3
 MANIFEST_NAME = "onnxmt.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
 # Weights that encoder and decoder both use (the tied embedding), stored once as ONNX external data.
 WEIGHTS_FILE = "weights.bin"  # the graphs' large and shared tensors (export/weights.py)
 CONFIG_FILES = ("config.json", "generation_config.json")
-MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json")
-OPTIONAL_TOKENIZER_FILES = ("target_vocab.json", "special_tokens_map.json")
 
 # Generation settings copied from generation_config.json into the manifest: the fields that change scores or the
 # search and that the decoding loop honours (docs/decoding.md lists every GenerationConfig field).
@@ -119,8 +119,10 @@ class Manifest:
     model: dict[str, Any]  # num_layers, num_heads, head_dim, d_model, vocab_size, max_positions
     tokens: dict[str, Any]  # decoder_start, eos, pad, unk
     generation: dict[str, Any]  # generation defaults from generation_config.json
-    languages: dict[str, Any]  # source, target, target_tokens {lang: token}, default_target
-    tokenizer: dict[str, Any]  # kind, files, model_max_length, separate_vocabs
+    # scheme, source, target, target_tokens {lang: token}, default_target; for the language_tokens scheme also
+    # source_tokens {lang: token}, default_source, source_token_last, eos_token
+    languages: dict[str, Any]
+    tokenizer: dict[str, Any]  # kind, files, model_max_length (Marian: separate_vocabs)
     provenance: dict[str, Any] = field(default_factory=dict)
     quantization: dict[str, Any] | None = None
     format_version: int = FORMAT_VERSION
@@ -138,7 +140,7 @@ class Manifest:
         version = data.get("format_version")
         if version != FORMAT_VERSION:
             raise ModelDirError(
-                f"{MANIFEST_NAME}: format_version {version!r} is not supported (this onnxmt reads 1 and "
+                f"{MANIFEST_NAME}: format_version {version!r} is not supported (this onnxmt reads 1 to "
                 f"{FORMAT_VERSION}); export the model again with this onnxmt, or install the onnxmt that wrote it"
             )
         _check_manifest_fields(data, {f.name: f for f in dataclass_fields(cls)})
@@ -200,6 +202,9 @@ def read_manifest(directory: str | Path) -> Manifest:
     try:
         if isinstance(data, dict) and data.get("format_version") == 1:
             data = _upgrade_v1(directory, data)
+        if isinstance(data, dict) and data.get("format_version") == 2:
+            # Version 2 directories are all Marian: no scheme in the languages section means Marian's.
+            data = {**data, "format_version": FORMAT_VERSION}
         manifest = Manifest.from_dict(data)
     except ModelDirError as e:
         raise ModelDirError(f"{directory}/{e}") from e
@@ -280,7 +285,15 @@ _ENTRY_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
         "suppress_tokens": (list, type(None)),
         "begin_suppress_tokens": (list, type(None)),
     },
-    "languages": {"target_tokens": (dict,), "default_target": (str, type(None))},
+    "languages": {
+        "scheme": (str,),
+        "target_tokens": (dict,),
+        "source_tokens": (dict,),
+        "default_target": (str, type(None)),
+        "default_source": (str, type(None)),
+        "source_token_last": (bool,),
+        "eos_token": (str,),
+    },
     "tokenizer": {"kind": (str,), "files": (list,)},
 }
 _REQUIRED = {
@@ -336,8 +349,9 @@ def _check_manifest_fields(data: dict[str, Any], known: dict[str, Any]) -> None:
         _check_graph(graph, f"graphs.{part}")
     for i, name in enumerate(data["tokenizer"].get("files", [])):
         _expect(name, (str,), f"tokenizer.files[{i}]")
-    for lang, token in data["languages"].get("target_tokens", {}).items():
-        _expect(token, (str,), f"languages.target_tokens[{lang!r}]")
+    for section in ("target_tokens", "source_tokens"):
+        for lang, token in data["languages"].get(section, {}).items():
+            _expect(token, (str,), f"languages.{section}[{lang!r}]")
 
 
 def _check_graph(graph: Any, where: str) -> None:
@@ -405,37 +419,6 @@ def _check_token_ids(manifest: Manifest) -> None:
         _expect(token, _INT, where)
         if not 0 <= token < vocab:
             raise ModelDirError(f"{MANIFEST_NAME}: {where} = {token} is outside the vocabulary [0, {vocab})")
-
-
-def model_facts(config: dict[str, Any]) -> dict[str, Any]:
-    """The sizes the runtime needs, from a Marian/BART-style config.json."""
-    heads = config["decoder_attention_heads"]
-    return {
-        "d_model": config["d_model"],
-        "encoder_layers": config["encoder_layers"],
-        "num_layers": config["decoder_layers"],
-        "num_heads": heads,
-        "head_dim": config["d_model"] // heads,
-        "vocab_size": config.get("decoder_vocab_size") or config["vocab_size"],
-        "max_positions": config["max_position_embeddings"],
-    }
-
-
-def special_tokens(config: dict[str, Any], generation_config: dict[str, Any], unk: int | None) -> dict[str, Any]:
-    """Decoder start, eos (one or several) and pad ids as transformers resolves them: generation config first."""
-
-    def pick(key: str) -> Any:
-        value = generation_config.get(key)
-        return config.get(key) if value is None else value
-
-    eos = pick("eos_token_id")
-    return {
-        "decoder_start": pick("decoder_start_token_id"),
-        "eos": eos[0] if isinstance(eos, list) else eos,
-        "eos_ids": eos if isinstance(eos, list) else [eos],
-        "pad": pick("pad_token_id"),
-        "unk": unk,
-    }
 
 
 def refused_generation_fields(generation_config: dict[str, Any]) -> list[str]:

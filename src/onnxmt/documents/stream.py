@@ -93,9 +93,11 @@ def _tokens(translator: Translator, sentences: list[str], options: DecodeOptions
 
 def _batch_tokens(translator: Translator, batch: list[str], offset: int, options: DecodeOptions) -> Iterator[Event]:
     settings = resolve_settings(translator.manifest, options)
-    token = translator.target_token(options.target_lang)
-    ids = [translator.tokenizer.encode(s, target_token=token) for s in batch]
+    prompt = translator.prompt(options.source_lang, options.target_lang)
+    ids = [translator.encode(s, prompt) for s in batch]
     input_ids, mask = pad_batch(ids, translator.manifest.tokens["pad"])
+    # The target language as the first generated token (NLLB, M2M100), as Translator.translate forces it.
+    forced_bos = None if prompt.forced_bos is None else np.full(len(batch), prompt.forced_bos, dtype=np.int64)
     steps: queue.Queue[tuple[np.ndarray, np.ndarray] | BaseException | None] = queue.Queue()
     stop = threading.Event()  # the consumer has gone: the batch stops at its next step
 
@@ -108,6 +110,7 @@ def _batch_tokens(translator: Translator, batch: list[str], offset: int, options
                 settings,
                 cancelled=lambda: np.full(len(batch), stop.is_set()),
                 on_step=lambda rows, chosen: steps.put((rows.copy(), chosen.copy())),
+                forced_bos=forced_bos,
             )
             steps.put(None)
         except BaseException as e:  # raised again on the consumer's side

@@ -32,13 +32,17 @@ def source_lang(translator: Translator) -> str:
 
 def layout(translator: Translator, text: str, target_lang: str | None = None) -> list[Piece]:
     """`text` cut into the sentences the model will see: each fits the model's source positions."""
-    token = translator.target_token(target_lang if target_lang is not None else translator.decoding.target_lang)
+    decoding = translator.decoding
+    prompt = translator.prompt(decoding.source_lang, target_lang if target_lang is not None else decoding.target_lang)
     limit = translator.tokenizer.model_max_length
     # Counted without truncation (the translator's tokenizer cuts at the limit, which would hide what is too long).
     counter = copy.copy(translator.tokenizer)
     counter.model_max_length = 0
-    pieces = split_sentences(text, source_lang(translator))
-    return fit(pieces, lambda s: len(counter.encode(s, target_token=token)), limit)
+
+    def count(sentence: str) -> int:
+        return len(counter.encode(prompt.text + sentence, prefix=prompt.prefix, suffix=prompt.suffix))
+
+    return fit(split_sentences(text, source_lang(translator)), count, limit)
 
 
 def translate_texts(

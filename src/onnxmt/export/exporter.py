@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from ..architectures import Architecture, get_architecture
 from ..manifest import (
     CONFIG_FILES,
     DECODER_FILE,
@@ -24,9 +25,7 @@ from ..manifest import (
     check_generation_config,
     describe_files,
     generation_defaults,
-    special_tokens,
 )
-from .architectures import Architecture, get_architecture
 from .graphs import cache_names, export_decoder, export_encoder, graph_spec
 from .hub import resolve_model
 from .weights import store_weights
@@ -79,7 +78,10 @@ def export(
     progress(f"resolving {model}")
     source, revision = resolve_model(model, options.revision)
     config = json.loads((source / "config.json").read_text(encoding="utf-8"))
-    arch = get_architecture(config.get("model_type"))
+    try:
+        arch = get_architecture(config.get("model_type")).for_source(source)
+    except ValueError as e:
+        raise ExportError(str(e)) from e
     # Refuse generation settings onnxmt cannot honour before any work is done (ModelDirError names them).
     check_generation_config(_read_json(source / "generation_config.json"), str(source / "generation_config.json"))
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -163,16 +165,11 @@ def _build_manifest(
     options: ExportOptions,
 ) -> Manifest:
     generation_config = _read_json(source / "generation_config.json")
-    tokenizer_config = _read_json(source / "tokenizer_config.json")
-    vocab = _read_json(source / "vocab.json")
-    target_tokens = {t[2:-2]: t for t in vocab if t.startswith(">>") and t.endswith("<<")}
-    if options.default_target is not None and options.default_target not in target_tokens:
-        valid = ", ".join(sorted(target_tokens)) or "none (single-target model)"
-        raise ExportError(
-            f"--default-target {options.default_target!r} is not a target language of this model; valid: {valid}"
-        )
-
-    tokens = special_tokens(config, generation_config, vocab.get(tokenizer_config.get("unk_token", "<unk>")))
+    try:
+        languages = arch.languages(source, options.default_target)
+    except ValueError as e:
+        raise ExportError(str(e)) from e
+    tokens = arch.tokens(source, config, generation_config)
     if tokens["decoder_start"] is None:
         raise ExportError("the model config has no decoder_start_token_id")
     return Manifest(
@@ -187,18 +184,8 @@ def _build_manifest(
         model={**facts, "cross_kv_per_sentence": True},
         tokens=tokens,
         generation=generation_defaults(generation_config, config),
-        languages={
-            "source": tokenizer_config.get("source_lang"),
-            "target": tokenizer_config.get("target_lang"),
-            "target_tokens": target_tokens,
-            "default_target": options.default_target,
-        },
-        tokenizer={
-            "kind": arch.tokenizer_kind,
-            "files": [name for name in files if name in (*arch.tokenizer_files, *arch.optional_tokenizer_files)],
-            "model_max_length": tokenizer_config.get("model_max_length", facts["max_positions"]),
-            "separate_vocabs": bool(tokenizer_config.get("separate_vocabs", False)),
-        },
+        languages=languages,
+        tokenizer=arch.tokenizer_section(source, files, facts),
         provenance=_provenance(model_id, revision, options.opset),
     )
 

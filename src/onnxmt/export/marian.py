@@ -103,10 +103,10 @@ class MarianDecoderExport(nn.Module):
         decoder = model.model.decoder
         self.embed_tokens = decoder.embed_tokens
         self.embed_positions = decoder.embed_positions
-        self.embed_scale = float(decoder.embed_scale)
+        self.embed_scale = float(getattr(decoder, "embed_scale", 1.0))
         self.layers = decoder.layers
         self.lm_head = model.lm_head
-        self.final_logits_bias = model.final_logits_bias
+        self.final_logits_bias = getattr(model, "final_logits_bias", None)  # Marian/BART only
         self.heads = model.config.decoder_attention_heads
         self.head_dim = model.config.d_model // self.heads
         self.d_model = model.config.d_model
@@ -130,8 +130,7 @@ class MarianDecoderExport(nn.Module):
             past, cross = inputs[: 2 * n], inputs[2 * n :]
             past_length = past[0].shape[2]
         positions = torch.arange(new_len, device=input_ids.device) + past_length
-        hidden = self.embed_tokens(input_ids) * self.embed_scale + self.embed_positions.weight[positions]
-        hidden = hidden.reshape(-1, self.d_model)  # (rows * new_len, d_model)
+        hidden = self._embed(input_ids, positions).reshape(-1, self.d_model)  # (rows * new_len, d_model)
 
         min_value = torch.finfo(hidden.dtype).min
         capacity = past[0].shape[2]  # buffered: every layer's buffers have this many positions, read once here
@@ -154,36 +153,72 @@ class MarianDecoderExport(nn.Module):
             outputs += [key, value]
         # Only the last position's logits leave the graph: the loop never needs the others.
         last = hidden.reshape(rows, -1, self.d_model)[:, -1, :]
-        logits = F.linear(last, self.lm_head.weight) + self.final_logits_bias  # (batch, vocab)
-        return (logits, *outputs)
+        return (self._logits(last), *outputs)
+
+    def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # Marian's positions start at 0; its token embedding is scaled here, outside the embedding module.
+        return self.embed_tokens(input_ids) * self.embed_scale + self.embed_positions.weight[positions]
+
+    def _logits(self, last: torch.Tensor) -> torch.Tensor:
+        assert self.final_logits_bias is not None  # a Marian/BART model always has one
+        return F.linear(last, self.lm_head.weight) + self.final_logits_bias  # (rows, vocab)
 
     def _layer(self, i, layer, hidden, sizes, self_kv, cross_kv, masks):
-        # Self-attention over the cache plus the new positions (post-layer-norm, as Marian/BART).
-        rows, sentences, capacity = sizes
+        # Post-layer-norm, as Marian/BART: each sublayer's residual sum is normalised.
+        self_mask, cross_mask = masks
+        attended, key, value = self._self_attention(i, layer, hidden, sizes, self_kv, self_mask)
+        hidden = layer.self_attn_layer_norm(hidden + attended)
+        hidden = layer.encoder_attn_layer_norm(
+            hidden + self._cross_attention(layer, hidden, sizes, cross_kv, cross_mask)
+        )
+        return layer.final_layer_norm(hidden + self._ffn(layer, hidden)), key, value
+
+    def _self_attention(self, i, layer, x, sizes, self_kv, mask):
+        """Self-attention of `x` (rows * new_len, d_model) over the cache plus the new positions, out-projected;
+        and the key and value to return (the grown cache, or the new token's when buffered)."""
+        rows, _, capacity = sizes
         attn = layer.self_attn
         heads, head_dim = self.heads, self.head_dim
-        self_mask, cross_mask = masks
-        qkv = torch.matmul(hidden, self.qkv_weight[i]) + self.qkv_bias[i]  # (rows * new_len, 3 * d_model)
+        qkv = torch.matmul(x, self.qkv_weight[i]) + self.qkv_bias[i]  # (rows * new_len, 3 * d_model)
         qkv = qkv.reshape(rows, -1, 3 * heads, head_dim).transpose(1, 2)  # (rows, 3 * heads, new_len, hd)
         query, new_key, new_value = qkv.split(heads, dim=1)
         if self.buffered:
-            attended = _attend_buffer(query, new_key, new_value, self_kv, capacity, self_mask, attn.scaling)
+            attended = _attend_buffer(query, new_key, new_value, self_kv, capacity, mask, attn.scaling)
             key, value = new_key, new_value
         else:
             key = torch.cat([self_kv[0], new_key], dim=2)  # (rows, heads, total_len, hd)
             value = torch.cat([self_kv[1], new_value], dim=2)
-            attended = _attend(query, key, value, self_mask, attn.scaling)
+            attended = _attend(query, key, value, mask, attn.scaling)
         attended = attended.transpose(1, 2).reshape(-1, self.d_model)
-        hidden = layer.self_attn_layer_norm(hidden + _linear(attended, attn.out_proj))
+        return _linear(attended, attn.out_proj), key, value
 
-        # Cross-attention on the keys/values the encoder graph computed once.
+    def _cross_attention(self, layer, x, sizes, cross_kv, mask):
+        """Cross-attention of `x` on the keys/values the encoder graph computed once, out-projected."""
         cross = layer.encoder_attn
-        query = _linear(hidden, cross.q_proj)  # (rows * new_len, d_model): split into heads inside _attend_beams
-        attended = _attend_beams(query, cross_kv[0], cross_kv[1], cross_mask, sentences, cross.scaling, heads, head_dim)
-        hidden = layer.encoder_attn_layer_norm(hidden + _linear(attended, cross.out_proj))
+        query = _linear(x, cross.q_proj)  # (rows * new_len, d_model): split into heads inside _attend_beams
+        sentences = sizes[1]
+        attended = _attend_beams(
+            query, cross_kv[0], cross_kv[1], mask, sentences, cross.scaling, self.heads, self.head_dim
+        )
+        return _linear(attended, cross.out_proj)
 
-        ffn = _linear(layer.activation_fn(_linear(hidden, layer.fc1)), layer.fc2)
-        return layer.final_layer_norm(hidden + ffn), key, value
+    def _ffn(self, layer, x):
+        return _linear(layer.activation_fn(_linear(x, layer.fc1)), layer.fc2)
+
+
+def load(path: str) -> Any:
+    from transformers import MarianMTModel
+
+    # Eager attention: the exported graph must compute what transformers' reference path computes.
+    return MarianMTModel.from_pretrained(path, attn_implementation="eager").eval()
+
+
+def encoder(model: Any) -> nn.Module:
+    return MarianEncoderExport(model).eval()
+
+
+def decoder(model: Any, buffered: bool = False) -> nn.Module:
+    return MarianDecoderExport(model, buffered=buffered).eval()
 
 
 def _attend_buffer(

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..architectures import Prompt
 from ..runtime.invariance import SAMPLE, activation_scales, batch_invariance
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.translator import Translator
@@ -75,6 +76,7 @@ class ValidateOptions:
     target_lang: str | None = None
     threads: int | None = None
     batch_check: bool | None = None
+    source_lang: str | None = None
     batch_sample: int = SAMPLE
 
 
@@ -226,7 +228,7 @@ class _Reference:
         import torch
         from transformers import AutoTokenizer
 
-        from .architectures import get_architecture
+        from ..architectures import get_architecture
         from .hub import resolve_model
 
         source, _ = resolve_model(reference)
@@ -238,14 +240,19 @@ class _Reference:
             self.model = get_architecture(config.get("model_type")).load(str(source))
             self.tokenizer = AutoTokenizer.from_pretrained(str(source))
 
-    def encode(self, texts: Sequence[str], target_token: str | None) -> Any:
-        if target_token:
-            texts = [f"{target_token} {t}" for t in texts]
+    def encode(self, texts: Sequence[str], prompt: Prompt, source: str | None) -> Any:
+        """The HF tokenizer's ids under the same language prompt: its text prefix, its source language (the
+        tokenizer adds that language's token itself, as users run it)."""
+        texts = [prompt.text + t for t in texts]
+        if source is not None and hasattr(self.tokenizer, "src_lang"):
+            self.tokenizer.src_lang = source
         # Truncated at the model's positions, as onnxmt's tokenizer does (opus-mt names no model_max_length).
         limit = min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
         return self.tokenizer(list(texts), return_tensors="pt", padding=True, truncation=True, max_length=limit)
 
-    def generate(self, encoded: Any, **kwargs: Any) -> list[list[int]]:
+    def generate(self, encoded: Any, prompt: Prompt, **kwargs: Any) -> list[list[int]]:
+        if prompt.forced_bos is not None:
+            kwargs["forced_bos_token_id"] = prompt.forced_bos
         with self.torch.no_grad(), _quiet_transformers():
             out = self.model.generate(**encoded, **kwargs)
         pad = self.model.generation_config.pad_token_id
@@ -277,12 +284,11 @@ def validate(
     advance: Callable[[int], None] = lambda n: None,
 ) -> ValidationReport:
     """Compare `model_dir` with `reference` on `texts`. `advance(n)` reports progress: 3 units per sentence."""
-    translator = Translator(
-        model_dir, RuntimeOptions(threads=options.threads), DecodeOptions(target_lang=options.target_lang)
-    )
+    decoding = DecodeOptions(target_lang=options.target_lang, source_lang=options.source_lang)
+    translator = Translator(model_dir, RuntimeOptions(threads=options.threads), decoding)
     ref = _Reference(reference, options.threads)
     beams = options.beams or int(translator.manifest.generation.get("num_beams") or 1)
-    token = translator.target_token(options.target_lang)
+    token = (translator.prompt(options.source_lang, options.target_lang), translator.source_code(options.source_lang))
     texts = list(texts)
     outputs: dict[str, tuple[list[list[int]], list[list[int]]]] = {}
     for search, b in (("greedy", 1), ("beam", beams)):
@@ -323,7 +329,7 @@ def validate(
 def _compare_sentence(
     index: int,
     text: str,
-    token: str | None,
+    token: tuple[Prompt, str | None],
     outputs: dict[str, tuple[list[int], list[int]]],
     translator: Translator,
     ref: _Reference,
@@ -331,8 +337,8 @@ def _compare_sentence(
 ) -> tuple[dict[str, Any], np.ndarray]:
     """One sentence: tokenizers, teacher-forced logits, first differences (added to `report`).
     Returns its JSON record and its absolute logit differences (steps, vocab)."""
-    ids = ref.encode([text], token).input_ids[0].tolist()
-    same_ids = ids == translator.tokenizer.encode(text, target_token=token)
+    ids = ref.encode([text], *token).input_ids[0].tolist()
+    same_ids = ids == translator.encode(text, token[0])
     report.tokenizer_identical += same_ids
     forced_ref, forced_onnx = _teacher_forced(translator, ref, ids, outputs["greedy"][0])
     diff = np.abs(forced_ref - forced_onnx)
@@ -356,7 +362,7 @@ def _generate_both(
     ref: _Reference,
     texts: list[str],
     beams: int,
-    token: str | None,
+    token: tuple[Prompt, str | None],
     options: ValidateOptions,
     advance: Callable[[int], None],
 ) -> tuple[list[list[int]], list[list[int]]]:
@@ -366,7 +372,7 @@ def _generate_both(
     for start in range(0, len(texts), options.batch_size):
         batch = texts[start : start + options.batch_size]
         limit = {"max_new_tokens": options.max_new_tokens} if options.max_new_tokens else {}
-        ref_out += ref.generate(ref.encode(batch, token), num_beams=beams, **limit)
+        ref_out += ref.generate(ref.encode(batch, *token), token[0], num_beams=beams, **limit)
         results = translator.translate(
             batch, beams=beams, max_new_tokens=options.max_new_tokens, batch_size=options.batch_size
         )

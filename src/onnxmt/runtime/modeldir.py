@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..architectures import get_architecture
 from ..layout import (
     VARIANT_METHODS,
     canonical_variant,
@@ -23,16 +24,12 @@ from ..layout import (
 from ..manifest import (
     CONFIG_FILES,
     MANIFEST_NAME,
-    MARIAN_TOKENIZER_FILES,
-    OPTIONAL_TOKENIZER_FILES,
     GraphSpec,
     Manifest,
     ModelDirError,
     TensorSpec,
     generation_defaults,
-    model_facts,
     read_manifest,
-    special_tokens,
     verify_files,
 )
 from .options import RuntimeOptions
@@ -106,14 +103,15 @@ def optimum_manifest(directory: Path, sessions: Sessions, options: RuntimeOption
     config = _json(directory / "config.json")
     if not config:
         raise ModelDirError(f"{directory / 'config.json'}: missing; an Optimum directory needs the model's config.json")
+    # Optimum's graphs are read through their input and output names; only Marian's have been proven so far.
     if config.get("model_type") != "marian":
         raise ModelDirError(f"{directory}: model_type {config.get('model_type')!r} is not supported; supported: marian")
+    arch = get_architecture("marian").for_source(directory)
     generation_config = _json(directory / "generation_config.json")
-    tokenizer_config = _json(directory / "tokenizer_config.json")
-    vocab = _json(directory / "vocab.json")
-    tokenizer_files = [n for n in (*MARIAN_TOKENIZER_FILES, *OPTIONAL_TOKENIZER_FILES) if (directory / n).is_file()]
+    facts = arch.facts(config)
+    tokenizer_files = [n for n in (*arch.tokenizer_files, *arch.optional_tokenizer_files) if (directory / n).is_file()]
     return Manifest(
-        architecture="marian",
+        architecture=arch.name,
         layout="optimum-merged" if "decoder_merged" in files else "optimum",
         files={
             name: {"bytes": (directory / name).stat().st_size}
@@ -121,21 +119,11 @@ def optimum_manifest(directory: Path, sessions: Sessions, options: RuntimeOption
             if (directory / name).is_file()
         },
         graphs={part: _graph_spec(directory, name, sessions, options) for part, name in files.items()},
-        model=model_facts(config),
-        tokens=special_tokens(config, generation_config, vocab.get("<unk>")),
+        model=facts,
+        tokens=arch.tokens(directory, config, generation_config),
         generation=generation_defaults(generation_config, config),
-        languages={
-            "source": tokenizer_config.get("source_lang"),
-            "target": tokenizer_config.get("target_lang"),
-            "target_tokens": {t[2:-2]: t for t in vocab if t.startswith(">>") and t.endswith("<<")},
-            "default_target": None,
-        },
-        tokenizer={
-            "kind": "marian",
-            "files": tokenizer_files,
-            "model_max_length": tokenizer_config.get("model_max_length", config["max_position_embeddings"]),
-            "separate_vocabs": bool(tokenizer_config.get("separate_vocabs", False)),
-        },
+        languages=arch.languages(directory, None),
+        tokenizer=arch.tokenizer_section(directory, tokenizer_files, facts),
         provenance={"source_model": str(directory), "exporter": "optimum", "variant": variant, "variants": complete},
         quantization=None if variant == "fp32" else {"method": VARIANT_METHODS[variant], "variant": variant},
     )

@@ -36,7 +36,9 @@ class DecodeOptions:
 
     beams: 1 is greedy search. max_new_tokens takes precedence over max_length (which counts the decoder start
     token, as in transformers). min_new_tokens = max_new_tokens forces an exact output length (benchmarks).
-    target_lang: a target language of a multi-target model ("cmn_Hans"), or its token (">>cmn_Hans<<").
+    target_lang: a target language of a multi-target model ("cmn_Hans", "zho_Hans"), or its token (">>cmn_Hans<<").
+    source_lang: the source language of a model told it by a token (NLLB's "eng_Latn", M2M100's "en"); None: the
+    model's default source (transformers' tokenizer default).
     renormalize_logits: log-softmax the beam scores again after the logits processors (the model's
     generation_config decides by default; opus-mt models set it). max_batch_cost: most tokens x beams per decoder
     batch (source tokens + max new tokens, times beams, summed over its texts; None: no budget), which bounds the
@@ -57,6 +59,7 @@ class DecodeOptions:
     batch_size: int = 16
     target_lang: str | None = None
     max_batch_cost: int | None = None
+    source_lang: str | None = None
 
     def merged(self, **overrides: Any) -> DecodeOptions:
         """A copy with the non-None overrides applied; unknown names raise TypeError."""

@@ -30,7 +30,7 @@ import sentencepiece as spm
 
 from onnxmt.manifest import ModelDirError
 
-__all__ = ["DEFAULT_FILES", "MarianTokenizer"]
+__all__ = ["DEFAULT_FILES", "TOKENIZERS", "M2M100Tokenizer", "MarianTokenizer", "load_tokenizer"]
 
 SPIECE_UNDERLINE = "▁"
 
@@ -200,14 +200,31 @@ class MarianTokenizer:
         target = _load_spm(directory / names["target_spm"], sp_kwargs)
         return cls(source, target, vocab, target_vocab, config, special_tokens, added)
 
-    def encode(self, text: str, target_token: str | None = None) -> list[int]:
-        """Ids of `text` with eos appended; `target_token` (e.g. ">>cmn_Hans<<") is prepended as a language code."""
+    def encode(
+        self,
+        text: str,
+        target_token: str | None = None,
+        *,
+        prefix: Sequence[int] = (),
+        suffix: Sequence[int] | None = None,
+    ) -> list[int]:
+        """Ids of `text` between `prefix` and `suffix` (default: eos), truncated so that all fit in
+        model_max_length; `target_token` (e.g. ">>cmn_Hans<<") is prepended as a language code."""
         if target_token is not None:
             self._check_target_token(target_token)
             # Exactly what transformers sees for `tok(">>cmn_Hans<< " + text)`.
             text = f"{target_token} {text}"
         ids = [self._token_id(token) for token in self._tokenize(text)]
-        return [*self._truncate(ids), self.eos_id]
+        suffix = [self.eos_id] if suffix is None else list(suffix)
+        return [*prefix, *self._truncate(ids, len(prefix) + len(suffix)), *suffix]
+
+    def token_id(self, token: str) -> int:
+        """The id of a token (an added or special one, or a vocab entry); KeyError when there is none."""
+        if token in self._added:
+            return self._added[token]
+        if token in self._vocab:
+            return self._vocab[token]
+        raise KeyError(token)
 
     def encode_batch(self, texts: list[str], target_token: str | None = None) -> list[list[int]]:
         return [self.encode(text, target_token) for text in texts]
@@ -237,9 +254,12 @@ class MarianTokenizer:
             if chunk in self._added:
                 tokens.append(chunk)
                 continue
-            code, rest = _split_language_code(chunk)
+            code, rest = self._split_code(chunk)
             tokens += code + self._source_spm.encode(rest, out_type=str)
         return tokens
+
+    def _split_code(self, chunk: str) -> tuple[list[str], str]:
+        return _split_language_code(chunk)
 
     def _token_id(self, token: str) -> int:
         if token in self._added:
@@ -247,15 +267,15 @@ class MarianTokenizer:
         # Marian ids are not sentencepiece ids, so a piece missing from vocab.json can only be unknown.
         return self._vocab.get(token, self._vocab_unk)
 
-    def _truncate(self, ids: list[int]) -> list[int]:
-        # truncation=True keeps model_max_length ids including the eos appended afterwards.
-        excess = len(ids) + 1 - self.model_max_length
+    def _truncate(self, ids: list[int], specials: int = 1) -> list[int]:
+        # truncation=True keeps model_max_length ids including the special ids added afterwards.
+        excess = len(ids) + specials - self.model_max_length
         if self.model_max_length > _LARGE or self.model_max_length <= 0 or excess <= 0:
             return ids
         if not self._warned_truncation:
             self._warned_truncation = True
             warnings.warn(
-                f"input of {len(ids) + 1} tokens truncated to model_max_length={self.model_max_length} "
+                f"input of {len(ids) + specials} tokens truncated to model_max_length={self.model_max_length} "
                 "(warned once per tokenizer)",
                 stacklevel=3,
             )
@@ -396,3 +416,71 @@ def _load_spm(path: Path, kwargs: dict[str, Any]) -> spm.SentencePieceProcessor:
         return spm.SentencePieceProcessor(model_proto=path.read_bytes(), **kwargs)
     except (RuntimeError, OSError) as e:
         raise ModelDirError(f"{path}: not a valid sentencepiece model ({e})") from e
+
+
+class M2M100Tokenizer(MarianTokenizer):
+    """transformers' `M2M100Tokenizer`: one sentencepiece model and `vocab.json`, language tokens `__en__` at ids
+    after the vocab (`len(vocab) + i`, in the order of the model's language-code list), no `>>xx<<` codes in the
+    text, and special tokens that survive decoding joined without a space."""
+
+    @classmethod
+    def from_dir(cls, directory: str | Path, files: dict[str, str] | None = None) -> MarianTokenizer:
+        from ..architectures.m2m100 import M2M100_LANGUAGE_CODES
+
+        spm_name = "sentencepiece.bpe.model"
+        names = {**DEFAULT_FILES, "source_spm": spm_name, "target_spm": spm_name, **(files or {})}
+        directory = Path(directory)
+        config = _read_json_object(directory / names["config"])
+        special_map_path = directory / names["special_tokens_map"]
+        if "added_tokens_decoder" not in config and special_map_path.is_file():
+            config = {**config, **_read_json_object(special_map_path)}
+        vocab = _read_vocab(directory / names["vocab"])
+        codes = M2M100_LANGUAGE_CODES.get(str(config.get("language_codes", "m2m100")), [])
+        languages = {f"__{code}__": len(vocab) + i for i, code in enumerate(codes)}
+        listed = [_token_text(t) for t in (config.get("additional_special_tokens") or [])]
+        config = {**config, "additional_special_tokens": list(dict.fromkeys([*listed, *languages]))}
+        special_tokens = _special_tokens(config)
+        added = {**_added_tokens(config, special_tokens, vocab, directory / names["config"]), **languages}
+        sp = _load_spm(directory / names["source_spm"], config.get("sp_model_kwargs") or {})
+        return cls(sp, sp, vocab, None, config, special_tokens, added)
+
+    def _split_code(self, chunk: str) -> tuple[list[str], str]:
+        return [], chunk
+
+    def _id_to_piece(self, index: int) -> str:
+        if index in self._added_by_id:
+            return self._added_by_id[index]
+        token = self._output_vocab.token(index)
+        return self.unk_token if token is None else token
+
+    def _join_pieces(self, tokens: list[str]) -> str:
+        out, pending = "", list[str]()
+        for token in tokens:
+            if token in self._special_tokens:
+                out += self._decode_spm.decode(pending) + token
+                pending = []
+            else:
+                pending.append(token)
+        return (out + self._decode_spm.decode(pending)).strip()
+
+
+def _load_json_tokenizer(directory: Path) -> Any:
+    from .json_tokenizer import JsonTokenizer
+
+    return JsonTokenizer.from_dir(directory)
+
+
+# The manifest's tokenizer.kind -> how to load it from the model directory.
+TOKENIZERS: dict[str, Any] = {
+    "marian": MarianTokenizer.from_dir,
+    "m2m100": M2M100Tokenizer.from_dir,
+    "tokenizers": _load_json_tokenizer,
+}
+
+
+def load_tokenizer(directory: str | Path, kind: str | None) -> Any:
+    """The tokenizer of a model directory, by the manifest's `tokenizer.kind` (manifests before format 3: marian)."""
+    kind = kind or "marian"
+    if kind not in TOKENIZERS:
+        raise ModelDirError(f"tokenizer kind {kind!r} is not supported; supported: {', '.join(sorted(TOKENIZERS))}")
+    return TOKENIZERS[kind](Path(directory))

@@ -11,14 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from ..languages import ModelLanguages
-from ..manifest import Manifest, verify_files
+from ..architectures import LanguageScheme, Prompt, scheme_for
+from ..manifest import Manifest, ModelDirError, verify_files
 from .cancel import CancelToken
-from .decoding import DEFAULT_MAX_NEW_TOKENS, Settings, decode
+from .decoding import Settings, decode, resolve_settings
 from .graphs import Graphs, open_graphs
 from .modeldir import load_manifest
 from .options import DecodeOptions, RuntimeOptions
-from .tokenizer import MarianTokenizer
+from .tokenizer import load_tokenizer
 
 # How many texts the streaming variant reads ahead: enough to sort into full batches of similar length.
 STREAM_WINDOW_BATCHES = 8
@@ -57,13 +57,17 @@ class Translator:
         with ThreadPoolExecutor(max_workers=1) as pool:
             hashes = pool.submit(verify_files, self.directory, self.manifest) if runtime.verify else None
             try:
-                self.tokenizer = MarianTokenizer.from_dir(self.directory)
+                self.tokenizer = load_tokenizer(self.directory, self.manifest.tokenizer.get("kind"))
                 # Truncate at the model's positions even where the tokenizer's own limit is larger: opus-mt's
                 # tokenizer_config.json names no length, so MarianTokenizer's 512 applies, past a smaller model's
                 # position table.
                 self.tokenizer.model_max_length = min(
                     self.tokenizer.model_max_length, int(self.manifest.model["max_positions"])
                 )
+                try:
+                    self.scheme: LanguageScheme = scheme_for(self.manifest.languages, self.tokenizer.token_id)
+                except KeyError as e:
+                    raise ModelDirError(f"{self.directory}: language token {e} is not in the tokenizer") from e
                 self.graphs: Graphs = open_graphs(self.directory, self.manifest, runtime, sessions)
             except Exception:
                 if hashes is not None:
@@ -73,37 +77,61 @@ class Translator:
                 hashes.result()
         self.runtime = runtime
         self.decoding = decoding
-        if decoding.target_lang is not None:
-            self.target_token(decoding.target_lang)  # fail at construction, not at the first request
+        if decoding.target_lang is not None or decoding.source_lang is not None:
+            self.prompt(decoding.source_lang, decoding.target_lang)  # fail at construction, not at the first request
 
     @property
     def target_languages(self) -> list[str]:
         return sorted(self.manifest.languages.get("target_tokens", {}))
 
+    @property
+    def source_languages(self) -> list[str]:
+        return sorted(self.manifest.languages.get("source_tokens", {}))
+
     def target_token(self, target_lang: str | None) -> str | None:
         """The language token for `target_lang`: any code a client sends (`zh`, `zh-TW`, `cmn_Hant`, `>>cmn_Hant<<`,
-        see onnxmt.languages); ValueError naming the valid ones."""
-        lang = ModelLanguages(self.manifest.languages).resolve_target(target_lang)
+        `zho_Hans`, see onnxmt.languages); ValueError naming the valid ones."""
+        lang = self.scheme.resolve_target(target_lang)
         return None if lang is None else str(self.manifest.languages["target_tokens"][lang])
+
+    def prompt(self, source_lang: str | None = None, target_lang: str | None = None) -> Prompt:
+        """What the model's language scheme puts around a text for this language pair (architectures/schemes.py);
+        ValueError naming the valid codes."""
+        return self.scheme.prompt(source_lang, target_lang)
+
+    def source_code(self, source_lang: str | None) -> str | None:
+        """The model's own code for a client's source code (`en` -> `eng_Latn`), None if it names no source."""
+        return self.scheme.languages.resolve_source(source_lang)
+
+    def encode(self, text: str, prompt: Prompt) -> list[int]:
+        """The source ids of `text` under `prompt`: the one path every caller (validate, eval, serve) encodes by."""
+        return self.tokenizer.encode(prompt.text + text, prefix=prompt.prefix, suffix=prompt.suffix)
 
     def translate(
         self,
         texts: Sequence[str],
         *,
+        source_lang: str | Sequence[str | None] | None = None,
+        target_lang: str | Sequence[str | None] | None = None,
         cancel: CancelToken | Sequence[CancelToken] | None = None,
         on_batch: Callable[[int], None] | None = None,
         **overrides: Any,
     ) -> list[Translation]:
-        """Translate `texts` (a list of strings); keyword arguments (beams, max_new_tokens, batch_size,
-        target_lang, ...) override this translator's DecodeOptions for this call. Empty texts give empty
-        translations; the order of the input is kept.
+        """Translate `texts` (a list of strings); keyword arguments (beams, max_new_tokens, batch_size, ...)
+        override this translator's DecodeOptions for this call. Empty texts give empty translations; the order of
+        the input is kept.
+
+        `source_lang`, `target_lang`: one code for all texts, or one per text (a batch may mix them; models told
+        the source language by a token, as NLLB and M2M100, use it, others check it). None: the translator's
+        DecodeOptions, then the model's defaults.
 
         `cancel`: one token for all texts, or one per text. Once a text's token is set, the text leaves its decoder
         batch at the next step (or is never started) and comes back with `cancelled=True`. `on_batch(n)` is called
         with the size of each decoder batch as it starts (the service's batch metrics)."""
         _check_texts(texts)
         options = self.decoding.merged(**overrides)
-        return self._translate_list(list(texts), options, _tokens(cancel, len(texts)), on_batch)
+        prompts = self._prompts(len(texts), options, source_lang, target_lang)
+        return self._translate_list(list(texts), options, _tokens(cancel, len(texts)), prompts, on_batch)
 
     def cost(self, texts: Sequence[str], **overrides: Any) -> int:
         """What translating `texts` may cost, in tokens x beams: the sum over texts of (source tokens + most new
@@ -111,8 +139,24 @@ class Translator:
         _check_texts(texts)
         options = self.decoding.merged(**overrides)
         settings = resolve_settings(self.manifest, options)
-        token = self.target_token(options.target_lang)
-        return sum(_text_cost(len(self.tokenizer.encode(t, target_token=token)), settings) for t in texts if t.strip())
+        prompt = self.prompt(options.source_lang, options.target_lang)
+        return sum(_text_cost(len(self.encode(t, prompt)), settings) for t in texts if t.strip())
+
+    def _prompts(
+        self,
+        n: int,
+        options: DecodeOptions,
+        source_lang: str | Sequence[str | None] | None,
+        target_lang: str | Sequence[str | None] | None,
+    ) -> list[Prompt]:
+        """One prompt per text; a pair of codes is resolved once however many texts share it."""
+        sources = _per_text(source_lang, n, "source_lang", options.source_lang)
+        targets = _per_text(target_lang, n, "target_lang", options.target_lang)
+        resolved: dict[tuple[str | None, str | None], Prompt] = {}
+        for pair in zip(sources, targets, strict=True):
+            if pair not in resolved:
+                resolved[pair] = self.prompt(*pair)
+        return [resolved[pair] for pair in zip(sources, targets, strict=True)]
 
     def translate_iter(self, texts: Iterable[str], **overrides: Any) -> Iterator[Translation]:
         """Streaming variant: reads `texts` lazily, yields translations in input order."""
@@ -121,7 +165,7 @@ class Translator:
         window = max(1, options.batch_size) * STREAM_WINDOW_BATCHES
         while chunk := list(islice(iterator, window)):
             _check_texts(chunk)
-            yield from self._translate_list(chunk, options)
+            yield from self._translate_list(chunk, options, None, self._prompts(len(chunk), options, None, None))
 
     def translate_stream(self, text: str, **overrides: Any) -> Iterator[str]:
         """One text (a sentence or a whole document) translated as a stream of pieces of text: token by token with
@@ -137,16 +181,16 @@ class Translator:
         self,
         texts: list[str],
         options: DecodeOptions,
-        tokens: list[CancelToken | None] | None = None,
+        tokens: list[CancelToken | None] | None,
+        prompts: list[Prompt],
         on_batch: Callable[[int], None] | None = None,
     ) -> list[Translation]:
         if options.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {options.batch_size}")
         settings = resolve_settings(self.manifest, options)
-        token = self.target_token(options.target_lang)
         tokens = tokens or [None] * len(texts)
         results: list[Translation | None] = [None] * len(texts)
-        encoded = {i: self.tokenizer.encode(t, target_token=token) for i, t in enumerate(texts) if t.strip()}
+        encoded = {i: self.encode(t, prompts[i]) for i, t in enumerate(texts) if t.strip()}
         for i, text in enumerate(texts):
             if not text.strip():
                 results[i] = Translation(text="", token_ids=[], score=0.0)
@@ -161,22 +205,47 @@ class Translator:
                 if on_batch is not None:
                     on_batch(len(batch))
                 ids, batch_tokens = [encoded[i] for i in batch], [tokens[i] for i in batch]
-                for i, hyps in zip(batch, self._decode_batch(ids, settings, batch_tokens), strict=True):
+                forced = [prompts[i].forced_bos for i in batch]
+                for i, hyps in zip(batch, self._decode_batch(ids, settings, batch_tokens, forced), strict=True):
                     results[i] = hyps
         return [r for r in results if r is not None]
 
     def _decode_batch(
-        self, ids: list[list[int]], settings: Settings, tokens: list[CancelToken | None]
+        self,
+        ids: list[list[int]],
+        settings: Settings,
+        tokens: list[CancelToken | None],
+        forced: Sequence[int | None] = (),
     ) -> list[Translation]:
         input_ids, mask = pad_batch(ids, self.manifest.tokens["pad"])
         cancelled = None
         if any(t is not None for t in tokens):
             cancelled = lambda: np.array([_is_cancelled(t) for t in tokens])  # noqa: E731
+        forced_bos = _forced_bos(forced, settings)
         out = []
-        for hyps in decode(self.graphs, input_ids, mask, settings, cancelled):
+        for hyps in decode(self.graphs, input_ids, mask, settings, cancelled, forced_bos=forced_bos):
             first, *rest = (Translation(self.tokenizer.decode(h.tokens), h.tokens, h.score) for h in hyps)
             out.append(Translation(first.text, first.token_ids, first.score, tuple(rest), hyps[0].cancelled))
         return out
+
+
+def _per_text(value: str | Sequence[str | None] | None, n: int, name: str, default: str | None) -> list[str | None]:
+    if value is None or isinstance(value, str):
+        return [default if value is None else value] * n
+    if len(value) != n:
+        raise ValueError(f"{name} holds {len(value)} codes for {n} texts; give one code, or one per text")
+    return [default if v is None else v for v in value]
+
+
+def _forced_bos(forced: Sequence[int | None], settings: Settings) -> np.ndarray | None:
+    """The rows' forced first tokens for `decode`, or None when no prompt forces one (the model's own
+    forced_bos_token_id, if any, then applies to all rows)."""
+    if all(f is None for f in forced):
+        return None
+    fallback = settings.forced_bos
+    if any(f is None for f in forced) and fallback is None:
+        raise ValueError("a batch cannot mix texts with and without a forced first token")
+    return np.array([fallback if f is None else f for f in forced], dtype=np.int64)
 
 
 def _tokens(cancel: CancelToken | Sequence[CancelToken] | None, n: int) -> list[CancelToken | None] | None:
@@ -230,55 +299,3 @@ def _check_texts(texts: object) -> None:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
-
-
-def resolve_settings(manifest: Manifest, options: DecodeOptions) -> Settings:
-    """Options first, then the model's generation defaults, then transformers' defaults."""
-    gen, tokens = manifest.generation, manifest.tokens
-
-    def pick(option: Any, key: str, default: Any) -> Any:
-        if option is not None:
-            return option
-        return gen[key] if gen.get(key) is not None else default
-
-    beams = int(pick(options.beams, "num_beams", 1))
-    if beams < 1:
-        raise ValueError(f"beams must be at least 1, got {beams}")
-    if options.num_return_sequences > beams:
-        raise ValueError(f"num_return_sequences ({options.num_return_sequences}) cannot exceed beams ({beams})")
-    max_positions = int(manifest.model["max_positions"])
-    max_new = options.max_new_tokens
-    if max_new is not None:
-        if max_new < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {max_new}")
-        max_length = max_new + 1
-    elif options.max_length is not None or gen.get("max_length") is not None:
-        max_length = int(pick(options.max_length, "max_length", None))
-    elif gen.get("max_new_tokens") is not None:
-        max_length = int(gen["max_new_tokens"]) + 1
-    else:
-        max_length = min(DEFAULT_MAX_NEW_TOKENS + 1, max_positions)
-    if max_length > max_positions + 1:
-        raise ValueError(f"at most {max_positions} tokens can be generated by this model (max_length {max_length})")
-    min_new = pick(options.min_new_tokens, "min_new_tokens", None)
-    min_length = int(min_new) + 1 if min_new is not None else int(pick(options.min_length, "min_length", 0))
-    eos_ids = tuple(int(t) for t in tokens.get("eos_ids", [tokens["eos"]]))
-    return Settings(
-        num_beams=beams,
-        max_length=max_length,
-        min_length=min_length,
-        length_penalty=float(pick(options.length_penalty, "length_penalty", 1.0)),
-        early_stopping=pick(options.early_stopping, "early_stopping", False),
-        num_return_sequences=options.num_return_sequences,
-        decoder_start=int(tokens["decoder_start"]),
-        eos_ids=eos_ids,
-        pad=int(tokens["pad"]) if tokens.get("pad") is not None else eos_ids[0],
-        bad_words=tuple(tuple(w) for w in gen.get("bad_words_ids") or ()),
-        suppress=tuple(gen.get("suppress_tokens") or ()),
-        begin_suppress=tuple(gen.get("begin_suppress_tokens") or ()),
-        forced_eos=gen.get("forced_eos_token_id"),
-        no_repeat_ngram_size=int(pick(options.no_repeat_ngram_size, "no_repeat_ngram_size", 0)),
-        repetition_penalty=float(pick(options.repetition_penalty, "repetition_penalty", 1.0)),
-        forced_bos=gen.get("forced_bos_token_id"),
-        renormalize=bool(pick(options.renormalize_logits, "renormalize_logits", False)),
-    )

@@ -311,8 +311,10 @@ class Service:
             num_return_sequences=returned,
         )
         try:
+            # Models told their source by a token (NLLB, M2M100) take the request's; "auto" is the model's default.
+            options = options.merged(source_lang=translator.source_code(request.source))
             resolve_settings(translator.manifest, options)
-            translator.target_token(options.target_lang)
+            translator.prompt(options.source_lang, options.target_lang)
         except ValueError as e:
             raise ApiError(400, str(e)) from e
         return options

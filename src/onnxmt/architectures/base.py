@@ -1,0 +1,105 @@
+"""The registry and the base class of architectures."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_REGISTRY: dict[str, type[Architecture]] = {}
+
+
+def register(model_type: str) -> Callable[[type[Architecture]], type[Architecture]]:
+    """Class decorator: `@register("marian")` makes the class the architecture of configs of that model_type."""
+
+    def wrap(cls: type[Architecture]) -> type[Architecture]:
+        _REGISTRY[model_type] = cls
+        return cls
+
+    return wrap
+
+
+def supported() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_architecture(model_type: str | None) -> Architecture:
+    if model_type not in _REGISTRY:
+        raise ValueError(f"architecture {model_type!r} is not supported yet; supported: {', '.join(supported())}")
+    return _REGISTRY[model_type]()
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+class Architecture:
+    """One family. Subclasses set the class attributes and implement `facts`, `languages` and (if the defaults do
+    not fit) `tokens`; `build_hooks` names the export module with `load(path)`, `encoder(model)` and
+    `decoder(model, buffered)`."""
+
+    name = ""
+    tokenizer_kind = ""  # a key of onnxmt.runtime.tokenizer.TOKENIZERS
+    tokenizer_files: tuple[str, ...] = ()  # copied into the model directory; export fails without them
+    optional_tokenizer_files: tuple[str, ...] = ()  # copied when present
+    build_hooks = ""  # module path, e.g. "onnxmt.export.marian"
+
+    def for_source(self, source: Path) -> Architecture:
+        """The variant of this family that the files in `source` make (NLLB is an m2m_100 with a tokenizer.json)."""
+        return self
+
+    def facts(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Sizes the runtime needs: d_model, encoder_layers, num_layers (decoder), num_heads, head_dim, vocab_size,
+        max_positions."""
+        raise NotImplementedError
+
+    def tokens(self, source: Path, config: dict[str, Any], generation_config: dict[str, Any]) -> dict[str, Any]:
+        """decoder_start, eos, eos_ids, pad, unk, as transformers resolves them: generation config first."""
+
+        def pick(key: str) -> Any:
+            value = generation_config.get(key)
+            return config.get(key) if value is None else value
+
+        eos = pick("eos_token_id")
+        return {
+            "decoder_start": pick("decoder_start_token_id"),
+            "eos": eos[0] if isinstance(eos, list) else eos,
+            "eos_ids": eos if isinstance(eos, list) else [eos],
+            "pad": pick("pad_token_id"),
+            "unk": self.unk_id(source),
+        }
+
+    def unk_id(self, source: Path) -> int | None:
+        return None
+
+    def languages(self, source: Path, default_target: str | None) -> dict[str, Any]:
+        """The manifest's `languages` section: `scheme` (a key of schemes.SCHEMES) and what it needs."""
+        raise NotImplementedError
+
+    def tokenizer_section(self, source: Path, files: list[str], facts: dict[str, Any]) -> dict[str, Any]:
+        tokenizer_config = read_json(source / "tokenizer_config.json")
+        return {
+            "kind": self.tokenizer_kind,
+            "files": [n for n in files if n in (*self.tokenizer_files, *self.optional_tokenizer_files)],
+            "model_max_length": tokenizer_config.get("model_max_length", facts["max_positions"]),
+        }
+
+    # Build hooks (torch), imported on first use so that the run side never imports them.
+
+    def _hooks(self) -> Any:
+        try:
+            return importlib.import_module(self.build_hooks)
+        except ImportError as e:
+            raise ImportError(f"exporting a {self.name} model needs torch: pip install onnxmt[export] ({e})") from e
+
+    def load(self, path: str) -> Any:
+        return self._hooks().load(path)
+
+    def encoder(self, model: Any) -> Any:
+        return self._hooks().encoder(model)
+
+    def decoder(self, model: Any, buffered: bool = False) -> Any:
+        """The decoder step module; `buffered`: the self-attention cache is a buffer the runtime writes (marian.py)."""
+        return self._hooks().decoder(model, buffered)
