@@ -103,7 +103,7 @@ async def _layouts(service: Service, request: TranslateRequest, texts: list[str]
 async def _chunks(service: Service, request: TranslateRequest, sentences: list[str]) -> list[list[str]]:
     """`sentences` cut into consecutive requests, each under the request cost and text limits."""
     async with _first_model(service, request) as (translator, target_lang):
-        options = service._decode_options(translator, target_lang, request, 0)
+        options = service._decode_options(translator, target_lang, request, 0, request.source)
         costs = await asyncio.to_thread(lambda: [translator.cost([s], **vars(options)) for s in sentences])
     limit = service.options.max_request_cost or None
     chunks: list[list[str]] = []

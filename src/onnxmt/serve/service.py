@@ -204,7 +204,10 @@ class Service:
             last = i == len(route.legs) - 1
             # Through a pivot, the first leg's best translation is the second's input: alternatives are the
             # second leg's.
-            results = await self._leg(leg, texts, request, request.alternatives if last else 0, disconnected)
+            alternatives = request.alternatives if last else 0
+            # The second leg of a pivot reads the pivot language, not the request's source.
+            source = request.source if i == 0 else route.pivot
+            results = await self._leg(leg, texts, request, alternatives, disconnected, source)
             texts = [r.text for r in results]
         return _answer(request, results, detected, route.pivot)
 
@@ -239,12 +242,14 @@ class Service:
         request: TranslateRequest,
         alternatives: int,
         disconnected: Callable[[], Awaitable[object]] | None,
+        source: str | None,
     ) -> list[Translation]:
-        """`texts` translated by one model: from the cache where it has them, the others through its batcher."""
+        """`texts` translated by one model: from the cache where it has them, the others through its batcher.
+        `source`: the language this model reads (the request's, or the pivot's)."""
         _, pool = self._require_ready()
         entry = leg.entry
         async with pool.use(entry) as (translator, batcher):
-            options = self._decode_options(translator, leg.target_lang, request, alternatives)
+            options = self._decode_options(translator, leg.target_lang, request, alternatives, source)
             if not texts:
                 return []
             cost = await self._check_cost(translator, texts, options)
@@ -295,7 +300,12 @@ class Service:
         return await asyncio.to_thread(self.detector.detect, text)
 
     def _decode_options(
-        self, translator: Translator, target_lang: str | None, request: TranslateRequest, alternatives: int
+        self,
+        translator: Translator,
+        target_lang: str | None,
+        request: TranslateRequest,
+        alternatives: int,
+        source: str | None,
     ) -> DecodeOptions:
         """The request's decoding settings, checked before queueing so a bad value is a 400, not a failed batch."""
         beams = request.beams
@@ -312,7 +322,7 @@ class Service:
         )
         try:
             # Models told their source by a token (NLLB, M2M100) take the request's; "auto" is the model's default.
-            options = options.merged(source_lang=translator.source_code(request.source))
+            options = options.merged(source_lang=translator.source_code(source))
             resolve_settings(translator.manifest, options)
             translator.prompt(options.source_lang, options.target_lang)
         except ValueError as e:
