@@ -484,7 +484,11 @@ def test_sigterm_with_long_batches_answers_every_request_and_exits_in_time(tiny_
             return await asyncio.gather(*tasks, return_exceptions=True), late, signalled
 
     results, late, signalled = asyncio.run(send_and_stop())
-    code = server.process.wait(timeout=60)
+    try:
+        code = server.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.process.kill()  # never left behind ignoring signals
+        pytest.fail(f"the server had not exited 60 s after SIGTERM:\n{server.logs()[-6000:]}")
     exited = time.monotonic() - signalled
     assert code == 0, server.logs()
     assert exited < timeout + 5, exited
