@@ -34,3 +34,12 @@ def headless_chromium(profile: Path) -> Any:
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+
+
+def translation_done(browser: Any) -> bool:
+    """The page's translation has finished: its status line is clear and the Translate button enabled again (the
+    page streams: text in the result before then may be a part)."""
+    from selenium.webdriver.common.by import By
+
+    status, button = browser.find_element(By.ID, "status"), browser.find_element(By.ID, "translate")
+    return bool(status.text == "" and button.is_enabled())

@@ -23,8 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from browser import headless_chromium
+from browser import headless_chromium, translation_done
 from onnxmt import DecodeOptions, Translator
+from onnxmt.documents.translate import translate_document
 from onnxmt.export.random_model import generate_corpus
 from onnxmt.runtime.cancel import CancelToken
 from onnxmt.runtime.translator import Translation
@@ -799,10 +800,13 @@ def test_page_translates_in_headless_chromium(server: Server, translator: Transl
         # A text the 13-token fixture translates into yue_Hant as a non-empty text (TEXTS[5] gives "").
         browser.find_element(By.ID, "text").send_keys(TEXTS[8])
         browser.find_element(By.ID, "translate").click()
-        wait.until(lambda b: b.find_element(By.ID, "result").get_attribute("textContent"))
+        # The page reads /translate/stream: done when its status clears, the whole text shown.
+        wait.until(translation_done)
         browser.save_screenshot(str(tmp_path / "page.png"))
         shown = browser.find_element(By.ID, "result").get_attribute("textContent")
-        assert shown == translator.translate([TEXTS[8]], target_lang="yue_Hant")[0].text
+        assert shown and shown == translate_document(translator, TEXTS[8], target_lang="yue_Hant")
+        fetched = browser.execute_script("return performance.getEntriesByType('resource').map((e) => e.name)")
+        assert any(name.endswith("/translate/stream") for name in fetched), fetched
         assert browser.find_element(By.ID, "error").text == ""
         violations = [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
         assert not violations, violations

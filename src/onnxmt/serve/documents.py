@@ -269,12 +269,15 @@ async def translate_stream(request: Request) -> Response:
     if parsed.format != "text":
         raise ApiError(400, "Invalid request: /translate/stream translates text; format must be text")
     parsed = replace(parsed, alternatives=0)
+    catalog, _ = service._require_ready()
+    _, source = await service._source(catalog, parsed)
+    pivot = catalog.route(source, parsed.target).pivot  # said in the last event, as /translate says it
     pieces = (await _layouts(service, parsed, parsed.texts))[0]
     sentences = [p.text for p in pieces if p.translate]
     events = _sentences(service, parsed, sentences)
     # The first sentence before the answer starts: its errors (400, 413, 503) keep their status.
     first = await anext(events, None)
-    return StreamingResponse(_events(pieces, first, events), media_type="text/event-stream")
+    return StreamingResponse(_events(pieces, first, events, pivot), media_type="text/event-stream")
 
 
 async def _sentences(service: Service, request: TranslateRequest, sentences: list[str]) -> AsyncIterator[str]:
@@ -291,7 +294,9 @@ async def _sentences(service: Service, request: TranslateRequest, sentences: lis
         size = service.options.max_batch_size
 
 
-async def _events(pieces: list[Piece], first: str | None, rest: AsyncIterator[str]) -> AsyncIterator[str]:
+async def _events(
+    pieces: list[Piece], first: str | None, rest: AsyncIterator[str], pivot: str | None = None
+) -> AsyncIterator[str]:
     out: list[str] = []
     space, previous = "", None
     pending = first
@@ -309,7 +314,10 @@ async def _events(pieces: list[Piece], first: str | None, rest: AsyncIterator[st
         if space:
             out.append(space)
             yield _sse({"translatedText": space})
-        yield _sse({"translatedText": "".join(out)}, event="done")
+        done: dict[str, Any] = {"translatedText": "".join(out)}
+        if pivot is not None:
+            done["pivot"] = pivot
+        yield _sse(done, event="done")
     except ApiError as e:
         yield _sse({"error": e.message, "status": e.status}, event="error")
 
