@@ -63,8 +63,9 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in engines}
     outputs: dict[str, list[str]] = {}
     for round_ in range(a.rounds):
-        for name, command in engines.items():
-            out = work / f"{len(outputs)}-{round_}.txt"
+        for index, (name, command) in enumerate(engines.items()):
+            # A path of its own per engine and round: translate-corpus would resume another run's work directory.
+            out = work / f"{index}-{round_}.txt"
             times[name].append(run([*command(out), *flags]))
             outputs[name] = out.read_text(encoding="utf-8").splitlines()
             print(f"round {round_ + 1}: {name}: {times[name][-1]:.1f} s", file=sys.stderr, flush=True)
