@@ -10,13 +10,12 @@ generated corpus, ids laid out like fairseq's dictionary: `<s> <pad> </s> <unk>`
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .random_model import generate_corpus
+from .random_model import generate_corpus, train_spm
 
 # facebook/m2m100_418M (hub), sizes aside. Its config.json keeps generation keys (early_stopping, num_beams,
 # max_length) from older transformers, as the hub file does.
@@ -89,22 +88,6 @@ class RandomM2M100Spec:
     seed: int = 0
 
 
-def _train_bpe(lines: list[str], vocab_size: int) -> bytes:
-    import sentencepiece as spm
-
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines),
-        model_writer=model,
-        vocab_size=vocab_size,
-        model_type="bpe",
-        character_coverage=1.0,
-        hard_vocab_limit=False,
-        minloglevel=2,
-    )
-    return model.getvalue()
-
-
 def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
 
@@ -157,7 +140,7 @@ def build_random_m2m100(output_dir: str | Path, spec: RandomM2M100Spec = RandomM
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     english, chinese = generate_corpus(spec.seed)
-    spm_model = _train_bpe(english + chinese, spec.pieces)
+    spm_model = train_spm(english + chinese, spec.pieces, model_type="bpe")
     if spec.nllb:
         vocab_size = _nllb_tokenizer(out, spm_model, spec.legacy_behaviour)
     else:

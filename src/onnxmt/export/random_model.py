@@ -118,7 +118,8 @@ def generate_corpus(seed: int, lines: int = 3000) -> tuple[list[str], list[str]]
     return english, chinese
 
 
-def train_spm(lines: list[str], vocab_size: int) -> bytes:
+def train_spm(lines: list[str], vocab_size: int, model_type: str = "unigram") -> bytes:
+    """A sentencepiece model trained on `lines`: unigram as Marian's, or bpe as M2M100's and NLLB's."""
     import sentencepiece as spm
 
     model = io.BytesIO()
@@ -126,7 +127,7 @@ def train_spm(lines: list[str], vocab_size: int) -> bytes:
         sentence_iterator=iter(lines),
         model_writer=model,
         vocab_size=vocab_size,
-        model_type="unigram",
+        model_type=model_type,
         character_coverage=1.0,
         hard_vocab_limit=False,
         minloglevel=2,
