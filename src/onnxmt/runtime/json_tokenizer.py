@@ -8,18 +8,17 @@ only; decoding mirrors `tokenizer.decode(ids, skip_special_tokens=True)`, includ
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..manifest import ModelDirError
-from .tokenizer import _UNLIMITED, _clean_up_tokenization, _read_json_object
+from .tokenizer import _UNLIMITED, Truncating, _clean_up_tokenization, _read_json_object
 
 _DEFAULT_MAX_LENGTH = _UNLIMITED  # transformers' when tokenizer_config.json names none
 
 
-class JsonTokenizer:
+class JsonTokenizer(Truncating):
     """Encode source text and decode target ids exactly as transformers' tokenizers-backed tokenizer does."""
 
     def __init__(self, tokenizer: Any, config: dict[str, Any]) -> None:
@@ -82,16 +81,3 @@ class JsonTokenizer:
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         return [self.decode(ids) for ids in batch]
-
-    def _truncate(self, ids: list[int], specials: int) -> list[int]:
-        excess = len(ids) + specials - self.model_max_length
-        if self.model_max_length <= 0 or excess <= 0:
-            return ids
-        if not self._warned_truncation:
-            self._warned_truncation = True
-            warnings.warn(
-                f"input of {len(ids) + specials} tokens truncated to model_max_length={self.model_max_length} "
-                "(warned once per tokenizer)",
-                stacklevel=3,
-            )
-        return ids[excess:] if self.truncation_side == "left" else ids[:-excess]

@@ -139,7 +139,30 @@ def _array(values: np.ndarray, typecode: str) -> array:
     return out
 
 
-class MarianTokenizer:
+class Truncating:
+    """Truncation as transformers' `truncation=True` does it, shared by the run side's tokenizers: they set
+    `model_max_length`, `truncation_side` and `_warned_truncation`."""
+
+    model_max_length: int
+    truncation_side: str
+    _warned_truncation: bool
+
+    def _truncate(self, ids: list[int], specials: int = 1) -> list[int]:
+        # truncation=True keeps model_max_length ids including the special ids added afterwards.
+        excess = len(ids) + specials - self.model_max_length
+        if self.model_max_length > _LARGE or self.model_max_length <= 0 or excess <= 0:
+            return ids
+        if not self._warned_truncation:
+            self._warned_truncation = True
+            warnings.warn(
+                f"input of {len(ids) + specials} tokens truncated to model_max_length={self.model_max_length} "
+                "(warned once per tokenizer)",
+                stacklevel=3,
+            )
+        return ids[excess:] if self.truncation_side == "left" else ids[:-excess]
+
+
+class MarianTokenizer(Truncating):
     """Encode source text and decode target ids exactly as transformers' `MarianTokenizer` does."""
 
     def __init__(
@@ -266,20 +289,6 @@ class MarianTokenizer:
             return self._added[token]
         # Marian ids are not sentencepiece ids, so a piece missing from vocab.json can only be unknown.
         return self._vocab.get(token, self._vocab_unk)
-
-    def _truncate(self, ids: list[int], specials: int = 1) -> list[int]:
-        # truncation=True keeps model_max_length ids including the special ids added afterwards.
-        excess = len(ids) + specials - self.model_max_length
-        if self.model_max_length > _LARGE or self.model_max_length <= 0 or excess <= 0:
-            return ids
-        if not self._warned_truncation:
-            self._warned_truncation = True
-            warnings.warn(
-                f"input of {len(ids) + specials} tokens truncated to model_max_length={self.model_max_length} "
-                "(warned once per tokenizer)",
-                stacklevel=3,
-            )
-        return ids[excess:] if self.truncation_side == "left" else ids[:-excess]
 
     def _id_to_piece(self, index: int) -> str:
         if index in self._added_by_id:
