@@ -43,7 +43,8 @@ def test_batch_size_does_not_change_results(translator: Translator) -> None:
     assert [r.token_ids for r in one] == [r.token_ids for r in many]
 
 
-def test_cancelled_texts_are_never_started(translator: Translator) -> None:
+def _count_encodes(translator: Translator, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of every batch the translator encodes from now on (until the test ends)."""
     calls: list[int] = []
     encode = translator.graphs.encode
 
@@ -51,22 +52,24 @@ def test_cancelled_texts_are_never_started(translator: Translator) -> None:
         calls.append(len(ids))
         return encode(ids, mask)
 
-    translator.graphs.encode = counted  # type: ignore[method-assign]
-    try:
-        gone = CancelToken()
-        gone.cancel()
-        results = translator.translate(TEXTS, cancel=gone)
-        assert calls == [] and all(r.cancelled or not r.text for r in results)
-        assert [r.cancelled for r in results] == [bool(t.strip()) for t in TEXTS]
-        # One token per text: only the live ones run, and they give what they give alone.
-        tokens = [gone if i % 2 else CancelToken() for i in range(len(TEXTS))]
-        mixed = translator.translate(TEXTS, cancel=tokens)
-        assert [r.cancelled for r in mixed] == [bool(t.strip()) and i % 2 == 1 for i, t in enumerate(TEXTS)]
-        assert [r.token_ids for r in mixed[::2]] == [r.token_ids for r in translator.translate(TEXTS[::2])]
-        with pytest.raises(ValueError, match="one per text"):
-            translator.translate(TEXTS, cancel=tokens[:2])
-    finally:
-        del translator.graphs.encode
+    monkeypatch.setattr(translator.graphs, "encode", counted)
+    return calls
+
+
+def test_cancelled_texts_are_never_started(translator: Translator, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_encodes(translator, monkeypatch)
+    gone = CancelToken()
+    gone.cancel()
+    results = translator.translate(TEXTS, cancel=gone)
+    assert calls == [] and all(r.cancelled or not r.text for r in results)
+    assert [r.cancelled for r in results] == [bool(t.strip()) for t in TEXTS]
+    # One token per text: only the live ones run, and they give what they give alone.
+    tokens = [gone if i % 2 else CancelToken() for i in range(len(TEXTS))]
+    mixed = translator.translate(TEXTS, cancel=tokens)
+    assert [r.cancelled for r in mixed] == [bool(t.strip()) and i % 2 == 1 for i, t in enumerate(TEXTS)]
+    assert [r.token_ids for r in mixed[::2]] == [r.token_ids for r in translator.translate(TEXTS[::2])]
+    with pytest.raises(ValueError, match="one per text"):
+        translator.translate(TEXTS, cancel=tokens[:2])
 
 
 def test_a_deadline_cancels_the_work_at_the_next_step(translator: Translator) -> None:
@@ -82,24 +85,14 @@ def test_a_deadline_cancels_the_work_at_the_next_step(translator: Translator) ->
     assert not any(r.cancelled for r in full) and {len(r.token_ids) for r in full} == {64}
 
 
-def test_cost_and_the_batch_budget(translator: Translator) -> None:
+def test_cost_and_the_batch_budget(translator: Translator, monkeypatch: pytest.MonkeyPatch) -> None:
     lengths = [len(translator.tokenizer.encode(t)) for t in TEXTS if t.strip()]
     assert translator.cost(TEXTS, beams=4) == sum((n + 8) * 4 for n in lengths)
     assert translator.cost(TEXTS, beams=2, max_new_tokens=30) == sum((n + 30) * 2 for n in lengths)
-    calls: list[int] = []
-    encode = translator.graphs.encode
-
-    def counted(ids, mask):  # type: ignore[no-untyped-def]
-        calls.append(len(ids))
-        return encode(ids, mask)
-
-    translator.graphs.encode = counted  # type: ignore[method-assign]
-    try:
-        budget = max(lengths) * 2 + 8 * 2 * 2  # two of the longest texts at 2 beams
-        reported: list[int] = []
-        cut = translator.translate(TEXTS, beams=2, max_batch_cost=budget, on_batch=reported.append)
-    finally:
-        del translator.graphs.encode
+    calls = _count_encodes(translator, monkeypatch)
+    budget = max(lengths) * 2 + 8 * 2 * 2  # two of the longest texts at 2 beams
+    reported: list[int] = []
+    cut = translator.translate(TEXTS, beams=2, max_batch_cost=budget, on_batch=reported.append)
     assert calls and max(calls) <= 2 and sum(calls) == len(lengths)
     assert reported == calls  # on_batch is told each decoder batch the budget cut (the service's batch metrics)
     assert [r.token_ids for r in cut] == [r.token_ids for r in translator.translate(TEXTS, beams=2)]
