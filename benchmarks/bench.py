@@ -2,8 +2,9 @@
 
     python benchmarks/bench.py             # full run: opus-mt-en-zh architecture, ~30 min on 2 cores
     python benchmarks/bench.py --quick     # tiny model, 2 sentences, seconds: checks the harness still works
+    python benchmarks/bench.py --model nllb-200-distilled-600M   # NLLB-200's architecture (eng_Latn -> zho_Hans)
 
-Builds (once, cached) a random model with opus-mt-en-zh's architecture and its conversions, runs every engine
+Builds (once, cached) a random model with the chosen architecture and its conversions, runs every engine
 available here through benchmarks/worker.py, prints a Markdown table with ratios to onnxmt and writes
 results/<mode>.json, .md and .png. See benchmarks/README.md.
 """
@@ -64,11 +65,16 @@ def engines(art: models.Artifacts, quick: bool = False) -> list[Engine]:
     return found
 
 
-def source_lengths(model_dir: Path, texts: list[str]) -> list[int]:
-    from onnxmt.runtime.tokenizer import MarianTokenizer
+def source_lengths(model_dir: Path, texts: list[str], family: models.Family) -> list[int]:
+    """Source tokens of each text as onnxmt feeds them (language tokens included), without loading the graphs."""
+    from onnxmt.architectures import scheme_for
+    from onnxmt.runtime.modeldir import load_manifest
+    from onnxmt.runtime.tokenizer import load_tokenizer
 
-    tokenizer = MarianTokenizer.from_dir(model_dir)
-    return [len(tokenizer.encode(t, target_token=f">>{models.TARGET_LANG}<<")) for t in texts]
+    manifest = load_manifest(model_dir, verify=False)
+    tokenizer = load_tokenizer(model_dir, manifest.tokenizer.get("kind"))
+    prompt = scheme_for(manifest.languages, tokenizer.token_id).prompt(family.source_lang, family.target_lang)
+    return [len(tokenizer.encode(prompt.text + t, prefix=prompt.prefix, suffix=prompt.suffix)) for t in texts]
 
 
 def _child_env(engine: Engine, threads: int) -> dict[str, str]:
@@ -164,6 +170,12 @@ def mark_agreement(results: list[dict[str, Any]], n: int) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--model",
+        choices=sorted(models.MODELS),
+        default="opus-mt-en-zh",
+        help="whose architecture the random model has (default opus-mt-en-zh)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny model, 2 sentences, 5 tokens: seconds")
     p.add_argument("--sentences", type=int, help="input lines for throughput (default 64; quick 2)")
     p.add_argument("--latency-sentences", type=int, help="first lines timed one by one (default 20; quick 2)")
@@ -212,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     texts = models.read_lines(args.data / INPUT_FILE, args.sentences)
     corpus = [line for name in TOKENIZER_CORPUS for line in models.read_lines(args.data / name)]
-    spec = models.QUICK if args.quick else models.FULL
+    family, full, quick = models.MODELS[args.model]
+    spec = quick if args.quick else full
     art = models.prepare(
         args.cache,
         spec,
@@ -223,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Models just built are still being written back to disk; no engine's cold start should pay for that.
     os.sync()
-    lengths = source_lengths(art.onnxmt_fp32, texts)
+    lengths = source_lengths(art.onnxmt_fp32, texts, family)
     settings = {
         "sentences": len(texts),
         "latency_sentences": args.latency_sentences,
@@ -237,11 +250,15 @@ def main(argv: list[str] | None = None) -> int:
         "batch_sizes": args.batch_sizes,
         "cold_batch": min(COLD_BATCH, len(texts)),
         "model": asdict(spec),
+        "model_name": args.model,
+        "source_lang": family.source_lang,
+        "target_lang": family.target_lang,
     }
     config = {
         "texts": texts,
         "order": sorted(range(len(texts)), key=lambda i: lengths[i]),
-        "target_lang": models.TARGET_LANG,
+        "source_lang": family.source_lang,
+        "target_lang": family.target_lang,
         "max_new_tokens": args.tokens,
         "threads": args.threads,
         "repeats": args.repeats,

@@ -1,5 +1,5 @@
-"""The models every engine runs, built once and cached: a random MarianMT with opus-mt-en-zh's architecture, and
-its onnxmt, CTranslate2 and Optimum conversions.
+"""The models every engine runs, built once and cached: a random model with the architecture of opus-mt-en-zh
+(MarianMT) or of NLLB-200-distilled-600M (M2M100), and its onnxmt, CTranslate2 and Optimum conversions.
 
 Each artifact lives in its own directory under the cache with a `.bench-key` file written last; a directory whose
 key differs from what would be built now (another spec, another exporter source, another converter version) is
@@ -18,12 +18,15 @@ from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
+from onnxmt.export.random_m2m100 import NLLB_200_DISTILLED_600M, RandomM2M100Spec
 from onnxmt.export.random_model import OPUS_MT_EN_ZH, RandomMarianSpec, build_vocab, spm_pieces, train_spm
 
 REPO = Path(__file__).resolve().parents[1]
 KEY_FILE = ".bench-key"
 OPTIMUM_ENV_SCRIPT = REPO / "tests" / "optimum_env.py"
 TARGET_LANG = "cmn_Hans"
+
+Spec = RandomMarianSpec | RandomM2M100Spec
 
 # The random builder trains its source tokenizer on generated word salad, which splits real English into ~2x the
 # tokens opus-mt's tokenizer would: encoder work, and so timings, would be off. The benchmark retrains the source
@@ -35,6 +38,33 @@ FULL = OPUS_MT_EN_ZH
 QUICK = replace(
     RandomMarianSpec(), target_languages=OPUS_MT_EN_ZH.target_languages, vocab_size=9000, max_position_embeddings=256
 )
+
+NLLB_QUICK = RandomM2M100Spec(nllb=True, d_model=64, ffn_dim=128, max_position_embeddings=256, pieces=2000)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What differs between the benchmark's two models: the languages each engine is told, and the files."""
+
+    name: str  # the cache folder of the full-size model
+    source_lang: str | None  # the model's own code, for models told the source by a token
+    target_lang: str
+    spm_files: tuple[str, ...]  # sentencepiece models CTranslate2 tokenizes with
+    optimum: bool  # whether the Optimum rows are part of this model's table
+
+
+MARIAN = Family("opus-mt-en-zh-random", None, TARGET_LANG, ("source.spm", "target.spm"), True)
+# The issue asks NLLB's row against transformers and CTranslate2; Optimum's rows are the opus-mt table's.
+NLLB = Family("nllb-200-distilled-600M-random", "eng_Latn", "zho_Hans", ("sentencepiece.bpe.model",), False)
+MODELS: dict[str, tuple[Family, Spec, Spec]] = {  # --model: family, full-size spec, --quick spec
+    "opus-mt-en-zh": (MARIAN, FULL, QUICK),
+    "nllb-200-distilled-600M": (NLLB, NLLB_200_DISTILLED_600M, NLLB_QUICK),
+}
+
+
+def family_of(spec: Spec) -> Family:
+    return NLLB if isinstance(spec, RandomM2M100Spec) else MARIAN
+
 
 Log = Callable[[str], None]
 
@@ -100,7 +130,13 @@ def retrain_source_tokenizer(model_dir: Path, spec: RandomMarianSpec, corpus: li
     (model_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
 
 
-def build_hf(out: Path, spec: RandomMarianSpec, corpus: list[str]) -> None:
+def build_hf(out: Path, spec: Spec, corpus: list[str]) -> None:
+    if isinstance(spec, RandomM2M100Spec):
+        # NLLB's one sentencepiece model, trained on the same real English (its vocabulary padded to the real size).
+        from onnxmt.export.random_m2m100 import build_random_m2m100
+
+        build_random_m2m100(out, spec, corpus)
+        return
     from onnxmt.export.random_model import build_random_marian
 
     build_random_marian(out, spec)
@@ -126,12 +162,12 @@ def quantize_onnxmt(fp32: Path, out: Path, *flags: str) -> None:
         raise RuntimeError(f"`onnxmt quantize` failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
 
 
-def convert_ct2(hf: Path, out: Path, quantization: str) -> None:
+def convert_ct2(hf: Path, out: Path, quantization: str, spm_files: tuple[str, ...]) -> None:
     from ctranslate2.converters import TransformersConverter
 
     TransformersConverter(str(hf)).convert(str(out), quantization=quantization, force=True)
     # The benchmark tokenizes with sentencepiece directly, as a CTranslate2 deployment does.
-    for name in ("source.spm", "target.spm"):
+    for name in spm_files:
         shutil.copy2(hf / name, out / name)
 
 
@@ -169,7 +205,7 @@ def optimum_python(create: bool, log: Log = print) -> Path | None:
 
 def prepare(
     cache: Path,
-    spec: RandomMarianSpec,
+    spec: Spec,
     corpus: list[str],
     *,
     skip_ct2: str | None = None,
@@ -177,13 +213,15 @@ def prepare(
     create_optimum_venv: bool = True,
     log: Log = print,
 ) -> Artifacts:
-    name = "quick" if spec == QUICK else "opus-mt-en-zh-random"
-    root = cache / name
+    family = family_of(spec)
+    quick = spec in (QUICK, NLLB_QUICK)
+    root = cache / (("quick" if family is MARIAN else "nllb-quick") if quick else family.name)
+    builders = ("random_model.py",) if family is MARIAN else ("random_model.py", "random_m2m100.py")
     hf_key = {
         "spec": asdict(spec),
         "corpus": hashlib.sha256("\n".join(corpus).encode()).hexdigest()[:16],
         "pieces": SOURCE_PIECES,
-        "builder": _hash_files(REPO / "src" / "onnxmt" / "export" / "random_model.py"),
+        "builder": _hash_files(*(REPO / "src" / "onnxmt" / "export" / name for name in builders)),
     }
     hf = cached(root / "hf", hf_key, lambda out: build_hf(out, spec, corpus), log)
     onnxmt_key = {
@@ -216,11 +254,16 @@ def prepare(
     no_ct2 = None if _version("ctranslate2") else "ctranslate2 is not installed"
     ct2 = {
         q: optional(
-            f"ct2-{q}", {**ct2_key, "quantization": q}, lambda out, q=q: convert_ct2(hf, out, q), no_ct2 or skip_ct2
+            f"ct2-{q}",
+            {**ct2_key, "quantization": q},
+            lambda out, q=q: convert_ct2(hf, out, q, family.spm_files),
+            no_ct2 or skip_ct2,
         )
         for q in ("float32", "int8")
     }
     optimum = None
+    if not family.optimum:
+        skip_optimum = skip_optimum or "not part of this model's table (transformers and CTranslate2 only)"
     if skip_optimum:
         skipped["optimum-fp32"] = skip_optimum
     elif (python := optimum_python(create_optimum_venv, log)) is None:

@@ -78,7 +78,10 @@ def table(result: dict[str, Any]) -> str:
 
 def legend(result: dict[str, Any]) -> str:
     s = result["settings"]
+    model = s.get("model_name", "opus-mt-en-zh")
+    languages = f", {s['source_lang']} → {s['target_lang']}" if s.get("source_lang") else ""
     return (
+        f"A random model with {model}'s architecture{languages}. "
         f"{s['sentences']} sentences of {s['data_file']} ({s['source_tokens']['min']}–{s['source_tokens']['max']} "
         f"source tokens, median {s['source_tokens']['median']}); exactly {s['max_new_tokens']} new tokens per "
         f"sentence; {s['threads']} threads; {s['repeats']} repeat(s)"
@@ -148,7 +151,8 @@ def chart(result: dict[str, Any], path: Path) -> None:
         va="bottom",
         transform=info.transAxes,
     )
-    fig.suptitle(f"onnxmt benchmark ({result['mode']}), random opus-mt-en-zh-architecture model")
+    model = result["settings"].get("model_name", "opus-mt-en-zh")
+    fig.suptitle(f"onnxmt benchmark ({result['mode']}), random {model}-architecture model")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

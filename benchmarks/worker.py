@@ -54,7 +54,9 @@ def load_onnxmt(cfg: dict[str, Any]) -> TranslateFn:
     translator = Translator(
         cfg["model_dir"],
         RuntimeOptions(threads=cfg["threads"], spinning=bool(cfg.get("spinning"))),
-        DecodeOptions(max_new_tokens=n, min_new_tokens=n, target_lang=cfg["target_lang"]),
+        DecodeOptions(
+            max_new_tokens=n, min_new_tokens=n, target_lang=cfg["target_lang"], source_lang=cfg.get("source_lang")
+        ),
     )
 
     def translate(texts: Sequence[str], beams: int) -> list[list[int]]:
@@ -65,17 +67,20 @@ def load_onnxmt(cfg: dict[str, Any]) -> TranslateFn:
 
 
 def _hf_generate(model: Any, cfg: dict[str, Any]) -> TranslateFn:
-    """`generate()` of a transformers or Optimum model, with its MarianTokenizer."""
-    from transformers import MarianTokenizer
+    """`generate()` of a transformers or Optimum model, with its own tokenizer: Marian's `>>xx<<` prefix, or NLLB's
+    source language (the tokenizer's `src_lang`) and target language (`forced_bos_token_id`)."""
+    from transformers import AutoTokenizer
 
-    tokenizer = MarianTokenizer.from_pretrained(cfg["model_dir"])
-    prefix = f">>{cfg['target_lang']}<< " if cfg["target_lang"] else ""
+    source = cfg.get("source_lang")
+    tokenizer = AutoTokenizer.from_pretrained(cfg["model_dir"], **({"src_lang": source} if source else {}))
+    prefix = f">>{cfg['target_lang']}<< " if cfg["target_lang"] and not source else ""
+    forced = {"forced_bos_token_id": tokenizer.convert_tokens_to_ids(cfg["target_lang"])} if source else {}
     n = cfg["max_new_tokens"]
     eos = model.generation_config.eos_token_id
 
     def translate(texts: Sequence[str], beams: int) -> list[list[int]]:
         batch = tokenizer([prefix + t for t in texts], return_tensors="pt", padding=True)
-        out = model.generate(**batch, num_beams=beams, max_new_tokens=n, min_new_tokens=n)
+        out = model.generate(**batch, num_beams=beams, max_new_tokens=n, min_new_tokens=n, **forced)
         tokenizer.batch_decode(out, skip_special_tokens=True)
         rows = [row[1:] for row in out.tolist()]  # (batch, 1 + new tokens): drop the decoder start token
         return [row[: row.index(eos) + 1] if eos in row else row for row in rows]
@@ -85,12 +90,12 @@ def _hf_generate(model: Any, cfg: dict[str, Any]) -> TranslateFn:
 
 def load_transformers(cfg: dict[str, Any]) -> TranslateFn:
     import torch
-    from transformers import MarianMTModel
+    from transformers import AutoModelForSeq2SeqLM
 
     torch.set_num_threads(cfg["threads"])
     torch.set_num_interop_threads(1)
     torch.set_grad_enabled(False)
-    model = MarianMTModel.from_pretrained(cfg["model_dir"]).eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(cfg["model_dir"]).eval()
     return _hf_generate(model, cfg)
 
 
@@ -121,18 +126,31 @@ def load_ctranslate2(cfg: dict[str, Any]) -> TranslateFn:
         intra_threads=cfg["threads"],
         inter_threads=1,
     )
-    source = spm.SentencePieceProcessor(model_file=str(Path(cfg["model_dir"]) / "source.spm"))
-    target = spm.SentencePieceProcessor(model_file=str(Path(cfg["model_dir"]) / "target.spm"))
-    vocab_file = Path(cfg["model_dir"]) / "shared_vocabulary.json"
+    directory = Path(cfg["model_dir"])
+    # NLLB: one sentencepiece model, `[src_lang] X </s>`, the target language as the target prefix (CTranslate2's
+    # documented NLLB usage); Marian: `>>xx<< X </s>` with its source and target models.
+    nllb = (directory / "sentencepiece.bpe.model").is_file()
+    source_file, target_file = ("sentencepiece.bpe.model",) * 2 if nllb else ("source.spm", "target.spm")
+    source = spm.SentencePieceProcessor(model_file=str(directory / source_file))
+    target = spm.SentencePieceProcessor(model_file=str(directory / target_file))
+    vocab_file = directory / "shared_vocabulary.json"
     ids = {token: i for i, token in enumerate(json.loads(vocab_file.read_text(encoding="utf-8")))}
-    prefix = [f">>{cfg['target_lang']}<<"] if cfg["target_lang"] else []
+    if nllb:
+        prefix, target_prefix = [cfg["source_lang"]], [cfg["target_lang"]]
+    else:
+        prefix, target_prefix = ([f">>{cfg['target_lang']}<<"] if cfg["target_lang"] else []), []
     n = cfg["max_new_tokens"]
 
     def translate(texts: Sequence[str], beams: int) -> list[list[int]]:
         tokens = [[*prefix, *source.encode(t, out_type=str), "</s>"] for t in texts]
         # CTranslate2 sorts and splits by itself with max_batch_size; 0 keeps the harness's batches as given.
         results = translator.translate_batch(
-            tokens, beam_size=beams, max_decoding_length=n, min_decoding_length=n, max_batch_size=0
+            tokens,
+            target_prefix=[target_prefix] * len(tokens) if target_prefix else None,
+            beam_size=beams,
+            max_decoding_length=n,
+            min_decoding_length=n,
+            max_batch_size=0,
         )
         hyps = [r.hypotheses[0] for r in results]
         target.decode_pieces(hyps)

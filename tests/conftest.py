@@ -234,7 +234,7 @@ def make_transformersjs_variants(path: Path) -> None:
 # no final_logits_bias: eos is raised through the final layer norm instead. The biases were measured (seed 0,
 # init_std 0.2) so that outputs have many lengths over the target languages the tests use (assert_varied_m2m100).
 TINY_M2M100 = RandomM2M100Spec(eos_bias=4.5)
-TINY_NLLB = RandomM2M100Spec(nllb=True, eos_bias=5.5)
+TINY_NLLB = RandomM2M100Spec(nllb=True, eos_bias=5.0, seed=6)
 M2M100_PAIRS = ("en", ("zh", "fr"))
 NLLB_PAIRS = ("eng_Latn", ("zho_Hans", "fra_Latn"))
 
@@ -257,7 +257,8 @@ def hf_language_id(tokenizer: Any, code: str) -> int:
 def assert_varied_m2m100(model_dir: Path, source: str, targets: tuple[str, ...]) -> None:
     """Greedy and beam 4 over tests/sentences.py into `targets`: for each search (over the targets together) some
     outputs end within 5 tokens, some run past 20 (greedy: to the length limit), with at least 5 lengths (greedy:
-    6)."""
+    6); and into each target alone, outputs of at least two lengths, one past 20 (no target ends every output at
+    its first step)."""
     import torch
 
     from sentences import SENTENCES
@@ -271,7 +272,9 @@ def assert_varied_m2m100(model_dir: Path, source: str, targets: tuple[str, ...])
         for target in targets:
             with torch.no_grad():
                 out = model.generate(**encoded, num_beams=beams, forced_bos_token_id=hf_language_id(tokenizer, target))
-            lengths += [int((row != model.generation_config.pad_token_id).sum()) for row in out[:, 1:]]
+            alone = [int((row != model.generation_config.pad_token_id).sum()) for row in out[:, 1:]]
+            assert len(set(alone)) >= 2 and max(alone) > 20, (beams, target, sorted(alone))
+            lengths += alone
         longest = limit - 1 if beams == 1 else 20
         kinds = 6 if beams == 1 else 5
         assert min(lengths) <= 5 and max(lengths) >= longest and len(set(lengths)) >= kinds, (beams, sorted(lengths))

@@ -131,3 +131,25 @@ def test_load_run_bounds_outputs_by_source_length(tiny_onnx_dir: Path, tmp_path:
         assert 0 < generated <= sum(lengths) + 1, (generated, lengths)
     assert result["server_exit_code"] == 0 and "| 4 | 12 | 0 |" in proc.stdout
     assert all(level["cpu_ms_per_token"] > 0 for level in result["levels"])
+
+
+@pytest.mark.timeout(300)
+def test_nllb_quick_run_matches_transformers_and_ctranslate2(tmp_path: Path) -> None:
+    """--model nllb-200-distilled-600M: every engine told eng_Latn -> zho_Hans its own way (onnxmt's manifest,
+    transformers' src_lang + forced_bos_token_id, CTranslate2's source token + target prefix) does the same work and
+    the fp32 engines return the same tokens."""
+    data = shared_data("flores200").parent
+    command = [sys.executable, str(BENCHMARKS / "bench.py"), "--model", "nllb-200-distilled-600M", "--quick"]
+    proc = subprocess.run([*command, "--out", str(tmp_path), "--data", str(data)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "quick.json").read_text())
+    engines = {e["name"]: e for e in result["engines"]}
+    assert result["settings"]["source_lang"] == "eng_Latn" and result["settings"]["target_lang"] == "zho_Hans"
+    assert set(result["skipped"]) == {"optimum-fp32"}  # Optimum is the opus-mt table's only
+    if IN_CI:
+        assert {"onnxmt-int8", "ct2-float32", "ct2-int8"} <= set(engines)
+    assert all(e["status"] == "ok" for e in engines.values())
+    for name in ("transformers", "ct2-float32"):
+        if name in engines:
+            assert engines[name]["agreement"] == [2, 2], name
+    assert "nllb-200-distilled-600M's architecture, eng_Latn → zho_Hans" in proc.stdout

@@ -234,3 +234,23 @@ def test_cache_buffer_export_translates_like_transformers(
     source, (target, _) = M2M100_PAIRS
     got = translator.translate(SENTENCES, source_lang=source, target_lang=target, beams=beams)
     assert [t.token_ids for t in got] == _hf_generate(tiny_m2m100_hf_dir, SENTENCES, source, target, beams)
+
+
+def test_benchmark_vocabulary_has_the_real_nllb_layout(tmp_path: Path) -> None:
+    """The benchmark's NLLB model pads its sentencepiece model to the real size: 256,204 tokens with the language
+    codes and <mask> at the hub model's ids, two embedding rows past them, and real text still tokenized by the
+    trained pieces alone (the padding is unreachable)."""
+    import transformers
+
+    from onnxmt.export.random_m2m100 import RandomM2M100Spec, build_random_m2m100
+
+    spec = RandomM2M100Spec(nllb=True, d_model=8, ffn_dim=16, attention_heads=2, pieces=400, vocab_size=256206)
+    directory = build_random_m2m100(tmp_path / "nllb", spec, corpus=list(SENTENCES) * 20)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, src_lang="eng_Latn")
+    assert len(tokenizer) == 256204
+    assert json.loads((directory / "config.json").read_text())["vocab_size"] == 256206
+    ids = tokenizer.convert_tokens_to_ids(["ace_Arab", "eng_Latn", "fra_Latn", "zho_Hans", "zul_Latn", "<mask>"])
+    assert ids == [256001, 256047, 256057, 256200, 256202, 256203]
+    encoded = tokenizer(SENTENCES[:50]).input_ids
+    assert all(row[0] == 256047 and row[-1] == 2 for row in encoded)
+    assert max(i for row in encoded for i in row[1:-1]) < 400 + 4  # only trained pieces (and <unk>)

@@ -5,7 +5,12 @@ generation_config.json with only the sizes changed, tokenizer_config.json and sp
 has them (the 100 `__xx__` codes of M2M100, NLLB's 202 FLORES-200 codes). The tokenizers are transformers' own:
 `M2M100Tokenizer` reads the `vocab.json` + `sentencepiece.bpe.model` written here (a BPE model trained on the
 generated corpus, ids laid out like fairseq's dictionary: `<s> <pad> </s> <unk>`, then the pieces), and NLLB's
-`tokenizer.json` is what `NllbTokenizer` writes after converting that sentencepiece model.
+`tokenizer.json` is what `NllbTokenizer` writes after converting that sentencepiece model, laid out as the hub's:
+the pieces, the 202 language codes, `<mask>` last, and two embedding rows past the tokenizer (config vocab_size
+256,206 against 256,204 tokens in the real model).
+
+`RandomM2M100Spec(vocab_size=...)` pads the sentencepiece model with pieces no text produces, so a benchmark model
+has the real vocabulary's size and id layout (`NLLB_200_DISTILLED_600M`).
 """
 
 from __future__ import annotations
@@ -86,6 +91,26 @@ class RandomM2M100Spec:
     eos_bias: float = 0.0  # added to the eos logit (through the final layer norm's bias), so outputs can end early
     legacy_behaviour: bool = False  # NLLB only: the source language token after the eos
     seed: int = 0
+    # The embedding's rows, as the real checkpoint's: the sentencepiece model is padded with unreachable pieces to
+    # reach it. None: as many as the trained pieces need.
+    vocab_size: int | None = None
+
+
+# facebook/nllb-200-distilled-600M's architecture: the benchmark's model (random weights).
+NLLB_200_DISTILLED_600M = RandomM2M100Spec(
+    nllb=True,
+    d_model=1024,
+    encoder_layers=12,
+    decoder_layers=12,
+    attention_heads=16,
+    ffn_dim=4096,
+    max_position_embeddings=1024,
+    pieces=8000,
+    init_std=0.02,
+    vocab_size=256206,
+)
+# Embedding rows the real NLLB-200 checkpoints have past their tokenizer's 256,204 tokens.
+NLLB_UNUSED_ROWS = 2
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -111,17 +136,50 @@ def _m2m100_tokenizer(out: Path, spm_model: bytes) -> int:
     return len(vocab) + len(codes) + 8
 
 
+def pad_spm(spm_model: bytes, pieces: int) -> bytes:
+    """`spm_model` with unreachable pieces appended (two private-use characters each, neither half a piece, lowest
+    scores) up to `pieces` in all: a real vocabulary's size and layout without training on a real corpus."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # generated protobuf code
+    proto.ParseFromString(spm_model)
+    missing = pieces - len(proto.pieces)
+    if missing < 0:
+        raise ValueError(f"the sentencepiece model has {len(proto.pieces)} pieces, more than {pieces}")
+    low = min(p.score for p in proto.pieces)
+    for i in range(missing):
+        piece = proto.pieces.add()
+        piece.piece = chr(0xF0000 + i // 512) + chr(0x100000 + i % 512)
+        piece.score = low - 1 - i
+        piece.type = 1  # NORMAL
+    return proto.SerializeToString()
+
+
+def _spm_size(spm_model: bytes) -> int:
+    import sentencepiece as spm
+
+    return int(spm.SentencePieceProcessor(model_proto=spm_model).get_piece_size())
+
+
 def _nllb_tokenizer(out: Path, spm_model: bytes, legacy_behaviour: bool) -> int:
-    """tokenizer.json (NllbTokenizer's conversion of the sentencepiece model) and the configs of NLLB-200."""
+    """tokenizer.json (NllbTokenizer's conversion of the sentencepiece model) and the configs of NLLB-200; returns
+    the tokenizer's size. The language codes follow the pieces and `<mask>` comes last, as on the hub."""
     import tempfile
 
     from transformers import NllbTokenizer
     from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+    from transformers.tokenization_python import AddedToken
 
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "sentencepiece.bpe.model").write_bytes(spm_model)
-        _write_json(Path(tmp) / "tokenizer_config.json", NLLB_TOKENIZER_CONFIG)
-        tokenizer = NllbTokenizer.from_pretrained(tmp, extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES))
+        config = {k: v for k, v in NLLB_TOKENIZER_CONFIG.items() if k != "mask_token"}
+        _write_json(Path(tmp) / "tokenizer_config.json", config)
+        # Given at construction, <mask> would take the first id after the pieces; added afterwards, it is last.
+        tokenizer = NllbTokenizer.from_pretrained(
+            tmp, extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES), mask_token=None
+        )
+        mask = {k: bool(v) for k, v in _MASK.items() if k != "content"}
+        tokenizer.add_special_tokens({"mask_token": AddedToken(str(_MASK["content"]), special=True, **mask)})
         tokenizer.save_pretrained(tmp)
         (out / "tokenizer.json").write_bytes((Path(tmp) / "tokenizer.json").read_bytes())
     (out / "sentencepiece.bpe.model").write_bytes(spm_model)
@@ -132,19 +190,30 @@ def _nllb_tokenizer(out: Path, spm_model: bytes, legacy_behaviour: bool) -> int:
     return len(tokenizer)
 
 
-def build_random_m2m100(output_dir: str | Path, spec: RandomM2M100Spec = RandomM2M100Spec()) -> Path:
-    """Write a random M2M100 or NLLB-200 model directory and return its path."""
+def build_random_m2m100(
+    output_dir: str | Path, spec: RandomM2M100Spec = RandomM2M100Spec(), corpus: list[str] | None = None
+) -> Path:
+    """Write a random M2M100 or NLLB-200 model directory and return its path. The sentencepiece model is trained on
+    `corpus` (default: generated English-like and Chinese-like sentences)."""
     import torch
     from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    english, chinese = generate_corpus(spec.seed)
-    spm_model = train_spm(english + chinese, spec.pieces, model_type="bpe")
-    if spec.nllb:
-        vocab_size = _nllb_tokenizer(out, spm_model, spec.legacy_behaviour)
-    else:
-        vocab_size = _m2m100_tokenizer(out, spm_model)
+    if corpus is None:
+        english, chinese = generate_corpus(spec.seed)
+        corpus = english + chinese
+    spm_model = train_spm(corpus, spec.pieces, model_type="bpe")
+    write_tokenizer = (
+        (lambda model: _nllb_tokenizer(out, model, spec.legacy_behaviour) + NLLB_UNUSED_ROWS)
+        if spec.nllb
+        else (lambda model: _m2m100_tokenizer(out, model))
+    )
+    vocab_size = write_tokenizer(spm_model)
+    if spec.vocab_size is not None and spec.vocab_size != vocab_size:
+        # Each added piece adds one token whatever the family: pad by the difference and write the files again.
+        spm_model = pad_spm(spm_model, _spm_size(spm_model) + spec.vocab_size - vocab_size)
+        vocab_size = write_tokenizer(spm_model)
     config = M2M100Config(
         vocab_size=vocab_size,
         d_model=spec.d_model,
