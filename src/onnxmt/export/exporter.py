@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import tempfile
@@ -118,6 +119,10 @@ def _export_into(
     export_decoder(arch.decoder(model, options.buffered_cache), staging / DECODER_FILE, facts, options.opset)
     stored = store_weights([staging / ENCODER_FILE, staging / DECODER_FILE], WEIGHTS_FILE)
     graph_files = [ENCODER_FILE, DECODER_FILE] + ([WEIGHTS_FILE] if stored else [])
+    # A graph over protobuf's 2 GB (NLLB-200's decoder with its transposed head) is traced with a file per tensor;
+    # store_weights read them in and wrote the graphs again without them.
+    for leftover in set(os.listdir(staging)) - set(graph_files):
+        (staging / leftover).unlink()
     copied = _copy_side_files(source, staging, arch)
     manifest = _build_manifest(staging, source, config, arch, facts, graph_files + copied, model_id, revision, options)
     report = None

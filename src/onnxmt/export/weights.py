@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 from typing import Any
@@ -42,51 +43,75 @@ def store_weights(paths: list[Path], file_name: str) -> bool:
     import onnx
 
     models = [onnx.load(str(p)) for p in paths]  # any external data is read in: the file can be rewritten
-    # Per graph: chunk tensor -> (the whole tensor's dtype and bytes, offset of its rows in them). The chunks point
-    # into the whole tensor, stored however small, even where no initializer holds it any more.
-    slices: list[dict[str, tuple[tuple[int, bytes], int]]] = []
+    # Tensors are told apart by digest, not by their bytes: protobuf copies `raw_data` on every read, and keys holding
+    # the bytes would keep a second copy of every weight (2.4 GB for NLLB-200-600M) for the whole call.
+    # Where a key's bytes are read from when they are written: an initializer holding them, or the bytes themselves.
+    data: dict[_Key, Any] = {}
+    # Per graph: chunk tensor -> (the whole tensor's key, offset of its rows in it). The chunks point into the whole
+    # tensor, stored however small, even where no initializer holds it any more.
+    slices: list[dict[str, tuple[_Key, int]]] = []
     for model in models:
         join_heads(model)  # a directory stored before: cut again below, with today's chunk size
         transpose_quantized_heads(model)
         cut = chunk_heads(model)
         inits = {init.name: init for init in model.graph.initializer}  # with the biases chunk_heads made
-        rows = {name: (_key(inits[whole]), start) for name, (whole, start) in cut.items()}
+        wholes: dict[str, _Key] = {}
+        for whole in {whole for whole, _ in cut.values()}:
+            raw = inits[whole].raw_data
+            wholes[whole] = _key(inits[whole].data_type, raw)
+            data.setdefault(wholes[whole], raw)  # kept: the cut may leave no initializer holding it
+        rows = {name: (wholes[whole], start) for name, (whole, start) in cut.items()}
         _drop_unused(model.graph)
         kept = {init.name for init in model.graph.initializer}
         slices.append({name: where for name, where in rows.items() if name in kept})
-    holders: dict[tuple[int, bytes], int] = {}  # how many initializers, over all graphs, hold these bytes
+    holders: dict[_Key, int] = {}  # how many initializers, over all graphs, hold these bytes
+    keys: list[dict[str, _Key]] = []  # per graph: initializer (not a chunk) -> its key
     for index, model in enumerate(models):
+        keys.append({})
         for init in model.graph.initializer:
-            if init.raw_data and init.name not in slices[index]:
-                holders[_key(init)] = holders.get(_key(init), 0) + 1
-    wholes = {key for rows in slices for key, _ in rows.values()}
-    for key in wholes:
-        holders.setdefault(key, 0)
-    mapped = [k for k in holders if len(k[1]) >= MAP_MIN_BYTES]
+            if init.name in slices[index]:
+                continue
+            raw = init.raw_data
+            if raw:
+                key = keys[index][init.name] = _key(init.data_type, raw)
+                holders[key] = holders.get(key, 0) + 1
+                data.setdefault(key, init)
+    for rows in slices:
+        for key, _ in rows.values():
+            holders.setdefault(key, 0)
+    wholes_all = {key for rows in slices for key, _ in rows.values()}
+    mapped = [k for k in holders if k[2] >= MAP_MIN_BYTES]
     shared = [
         k
         for k, n in holders.items()
-        if len(k[1]) < MAP_MIN_BYTES and (k in wholes or (len(k[1]) >= SHARE_MIN_BYTES and n > 1))
+        if k[2] < MAP_MIN_BYTES and (k in wholes_all or (k[2] >= SHARE_MIN_BYTES and n > 1))
     ]
     if not mapped and not shared:
         for model, path in zip(models, paths, strict=True):
             onnx.save(model, str(path))
         return False
-    offsets: dict[tuple[int, bytes], int] = {}
+
+    def raw_of(key: _Key) -> bytes:
+        held = data[key]
+        return held if isinstance(held, bytes) else held.raw_data
+
+    offsets: dict[_Key, int] = {}
     with open(paths[0].parent / file_name, "wb") as f:
-        for key in sorted(mapped, key=lambda k: -len(k[1])):
+        for key in sorted(mapped, key=lambda k: -k[2]):
             offsets[key] = f.seek(-(-f.tell() // WEIGHTS_ALIGN) * WEIGHTS_ALIGN)
-            f.write(key[1])
+            f.write(raw_of(key))
         for key in shared:  # packed, unaligned: ONNX Runtime reads these
             offsets[key] = f.tell()
-            f.write(key[1])
-    for model, path, rows in zip(models, paths, slices, strict=True):
+            f.write(raw_of(key))
+    data.clear()
+    for model, path, rows, names in zip(models, paths, slices, keys, strict=True):
         for init in model.graph.initializer:
             if init.name in rows:
-                whole, start = rows[init.name]
-                _point_to(init, file_name, offsets[whole] + start, len(init.raw_data))
-            elif init.raw_data and _key(init) in offsets:
-                _point_to(init, file_name, offsets[_key(init)], len(init.raw_data))
+                whole_key, start = rows[init.name]
+                _point_to(init, file_name, offsets[whole_key] + start, len(init.raw_data))
+            elif init.name in names and names[init.name] in offsets:
+                key = names[init.name]
+                _point_to(init, file_name, offsets[key], key[2])
         onnx.save(model, str(path))
     return True
 
@@ -102,12 +127,12 @@ def chunk_heads(model: Any, chunk_bytes: int | None = None) -> dict[str, tuple[s
     inits = {init.name: init for init in graph.initializer}
     slices: dict[str, tuple[str, int]] = {}
 
-    def rows_of(tensor: Any, start: int, stop: int) -> str:
+    def rows_of(tensor: Any, raw: bytes, start: int, stop: int) -> str:
         name = f"{tensor.name}{_ROWS}{start}-{stop}"
         if name not in inits:
-            row_bytes = len(tensor.raw_data) // tensor.dims[0]
+            row_bytes = len(raw) // tensor.dims[0]
             part = TensorProto(name=name, data_type=tensor.data_type, dims=[stop - start, *tensor.dims[1:]])
-            part.raw_data = tensor.raw_data[start * row_bytes : stop * row_bytes]
+            part.raw_data = raw[start * row_bytes : stop * row_bytes]
             graph.initializer.append(part)
             inits[name] = part
             slices[name] = (tensor.name, start * row_bytes)
@@ -140,14 +165,16 @@ def chunk_heads(model: Any, chunk_bytes: int | None = None) -> dict[str, tuple[s
             whole_inputs.append(add[1])
             layout = (*layout, 2)
             output, absorbed = add[0].output[0], [add[0]]
+        # protobuf copies raw_data on every read (1 GB for NLLB-200's head): each tensor is read once.
+        raws = {i: inits[whole_inputs[i]].raw_data for i in layout if whole_inputs[i] in inits}
         heads = []
         for start in range(0, rows, step):
             stop = min(rows, start + step)
             inputs = list(whole_inputs)
             for i in layout:
                 tensor = inits.get(inputs[i])
-                if tensor is not None and tensor.raw_data and tensor.dims and tensor.dims[0] == rows:
-                    inputs[i] = rows_of(tensor, start, stop)  # per-row scales, zero points, biases: with their rows
+                if tensor is not None and raws.get(i) and tensor.dims and tensor.dims[0] == rows:
+                    inputs[i] = rows_of(tensor, raws[i], start, stop)  # per-row scales, zero points, biases too
             tag = f"{_ROWS}{start}-{stop}"
             head = helper.make_node(node.op_type, inputs, [output + tag], name=node.name + tag)
             head.domain = node.domain
@@ -318,8 +345,11 @@ def _read_names(graph: Any) -> set[str]:
     return names
 
 
-def _key(init: Any) -> tuple[int, bytes]:
-    return init.data_type, init.raw_data
+_Key = tuple[int, bytes, int]  # a tensor's data type, the sha256 of its bytes, their length
+
+
+def _key(data_type: int, raw: bytes) -> _Key:
+    return data_type, hashlib.sha256(raw).digest(), len(raw)
 
 
 def _point_to(tensor: Any, location: str, offset: int, length: int) -> None:
