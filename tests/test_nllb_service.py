@@ -249,3 +249,28 @@ def test_tune_cli_on_nllb(tiny_nllb_onnx_dir: Path) -> None:
     # No target: NLLB has no default one, and the error names the valid codes.
     missing = CliRunner().invoke(app, args, env={"COLUMNS": "160"})
     assert missing.exit_code == 2 and "needs a target language" in missing.output
+
+
+def test_m2m100_is_served_the_same_way(tiny_m2m100_onnx_dir: Path) -> None:
+    # NLLB's older sibling: 100 languages on both sides, codes `en`, `zh` with tokens `__en__`, `__zh__`.
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from onnxmt.serve.app import create_app
+    from onnxmt.serve.options import ServeOptions
+
+    m2m100 = Translator(tiny_m2m100_onnx_dir)
+    with TestClient(create_app(tiny_m2m100_onnx_dir, ServeOptions())) as client:
+        deadline = time.monotonic() + 60
+        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        listed = {e["code"]: e["targets"] for e in client.get("/languages").json()}
+        assert len(listed) == 100 and set(listed["en"]) == set(listed) - {"en"}
+        for source, texts in (("en", ENGLISH), ("fr", FRENCH)):
+            want = texts_of(m2m100, texts, source, "zh")
+            assert any(want)
+            named = client.post("/translate", json={"q": texts, "source": source, "target": "zh", **SHORT}).json()
+            auto = client.post("/translate", json={"q": texts, "source": "auto", "target": "zh", **SHORT}).json()
+            assert named["translatedText"] == auto["translatedText"] == want, source
+            assert auto["detectedLanguage"][0]["language"] == source
