@@ -793,6 +793,8 @@ def tune(
     ] = 30,
     batch_size: Annotated[int, typer.Option(help="Batch size of the throughput figure.")] = 16,
     rounds: Annotated[int, typer.Option(help="Interleaved rounds over all settings; medians are reported.")] = 3,
+    target_lang: Annotated[str | None, typer.Option(help=TARGET_LANG_HELP)] = None,
+    source_lang: Annotated[str | None, typer.Option(help=SOURCE_LANG_HELP)] = None,
     variant: VariantOption = None,
 ) -> None:
     """Measure intra-op threads and thread spinning on this machine; prints the fastest settings."""
@@ -813,6 +815,8 @@ def tune(
                 tokens=tokens,
                 batch_size=batch_size,
                 rounds=rounds,
+                source_lang=source_lang,
+                target_lang=target_lang,
                 progress=lambda msg: status.update(msg),
             )
     except (ModelDirError, ValueError, ImportError, OSError) as e:

@@ -180,12 +180,12 @@ class ModelLanguages:
         self.sources: list[str] = sorted(self.source_tokens) or ([self.source] if self.source else [])
         self.public: dict[str, str] = public_codes([c for c in (*self.sources, *targets) if c])
         # ISO 639-1 codes first, as LibreTranslate lists them.
-        self.targets: list[str] = sorted(targets, key=lambda c: _listing_order(self.public[c]))
+        self.targets: list[str] = sorted(targets, key=lambda c: listing_order(self.public[c]))
 
     def valid(self, codes: list[str]) -> str:
         """`zh (cmn_Hans), zt (cmn_Hant), cmn, ...`: what a client may send, and the model's code where it differs."""
         shown = [self.public[c] if _same(self.public[c], c) else f"{self.public[c]} ({c})" for c in codes]
-        return ", ".join(sorted(shown, key=_listing_order))
+        return ", ".join(sorted(shown, key=listing_order))
 
     def valid_sources(self) -> str:
         return self.valid(self.sources)
@@ -198,7 +198,7 @@ class ModelLanguages:
                 return self.default_source
             found = match(code, self.sources)
             if found is None:
-                raise unknown("source", code, [self.valid_sources()])
+                raise unknown("source", code, [AUTO, self.valid_sources()])
             return found
         if code is None or not code.strip() or code.strip().lower() == AUTO or self.source is None:
             return None
@@ -224,5 +224,6 @@ class ModelLanguages:
         return found
 
 
-def _listing_order(code: str) -> tuple[bool, str]:
+def listing_order(code: str) -> tuple[bool, str]:
+    """Sort key of codes as /languages shows them: ISO 639-1 codes first, as LibreTranslate lists them."""
     return len(code.split()[0]) > 2, code

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .options import RuntimeOptions
+from .options import DecodeOptions, RuntimeOptions
 from .translator import Translator
 
 # Short and long English sentences (the lengths real traffic has); the model's own language only matters for BLEU.
@@ -51,10 +51,15 @@ def tune(
     tokens: int = 30,
     batch_size: int = 16,
     rounds: int = 3,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[TuneResult]:
-    """Measure every setting on `texts`, `rounds` times interleaved; the medians, one result per setting."""
-    translators = [Translator(model_dir, options) for options in settings]
+    """Measure every setting on `texts`, `rounds` times interleaved; the medians, one result per setting.
+    `source_lang`, `target_lang`: as `Translator.translate`'s (a model without a default target, such as NLLB-200,
+    needs `target_lang`; with the output length forced, which one hardly changes the work)."""
+    languages = DecodeOptions(source_lang=source_lang, target_lang=target_lang)
+    translators = [Translator(model_dir, options, languages) for options in settings]
     forced: dict[str, Any] = {"beams": 1, "max_new_tokens": tokens, "min_new_tokens": tokens}
     batch = list(texts) * max(1, -(-batch_size // len(texts)))
     latencies: list[list[float]] = [[] for _ in settings]

@@ -37,6 +37,15 @@ def _translates_from(entry: ModelEntry, code: str) -> bool:
         return False
 
 
+def _public_source(entry: ModelEntry, code: str) -> str | None:
+    """The code /languages shows for `entry`'s source language named `code` (None: not one of its sources)."""
+    try:
+        found = entry.languages.model.resolve_source(code)
+    except ValueError:
+        return None
+    return entry.languages.model.public[found] if found is not None else entry.languages.source
+
+
 def _target(entry: ModelEntry, code: str | None) -> tuple[bool, str | None]:
     """(whether `entry` translates into `code`, its target_lang for it)."""
     try:
@@ -55,8 +64,7 @@ class Catalog:
 
     def sources(self) -> list[str]:
         """Source languages as /languages shows them, in model order."""
-        found = (e.languages.source for e in self.entries)
-        return list(dict.fromkeys(s for s in found if s is not None))
+        return list(dict.fromkeys(s for e in self.entries for s in e.languages.sources))
 
     def direct(self, source: str, target: str | None) -> Leg | None:
         for entry in self.entries:
@@ -81,14 +89,14 @@ class Catalog:
             candidates = [e for e in self.entries if _translates_from(e, source)]
             if len(candidates) == 1:
                 return Route((Leg(candidates[0], candidates[0].languages.target_lang(None)),))
-            raise ApiError(400, f"Invalid request: target is required; available pairs: {self._pairs_text()}")
+            raise ApiError(400, f"Invalid request: target is required; available pairs: {self._pairs_text(source)}")
         leg = self.direct(source, target)
         if leg is not None:
             return Route((leg,))
         through = self._through_pivot(source, target)
         if through is not None:
             return through
-        raise ApiError(400, f"no model translates {source} to {target}; available pairs: {self._pairs_text()}")
+        raise ApiError(400, f"no model translates {source} to {target}; available pairs: {self._pairs_text(source)}")
 
     def _through_pivot(self, source: str, target: str) -> Route | None:
         if self.pivot is None:
@@ -96,8 +104,8 @@ class Catalog:
         first, second = self.direct(source, self.pivot), self.direct(self.pivot, target)
         if first is None or second is None:
             return None
-        shown = second.entry.languages.source
-        if first.entry.languages.source == _public_target(second):  # zh → en → zh is no translation
+        shown = _public_source(second.entry, self.pivot)
+        if _public_source(first.entry, source) == _public_target(second):  # zh → en → zh is no translation
             return None
         return Route((first, second), pivot=shown)
 
@@ -111,28 +119,29 @@ class Catalog:
 
     def through_pivot(self) -> list[tuple[str, str]]:
         """The pairs only the pivot reaches."""
-        direct = {(e.languages.source, t) for e in self.entries for t in e.languages.targets}
+        direct = {(s, t) for e in self.entries for s in e.languages.sources for t in e.languages.targets}
         return [pair for pair in self.pairs() if pair not in direct]
 
     def pairs(self) -> list[tuple[str, str]]:
-        """Every (source, target) the service answers, as /languages shows them, pivot pairs included."""
+        """Every (source, target) the service answers, as /languages shows them, pivot pairs included; never a
+        language into itself (an NLLB model has all 202 of its languages on both sides)."""
         pairs: dict[tuple[str, str], None] = {}
         for entry in self.entries:
-            source = entry.languages.source
-            if source is not None:
-                pairs.update(((source, t), None) for t in entry.languages.targets)
+            for source in entry.languages.sources:
+                pairs.update(((source, t), None) for t in entry.languages.targets if t != source)
         if self.pivot is not None:
-            into = [e for e in self.entries if _target(e, self.pivot)[0] and e.languages.source]
+            into = [e for e in self.entries if _target(e, self.pivot)[0]]
             out_of = [e for e in self.entries if _translates_from(e, self.pivot)]
             for first in into:
                 for second in out_of:
-                    source = first.languages.source
-                    assert source is not None
-                    pairs.update(((source, t), None) for t in second.languages.targets if t != source)
+                    for source in first.languages.sources:
+                        pairs.update(((source, t), None) for t in second.languages.targets if t != source)
         return list(pairs)
 
-    def _pairs_text(self) -> str:
-        return ", ".join(f"{s}→{t}" for s, t in self.pairs())
+    def _pairs_text(self, source: str) -> str:
+        """The pairs from `source` (a client's code): all pairs of a service with NLLB would be 40,000."""
+        shown = {s for e in self.entries if (s := _public_source(e, source)) is not None}
+        return ", ".join(f"{s}→{t}" for s, t in self.pairs() if s in shown)
 
     def libretranslate(self) -> list[dict[str, object]]:
         """`GET /languages`: every language with the languages it translates into, sources first."""
@@ -141,9 +150,8 @@ class Catalog:
         names: dict[str, str] = {}
         for entry in self.entries:
             model = entry.languages.model
-            for code in (model.source, *model.targets):
-                if code is not None:
-                    names.setdefault(model.public[code], display_name(code))
+            for code in (*model.sources, *model.targets):
+                names.setdefault(model.public[code], display_name(code))
         targets: dict[str, list[str]] = {s: [] for s in self.sources()}
         for source, target in self.pairs():
             targets[source].append(target)

@@ -45,7 +45,7 @@ class Detector:
         self.models = [languages] if isinstance(languages, ModelLanguages) else list(languages)
         self._identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
         known = set(self._identifier.nb_classes)
-        codes = [c for model in self.models for c in (model.source, *model.targets) if c]
+        codes = [c for model in self.models for c in (*model.sources, *model.targets)]
         self.restricted_to = sorted({_detector_code(c) for c in codes} & known)
         if len(self.restricted_to) >= 2:
             self._identifier.set_languages(self.restricted_to)
@@ -59,8 +59,9 @@ class Detector:
     def _public(self, code: str) -> str:
         """The detector's code as /languages shows it, a model's source first (`zh` for Chinese)."""
         for model in self.models:
-            if model.source is not None and match(code, [model.source]) is not None:
-                return model.public[model.source]
+            own = match(code, model.sources)
+            if own is not None:
+                return model.public[own]
         for model in self.models:
             own = match(code, model.targets)
             if own is not None:

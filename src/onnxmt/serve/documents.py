@@ -271,6 +271,9 @@ async def translate_stream(request: Request) -> Response:
     parsed = replace(parsed, alternatives=0)
     catalog, _ = service._require_ready()
     _, source = await service._source(catalog, parsed)
+    # The text's language detected once, on the whole text: its sentences are translated from it, not each from
+    # what a detector makes of it alone.
+    parsed = replace(parsed, source=source)
     pivot = catalog.route(source, parsed.target).pivot  # said in the last event, as /translate says it
     pieces = (await _layouts(service, parsed, parsed.texts))[0]
     sentences = [p.text for p in pieces if p.translate]

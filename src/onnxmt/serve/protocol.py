@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..languages import ModelLanguages, display_name
+from ..languages import ModelLanguages, display_name, listing_order
 from ..manifest import Manifest
 from .options import ServeOptions
 
@@ -139,7 +139,11 @@ class Languages:
 
     def __init__(self, manifest: Manifest) -> None:
         self.model = ModelLanguages(manifest.languages)
-        self.source: str | None = self.model.public.get(self.model.source or "")
+        # Every language the model translates from (NLLB-200: 202 of them, Marian: one), listed as its targets are,
+        # and the one it reads when a request names none (a model told its source by a token: its default source).
+        self._sources = sorted(self.model.sources, key=lambda c: listing_order(self.model.public[c]))
+        self.sources: list[str] = [self.model.public[s] for s in self._sources]
+        self.source: str | None = self.model.public.get(self.model.default_source or self.model.source or "")
         self.targets: list[str] = [self.model.public[t] for t in self.model.targets]
         default = self.model.default_target
         self.target: str | None = self.model.public[default] if default else None
@@ -158,10 +162,11 @@ class Languages:
             raise ApiError(400, str(e)) from e
 
     def libretranslate(self) -> list[dict[str, Any]]:
-        """`GET /languages`: each language with the languages it translates into, source first."""
-        source, public = self.model.source, self.model.public
-        entries = [_language(public[source], self.targets, source)] if source else []
-        entries.extend(_language(public[t], [], t) for t in self.model.targets if t != source)
+        """`GET /languages`: each language with the languages it translates into (never itself: a translation
+        into the text's own language is none), sources first."""
+        public = self.model.public
+        entries = [_language(public[s], [t for t in self.targets if t != public[s]], s) for s in self._sources]
+        entries.extend(_language(public[t], [], t) for t in self.model.targets if t not in self.model.sources)
         return entries
 
 

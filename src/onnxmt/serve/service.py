@@ -206,22 +206,24 @@ class Service:
             # second leg's.
             alternatives = request.alternatives if last else 0
             # The second leg of a pivot reads the pivot language, not the request's source.
-            source = request.source if i == 0 else route.pivot
-            results = await self._leg(leg, texts, request, alternatives, disconnected, source)
+            read = source if i == 0 else route.pivot
+            results = await self._leg(leg, texts, request, alternatives, disconnected, read)
             texts = [r.text for r in results]
         return _answer(request, results, detected, route.pivot)
 
     async def _source(self, catalog: Catalog, request: TranslateRequest) -> tuple[Detected | None, str | None]:
-        """(the detected language to report, the source to route by). A named source is taken as it is; for
-        `auto` (or none), the detected language of the texts together (one answer for a batch, as LibreTranslate
-        gives), which must be a source the service has: 400 otherwise."""
+        """(the detected language to report, the source to route and translate by). A named source is taken as it
+        is; for `auto` (or none), the detected language of the texts together (one answer for a batch, as
+        LibreTranslate gives), which must be a source the service has: 400 otherwise. A model that reads many
+        languages (NLLB) is told the detected one."""
         if request.source not in (None, "", "auto"):
             return None, request.source
         sources = catalog.sources()
         text = "\n".join(t for t in request.texts if t.strip())
         if not text or not sources:
             if catalog.single:
-                return (Detected(sources[0], 0.0) if sources else None), request.source
+                source = catalog.entries[0].languages.source  # the model's default
+                return (Detected(source, 0.0) if source else None), request.source
             # Nothing to detect: the first source that reaches the target (empty texts translate to empty texts).
             source = next((s for s in sources if catalog.reaches(s, request.target)), sources[0])
             return Detected(source, 0.0), source
@@ -233,7 +235,7 @@ class Service:
                 f"the text is in {best.language} (detected, {best.confidence:g}% confident); "
                 f"{where} {', '.join(sources)}",
             )
-        return best, request.source if catalog.single else best.language
+        return best, best.language
 
     async def _leg(
         self,
@@ -434,7 +436,12 @@ def _unique_names(dirs: list[Path]) -> list[str]:
 
 
 def _languages_info(languages: Languages) -> dict[str, Any]:
-    return {"source": languages.source, "targets": languages.targets, "default": languages.target}
+    return {
+        "source": languages.source,
+        "sources": languages.sources,
+        "targets": languages.targets,
+        "default": languages.target,
+    }
 
 
 def _model_info(entry: ModelEntry) -> dict[str, Any]:
