@@ -153,3 +153,22 @@ def test_nllb_quick_run_matches_transformers_and_ctranslate2(tmp_path: Path) -> 
         if name in engines:
             assert engines[name]["agreement"] == [2, 2], name
     assert "nllb-200-distilled-600M's architecture, eng_Latn → zho_Hans" in proc.stdout
+
+
+def test_beam_peak_compares_directories(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    """benchmarks/beam_peak.py: one fresh worker per directory, a row each with its peaks and speed, and the same
+    tokens for the same directory given twice."""
+    data = shared_data("flores200").parent
+    out = tmp_path / "peak.json"
+    command = [sys.executable, str(BENCHMARKS / "beam_peak.py"), str(tiny_onnx_dir), str(tiny_onnx_dir)]
+    flags = ["--sentences", "4", "--batch-size", "2", "--tokens", "3", "--data", str(data), "--out", str(out)]
+    proc = subprocess.run([*command, *flags], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 and all(r["same_tokens"] for r in rows)
+    for row in rows:
+        result = row["result"]
+        assert result["peak_rss_end_mb"] >= result["peak_rss_mb"] > 0
+        assert result["throughput"]["4x2"]["tokens_per_s"] > 0
+    assert rows[0]["result"]["pid"] != rows[1]["result"]["pid"]  # each directory in its own process
+    assert proc.stdout.count(f"| {tiny_onnx_dir} |") == 2
