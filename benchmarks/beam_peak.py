@@ -12,24 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import bench
 import machine
 import models
 
-HERE = Path(__file__).resolve().parent
-
 
 def run(directory: Path, texts: list[str], order: list[int], family: models.Family, args: argparse.Namespace) -> dict:
+    """bench.py's worker for one directory, with that column's work only; its result."""
     config = {
-        "engine": "onnxmt",
-        "model_dir": str(directory),
         "texts": texts,
         "order": order,
         "source_lang": family.source_lang,
@@ -42,13 +35,10 @@ def run(directory: Path, texts: list[str], order: list[int], family: models.Fami
         "latency_texts": 1,
         "cold_batch": bench.COLD_BATCH,
     }
-    with tempfile.TemporaryDirectory(prefix="onnxmt-beam-peak-") as tmp:
-        config_path, result_path = Path(tmp) / "config.json", Path(tmp) / "result.json"
-        config_path.write_text(json.dumps({**config, "t0": time.time()}), encoding="utf-8")
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
-        command = [sys.executable, str(HERE / "worker.py"), str(config_path), str(result_path)]
-        subprocess.run(command, check=True, env=env)
-        return json.loads(result_path.read_text(encoding="utf-8"))
+    entry = bench.run_engine(bench.Engine(directory.name, str(directory), "onnxmt", directory), config, args.timeout)
+    if entry["status"] != "ok":
+        raise SystemExit(f"{directory}: {entry['error']}")
+    return entry["result"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=30)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--data", type=Path, default=bench.DATA)
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per directory")
     p.add_argument("--out", type=Path, help="write the results here as JSON")
     args = p.parse_args(argv)
     family = models.MODELS[args.model][0]
