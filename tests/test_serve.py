@@ -671,6 +671,52 @@ def test_batcher_cancels_the_work_of_requests_that_are_gone() -> None:
     assert ran[0] == ["heavy"] and ["queued"] not in ran  # the queued request's deadline passed: it never ran
 
 
+def test_batcher_does_not_spin_on_a_request_that_left_but_is_still_queued() -> None:
+    # A queued request that timed out is dropped from the queue only after its own clean-up, which awaits its
+    # disconnect watcher. A batch finishing in that window found the dead request at the head of the queue, took
+    # nothing and looped without ever yielding: the event loop spun at 100% CPU and SIGTERM was never handled.
+    release = threading.Event()
+
+    def blocked(
+        texts: list[str], options: DecodeOptions, tokens: list[CancelToken], on_batch: object
+    ) -> list[Translation]:
+        release.wait(30)
+        return _echo(texts, options)
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.5)  # its clean-up takes a while: the window in which the batch ends
+            raise
+
+    async def main() -> tuple[list[Translation], list[Translation]]:
+        with ThreadPoolExecutor(1) as executor:
+            batcher = MicroBatcher(blocked, executor, max_batch_size=1, window=0, max_queue=10)
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            running = asyncio.create_task(batcher.translate(["a"], DecodeOptions(), None))
+            await asyncio.sleep(0.05)
+            queued = asyncio.create_task(
+                batcher.translate(["b"], DecodeOptions(beams=2), 0.2, disconnected=slow_to_stop)
+            )
+            loop.call_later(0.4, release.set)  # the running batch ends while "b" is still cleaning up
+            first = await running
+            with pytest.raises(asyncio.TimeoutError):
+                await queued
+            after = await batcher.translate(["c"], DecodeOptions(), 5)
+            await batcher.stop()
+            return first, after
+
+    outcome: list[tuple[list[Translation], list[Translation]]] = []
+    # On its own thread, so a spinning event loop fails the test instead of hanging it.
+    thread = threading.Thread(target=lambda: outcome.append(asyncio.run(main())), daemon=True)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "the batch loop spun on the request that had left"
+    assert outcome == [(_echo(["a"], DecodeOptions()), _echo(["c"], DecodeOptions()))]
+
+
 @contextlib.contextmanager
 def serve_in_thread(model_dir: Path, options: ServeOptions, decoding: DecodeOptions) -> Iterator[str]:
     """The app under uvicorn on a thread of this process (settings the CLI has no flag for, such as min_new_tokens)."""

@@ -190,7 +190,12 @@ class MicroBatcher:
         count = cost = 0
         budget = self.max_batch_cost
         for job in list(self._pending):
-            if job.options != options or job.future.done() or job.token.cancelled:
+            if job.future.done() or job.token.cancelled:
+                # Its request has left and will remove it after its own clean-up; remove it now, or a batch loop
+                # that finds it at the head takes nothing and spins without yielding to that clean-up.
+                self._pending.remove(job)
+                continue
+            if job.options != options:
                 continue
             if taken and count + len(job.texts) > self.max_batch_size:
                 break
