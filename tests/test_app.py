@@ -365,6 +365,23 @@ def test_partial_headers_and_short_bodies_time_out(server: Server, connection: C
     connection.assert_still_usable()
 
 
+def test_an_idle_keep_alive_connection_outlives_the_request_deadline(server: Server, connection: Connection) -> None:
+    # request_timeout (2 s) bounds sending a request, not waiting between requests: that is keep_alive_timeout
+    # (30 s here). The deadline once started at the previous response and closed idle connections after 2 s.
+    time.sleep(3)
+    connection.assert_still_usable()
+    # And a request started on the kept-alive connection still has its deadline: half a request gets 408.
+    stream = connection.client.stream("POST", "/translate", content=_trickle(b'{"q": "a"', 5), timeout=20)
+    with stream as response:
+        assert response.status_code == 408, response.read()
+
+
+def _trickle(data: bytes, seconds: float) -> Iterator[bytes]:
+    yield data
+    time.sleep(seconds)
+    yield b"}"
+
+
 def test_connection_cap(server: Server) -> None:
     sockets = [socket.create_connection(("127.0.0.1", _port(server))) for _ in range(45)]  # the cap is 40
     try:

@@ -8,10 +8,11 @@ once their headers are complete: sockets that never finish their headers are not
 
 `GuardedH11Protocol` adds both, at the protocol level, under any ASGI app:
 
-- **a request deadline**: from the moment the server waits for a request (the connection opened, or the previous
-  response was sent) the whole request, headers and body, must have arrived within `request_timeout` seconds;
-  otherwise the client gets `408` (if it had started a request) and the connection is closed. Idle keep-alive
-  connections are still closed earlier by uvicorn's `timeout_keep_alive`.
+- **a request deadline**: from the moment the server waits for a request (the connection opened, or the first
+  byte of a request on a kept-alive connection arrived) the whole request, headers and body, must have arrived
+  within `request_timeout` seconds; otherwise the client gets `408` (if it had started a request) and the
+  connection is closed. Idle keep-alive connections are closed by uvicorn's `timeout_keep_alive`, whichever of the
+  two is longer.
 - **a connection cap**: a connection beyond `max_connections` is answered `503` with `Retry-After` and closed at
   once, before anything is read from it.
 
@@ -60,8 +61,12 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def _follow(self) -> None:
-        """Arm the deadline while the server waits for (part of) a request; disarm it once the request is in."""
-        if self.transport.is_closing() or self.conn.their_state not in WAITING:
+        """Arm the deadline while the server waits for (part of) a request; disarm it once the request is in, and
+        while an idle keep-alive connection is left to uvicorn's keep-alive timer (its next byte cancels that timer
+        and arms the deadline): `request_timeout` must not cut `timeout_keep_alive` short."""
+        idle = self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]
+        kept_alive = idle and self.timeout_keep_alive_task is not None
+        if self.transport.is_closing() or self.conn.their_state not in WAITING or kept_alive:
             self._disarm()
         elif self._deadline is None:
             self._deadline = self.loop.call_later(self.request_timeout, self._expire)

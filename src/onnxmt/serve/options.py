@@ -22,7 +22,8 @@ class ServeOptions:
     (Translator.cost: source tokens + max new tokens, times beams, summed over its texts); more gets 413.
     max_batch_cost: most tokens x beams per decoder batch, which bounds the decoder's memory (0: no limit, for both).
     Slow clients: request_timeout: seconds a connection may take to send a whole request (headers and body),
-    counted from the moment the server waits for it; then it is answered 408 and closed. keep_alive_timeout:
+    counted from the moment the connection opened or, on a kept-alive connection, from the request's first byte;
+    then it is answered 408 and closed. keep_alive_timeout:
     seconds an idle keep-alive connection is kept. max_connections: open connections; one more is answered 503
     and closed at once, and requests beyond it in flight get 503 (uvicorn's limit_concurrency).
     Several models (serve/pool.py): max_loaded_models: most models loaded at once; max_loaded_mb: most megabytes
