@@ -356,6 +356,24 @@ def test_vocab_ops_log_softmax_and_topk() -> None:
     np.testing.assert_array_equal(values, np.take_along_axis(x, indices, axis=1))
 
 
+@pytest.mark.parametrize("shape", [(1, 5), (5, 1000), (128, 65001), (4, 256206)])
+def test_log_softmax_inplace_is_the_same_bits_in_the_same_buffer(shape: tuple[int, int]) -> None:
+    # One buffer read and written by ORT's LogSoftmax: bit for bit the out-of-place result (it reads a row before
+    # it writes it). A kernel that wrote while it still read would differ here.
+    ops = VocabOps(RuntimeOptions(threads=2))
+    x = (np.random.default_rng(2).normal(size=shape) * 8).astype(np.float32)
+    x[0, :2] = -np.inf
+    expected = ops.log_softmax(x)
+    buffer = x.copy()
+    out = ops.log_softmax_inplace(buffer)
+    assert out is buffer and np.shares_memory(out, buffer)
+    np.testing.assert_array_equal(out, expected)
+    assert not np.array_equal(buffer, x)  # it was overwritten
+    # Views it cannot write in place (not contiguous) are still overwritten, by way of a copy.
+    strided = x.copy()[:, ::2]
+    np.testing.assert_array_equal(ops.log_softmax_inplace(strided), ops.log_softmax(np.ascontiguousarray(x[:, ::2])))
+
+
 def test_chunk_length_divides_the_vocabulary_or_is_none() -> None:
     assert chunk_length(65001, 8) == 141  # opus-mt: 65001 = 3 * 47 * 461
     for vocab, k in ((65001, 8), (32000, 8), (250_000, 12), (1000, 2)):

@@ -212,21 +212,21 @@ class Renormalize:
     """transformers' LogitNormalization, always last: the processors above remove probability mass (a banned pad
     token, a too-early eos), and beam scores are then summed from log-probabilities that sum to 1 again."""
 
-    log_softmax: Callable[[np.ndarray], np.ndarray]
+    log_softmax_inplace: Callable[[np.ndarray], np.ndarray]
 
     def __call__(self, sequences: np.ndarray, scores: np.ndarray) -> None:
-        scores[:] = self.log_softmax(scores)
+        self.log_softmax_inplace(scores)
 
 
 def build_processors(
     s: Settings,
-    log_softmax: Callable[[np.ndarray], np.ndarray] | None = None,
+    log_softmax_inplace: Callable[[np.ndarray], np.ndarray] | None = None,
     forced_bos: np.ndarray | None = None,
 ) -> list[LogitsProcessor]:
     """The processors `s` asks for, in the order transformers' `_get_logits_processor` applies them. Renormalising
-    needs `log_softmax`; greedy search leaves it out (it cannot change an argmax, and greedy scores are already
-    log-probabilities of the processed logits). `forced_bos`: (sentences,) first tokens, in place of
-    `s.forced_bos` (the language scheme's forced target language)."""
+    needs `log_softmax_inplace` (it overwrites its argument); greedy search leaves it out (it cannot change an
+    argmax, and greedy scores are already log-probabilities of the processed logits). `forced_bos`: (sentences,)
+    first tokens, in place of `s.forced_bos` (the language scheme's forced target language)."""
     forced: int | np.ndarray | None = s.forced_bos if forced_bos is None else forced_bos
     processors: list[LogitsProcessor] = []
     if s.repetition_penalty != 1.0:
@@ -248,8 +248,8 @@ def build_processors(
     if s.begin_suppress:
         # The first free position: after the decoder start token, and after the forced token when there is one.
         processors.append(SuppressTokens(s.begin_suppress, at_length=1 if forced is None else 2))
-    if s.renormalize and log_softmax is not None:
-        processors.append(Renormalize(log_softmax))
+    if s.renormalize and log_softmax_inplace is not None:
+        processors.append(Renormalize(log_softmax_inplace))
     return processors
 
 
@@ -287,7 +287,7 @@ def decode(
     if s.num_beams == 1:
         processors = build_processors(s, None, forced_bos)
         return [[h] for h in greedy_search(graphs, cache, s, processors, cancelled, on_step)]
-    return beam_search(graphs, cache, s, build_processors(s, graphs.ops.log_softmax, forced_bos), cancelled)
+    return beam_search(graphs, cache, s, build_processors(s, graphs.ops.log_softmax_inplace, forced_bos), cancelled)
 
 
 def _none_cancelled(batch: int) -> Cancelled:
@@ -317,7 +317,8 @@ def greedy_search(
         _apply(processors, sequences[active, :cur_len], logits)
         # Greedy choice, and its log-probability for the score.
         chosen = logits.argmax(axis=-1)
-        totals[active] += np.take_along_axis(graphs.ops.log_softmax(logits), chosen[:, None], axis=1)[:, 0]
+        log_probs = graphs.ops.log_softmax_inplace(logits)  # the logits are not needed any more
+        totals[active] += np.take_along_axis(log_probs, chosen[:, None], axis=1)[:, 0]
         sequences[active, cur_len] = chosen
         if on_step is not None:
             on_step(active, chosen)
@@ -417,7 +418,7 @@ def _candidates(
     """One decoder step for `sequences` (rows, cur_len): each row's best `keep` log-probabilities after the
     processors and their tokens ((rows, keep) each), the vocabulary size, and the grown cache."""
     logits, cache = graphs.step(sequences[:, -1:], cache)
-    scores = graphs.ops.log_softmax(logits)  # (rows, vocab)
+    scores = graphs.ops.log_softmax_inplace(logits)  # (rows, vocab), in the logits' buffer: one matrix, not two
     _apply(processors, sequences, scores)
     # The best `keep` continuations of a sentence are among the best `keep` of each of its beams (a beam's score
     # shifts its whole row), so only (n, beams*keep) candidates are compared across beams.

