@@ -1,11 +1,14 @@
 """The whole-run peak RSS of bench.py's largest column (beam 4 at batch 32) for several onnxmt directories.
 
-    python benchmarks/beam_peak.py --model nllb-200-distilled-600M DIR [DIR ...] [--out FILE.json]
+    python benchmarks/beam_peak.py --model nllb-200-distilled-600M DIR [DIR ...] [--ct2 DIR=int8 ...] [--out FILE.json]
 
 Each directory runs in a fresh worker.py process with bench.py's work for that column only: the cold greedy batch
 of 8, then the sentences sorted by length in batches of 32 with 4 beams and exactly 30 new tokens, on 2 threads. It
 prints peak RSS after the cold batch, at the end (the column's peak), tokens/s, and whether the cold batch's tokens
-equal the first directory's. Made to compare an export with `--cache-buffer` against the default one.
+equal the first directory's (as bench.py compares engines: all but the last, which only some engines force to
+eos). Made to compare an export with `--cache-buffer` against the default one. `--ct2 DIR=COMPUTE_TYPE` adds a
+CTranslate2 directory (bench.py's converted ones) to the same run, with bench.py's worker for it, so that the peaks
+compared come from one run.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import machine
 import models
 
 
-def run(directory: Path, texts: list[str], order: list[int], family: models.Family, args: argparse.Namespace) -> dict:
-    """bench.py's worker for one directory, with that column's work only; its result."""
+def run(
+    engine: bench.Engine, texts: list[str], order: list[int], family: models.Family, args: argparse.Namespace
+) -> dict:
+    """bench.py's worker for one engine, with that column's work only; its result."""
     config = {
         "texts": texts,
         "order": order,
@@ -35,15 +40,32 @@ def run(directory: Path, texts: list[str], order: list[int], family: models.Fami
         "latency_texts": 1,
         "cold_batch": bench.COLD_BATCH,
     }
-    entry = bench.run_engine(bench.Engine(directory.name, str(directory), "onnxmt", directory), config, args.timeout)
+    entry = bench.run_engine(engine, config, args.timeout)
     if entry["status"] != "ok":
-        raise SystemExit(f"{directory}: {entry['error']}")
+        raise SystemExit(f"{engine.model_dir}: {entry['error']}")
     return entry["result"]
+
+
+def ct2_engine(value: str) -> bench.Engine:
+    """`DIR=COMPUTE_TYPE` (float32, int8, ...): a CTranslate2 directory and the compute type to run it with."""
+    path, sep, compute = value.rpartition("=")
+    if not sep or not path or not compute:
+        raise argparse.ArgumentTypeError(f"expected DIR=COMPUTE_TYPE (e.g. ct2-int8=int8), got {value!r}")
+    options = {"compute_type": compute}
+    return bench.Engine(f"ct2-{compute}", f"CTranslate2 {compute}", "ctranslate2", Path(path), options=options)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dirs", nargs="+", type=Path, help="onnxmt model directories (the first is the reference)")
+    p.add_argument(
+        "--ct2",
+        type=ct2_engine,
+        action="append",
+        default=[],
+        metavar="DIR=COMPUTE_TYPE",
+        help="a CTranslate2 directory to run after the onnxmt ones, with its compute type",
+    )
     p.add_argument("--model", choices=sorted(models.MODELS), default="opus-mt-en-zh", help="whose languages to use")
     p.add_argument("--sentences", type=int, default=32, help="FLORES lines (default 32)")
     p.add_argument("--beams", type=int, default=4)
@@ -65,10 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("| --- | --- | --- | --- | --- |")
     rows = []
-    for directory in args.dirs:
-        result = run(directory, texts, order, family, args)
-        same = result["cold_batch_tokens"] == rows[0]["result"]["cold_batch_tokens"] if rows else True
-        rows.append({"dir": str(directory), "result": result, "same_tokens": same})
+    onnxmt = [bench.Engine(d.name, str(d), "onnxmt", d) for d in args.dirs]
+    for engine in [*onnxmt, *args.ct2]:
+        directory = engine.model_dir
+        result = run(engine, texts, order, family, args)
+        reference = rows[0]["result"]["cold_batch_tokens"] if rows else result["cold_batch_tokens"]
+        same = bench.same_outputs(reference, result["cold_batch_tokens"], args.tokens) == len(reference)
+        rows.append({"dir": str(directory), "engine": engine.kind, "result": result, "same_tokens": same})
         print(
             f"| {directory} | {result['peak_rss_mb']:.0f} MB | {result['peak_rss_end_mb']:.0f} MB "
             f"| {result['throughput'][column]['tokens_per_s']:.1f} | {'yes' if same else 'no'} |",
@@ -82,7 +107,12 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "machine": info,
                     "args": vars(args)
-                    | {"dirs": [str(d) for d in args.dirs], "data": str(args.data), "out": str(args.out)},
+                    | {
+                        "dirs": [str(d) for d in args.dirs],
+                        "ct2": [f"{e.model_dir}={e.options['compute_type']}" for e in args.ct2],
+                        "data": str(args.data),
+                        "out": str(args.out),
+                    },
                     "rows": rows,
                 },
                 indent=1,

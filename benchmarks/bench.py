@@ -164,8 +164,12 @@ def mark_agreement(results: list[dict[str, Any]], n: int) -> None:
     for entry in results:
         out = entry.get("result", {}).get("cold_batch_tokens")
         if ref and out:
-            same = sum(a[: n - 1] == b[: n - 1] for a, b in zip(ref, out, strict=True))
-            entry["agreement"] = [same, len(ref)]
+            entry["agreement"] = [same_outputs(ref, out, n), len(ref)]
+
+
+def same_outputs(ref: list[list[int]], out: list[list[int]], n: int) -> int:
+    """How many of two engines' n-token greedy outputs are equal on their first n - 1 tokens (mark_agreement)."""
+    return sum(a[: n - 1] == b[: n - 1] for a, b in zip(ref, out, strict=True))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -155,18 +155,31 @@ def test_nllb_quick_run_matches_transformers_and_ctranslate2(tmp_path: Path) -> 
     assert "nllb-200-distilled-600M's architecture, eng_Latn → zho_Hans" in proc.stdout
 
 
-def test_beam_peak_compares_directories(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+def test_beam_peak_compares_directories(tiny_hf_dir: Path, tiny_onnx_dir: Path, tmp_path: Path) -> None:
     """benchmarks/beam_peak.py: one fresh worker per directory, a row each with its peaks and speed, and the same
-    tokens for the same directory given twice."""
-    data = shared_data("flores200").parent
+    tokens for the same directory given twice; a CTranslate2 conversion of the same model in the same run (--ct2)
+    returns the same tokens as onnxmt."""
+    pytest.importorskip("ctranslate2")
+    sys.path.insert(0, str(BENCHMARKS))
+    import models
+
+    ct2 = tmp_path / "ct2"
+    models.convert_ct2(tiny_hf_dir, ct2, "float32", models.MODELS["opus-mt-en-zh"][0].spm_files)
+    # FLORES sentences cut to their first words: the tiny model has 64 positions, and CTranslate2 does not truncate.
+    data = tmp_path / "data"
+    (data / "flores200").mkdir(parents=True)
+    lines = (shared_data("flores200") / "devtest.eng_Latn").read_text(encoding="utf-8").splitlines()[:4]
+    (data / "flores200" / "devtest.eng_Latn").write_text("".join(" ".join(x.split()[:4]) + "\n" for x in lines))
     out = tmp_path / "peak.json"
     command = [sys.executable, str(BENCHMARKS / "beam_peak.py"), str(tiny_onnx_dir), str(tiny_onnx_dir)]
     flags = ["--sentences", "4", "--batch-size", "2", "--tokens", "3", "--data", str(data), "--out", str(out)]
-    proc = subprocess.run([*command, *flags], capture_output=True, text=True)
+    proc = subprocess.run([*command, *flags, "--ct2", f"{ct2}=float32"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 2 and all(r["same_tokens"] for r in rows)
-    for row in rows:
+    assert [r["engine"] for r in rows] == ["onnxmt", "onnxmt", "ctranslate2"]
+    assert all(r["same_tokens"] for r in rows)
+    assert rows[2]["result"]["pid"] != rows[0]["result"]["pid"] and f"| {ct2} |" in proc.stdout
+    for row in rows[:2]:
         result = row["result"]
         assert result["peak_rss_end_mb"] >= result["peak_rss_mb"] > 0
         assert result["throughput"]["4x2"]["tokens_per_s"] > 0
