@@ -254,9 +254,13 @@ def buffered(tiny_buffered_onnx_dir: Path) -> Translator:
     return Translator(tiny_buffered_onnx_dir)
 
 
-def test_cache_buffer_steps_match_transformers_past_its_growth(buffered: Translator, tiny_hf_dir: Path) -> None:
+@pytest.mark.parametrize("limited", [False, True])
+def test_cache_buffer_steps_match_transformers_past_its_growth(
+    buffered: Translator, tiny_hf_dir: Path, limited: bool
+) -> None:
     # Teacher-forced: each step's logits against transformers' full forward pass at that position, for more steps
-    # than the buffer first holds (so it grows, three times), on a padded batch.
+    # than the buffer first holds (so it grows, three times; twice, the second time to the limit exactly, when the
+    # decoding loop's limit is given), on a padded batch.
     from onnxmt.runtime.graphs import SELF_KV_CHUNK
 
     assert buffered.graphs.buffered
@@ -267,18 +271,33 @@ def test_cache_buffer_steps_match_transformers_past_its_growth(buffered: Transla
     steps = 2 * SELF_KV_CHUNK + 3
     tokens = np.random.default_rng(0).integers(2, pad, size=(2, steps)).astype(np.int64)
     tokens[:, 0] = pad  # the decoder start token
-    cache = buffered.graphs.encode(ids, mask)
-    got = []
+    cache = buffered.graphs.encode(ids, mask, max_positions=steps if limited else None)
+    got, capacities = [], []
     for t in range(steps):
         logits, cache = buffered.graphs.step(tokens[:, t : t + 1], cache)
         got.append(logits)
-    assert cache.self_len == steps and cache.self_kv[0].shape[2] == 1 + 3 * SELF_KV_CHUNK
+        capacities.append(cache.self_kv[0].shape[2])
+    assert cache.self_len == steps
+    if limited:
+        assert sorted(set(capacities)) == [1, 1 + SELF_KV_CHUNK, steps]
+    else:
+        assert sorted(set(capacities)) == [1, 1 + SELF_KV_CHUNK, 1 + 2 * SELF_KV_CHUNK, 1 + 3 * SELF_KV_CHUNK]
     with torch.no_grad():
         source, source_mask, target = (torch.from_numpy(a) for a in (ids, mask, tokens))
         expected = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=target).logits.numpy()
     np.testing.assert_allclose(np.stack(got, axis=1), expected, atol=1e-4)
     with pytest.raises(ValueError, match="one new token per row"):
         buffered.graphs.step(tokens[:, :3], buffered.graphs.encode(ids, mask))
+
+
+def test_cache_buffers_grow_by_a_chunk_and_never_past_the_limit() -> None:
+    from onnxmt.runtime.graphs import SELF_KV_CHUNK, next_capacity
+
+    assert next_capacity(1, None) == 1 + SELF_KV_CHUNK
+    assert next_capacity(1, 199) == 1 + SELF_KV_CHUNK  # far from the limit: a chunk
+    assert next_capacity(1, 30) == 30  # less than a chunk would be left: straight to the limit (30 new tokens)
+    assert next_capacity(1 + SELF_KV_CHUNK, 30) == 30
+    assert next_capacity(30, 30) == 31  # stepped past the limit anyway (validate, tests): still room for one more
 
 
 def test_a_cache_buffer_can_be_stepped_again(buffered: Translator) -> None:

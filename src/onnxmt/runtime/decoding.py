@@ -283,7 +283,7 @@ def decode(
     Rows that `cancelled` marks leave the batch at the next step. Greedy search tells `on_step` each step's tokens
     (beam search cannot: its best hypothesis is known only at the end). `forced_bos`: (batch,) first output token
     of each row (its target language), overriding the model's forced_bos_token_id."""
-    cache = graphs.encode(input_ids, attention_mask)
+    cache = graphs.encode(input_ids, attention_mask, max_positions=s.max_length - 1)  # the decoder's inputs
     if s.num_beams == 1:
         processors = build_processors(s, None, forced_bos)
         return [[h] for h in greedy_search(graphs, cache, s, processors, cancelled, on_step)]

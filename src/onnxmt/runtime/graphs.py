@@ -43,6 +43,8 @@ class Cache:
     per_sentence: bool = False
     # Buffers: the positions of self_kv that hold the cache (the rest is spare capacity); None: all of them.
     self_len: int | None = None
+    # Buffers: the most positions the decoding loop will write (its max_length - 1); None: not known.
+    max_positions: int | None = None
 
     @property
     def sentences(self) -> int:
@@ -64,6 +66,7 @@ class Cache:
             encoder_states=None if self.encoder_states is None else self.encoder_states[rows],
             per_sentence=self.per_sentence,
             self_len=self.self_len,
+            max_positions=self.max_positions,
         )
 
     def expand_beams(self, beams: int) -> Cache:
@@ -238,7 +241,9 @@ class Graphs:
         shape = (rows, self.heads, capacity, self.head_dim)
         return tuple(np.zeros(shape, dtype=np.float32) for _ in range(2 * self.layers))
 
-    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Cache:
+    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray, max_positions: int | None = None) -> Cache:
+        """The encoder's cache for a batch; `max_positions`: the most decoder positions that will be stepped (a
+        self-attention cache buffer is never grown past it), None if not known."""
         raise NotImplementedError
 
     def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
@@ -253,6 +258,17 @@ def _kv_roles(prefix: str, layers: int) -> list[str]:
 # a larger step wastes reads and a smaller one copies the cache more often: on opus-mt's shape over 30 steps, 16 was
 # as fast as the Concat of the other form at 1 to 128 rows, 8 was 5-14% slower (docs/performance.md).
 SELF_KV_CHUNK = 16
+
+
+def next_capacity(filled: int, limit: int | None) -> int:
+    """The positions a full buffer of `filled` positions grows to: SELF_KV_CHUNK more, but never past `limit` (the
+    most positions the decoding loop will step), and straight to it when less than a chunk would be left after this
+    growth. Growing copies the cache and holds both copies meanwhile, the largest transient of the cache (NLLB-600M,
+    beam 4 at batch 32: the 17 positions copied are 204 MB in fp32), so the last, small growth is saved."""
+    capacity = filled + SELF_KV_CHUNK
+    if limit is not None and limit - capacity < SELF_KV_CHUNK:
+        capacity = limit
+    return max(capacity, filled + 1)
 
 
 def grown(buffer: np.ndarray, filled: int, capacity: int) -> np.ndarray:
@@ -285,7 +301,7 @@ class OnnxmtGraphs(Graphs):
         # Exports before this flag existed take the cross-attention K/V repeated per beam.
         self.per_sentence = bool(manifest.model.get("cross_kv_per_sentence", False))
 
-    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Cache:
+    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray, max_positions: int | None = None) -> Cache:
         cross = self.encoder.run(self.enc_out, dict(zip(self.enc_in, (input_ids, attention_mask), strict=True)))
         # Buffers have room for the first step only: beam search repeats the rows per beam after it, which then
         # copies one position per row; they grow by SELF_KV_CHUNK at the second step.
@@ -295,6 +311,7 @@ class OnnxmtGraphs(Graphs):
             cross_kv=tuple(cross),
             per_sentence=self.per_sentence,
             self_len=0 if self.buffered else None,
+            max_positions=max_positions,
         )
 
     def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
@@ -314,7 +331,8 @@ class OnnxmtGraphs(Graphs):
         filled = cache.self_len
         buffers = cache.self_kv
         if filled == buffers[0].shape[2]:
-            buffers = tuple(grown(b, filled, filled + SELF_KV_CHUNK) for b in buffers)
+            capacity = next_capacity(filled, cache.max_positions)
+            buffers = tuple(grown(b, filled, capacity) for b in buffers)
         feed.update(zip(self.dec_past, buffers, strict=True))
         feed[self.dec_length] = np.array([filled], dtype=np.int64)
         logits, *new = self.decoder.run(self.dec_out, feed)
@@ -358,7 +376,7 @@ class OptimumGraphs(Graphs):
             return "decoder_merged"
         return "decoder" if first else "decoder_with_past"
 
-    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Cache:
+    def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray, max_positions: int | None = None) -> Cache:
         spec = self.specs["encoder"]
         feed = {spec.input_name("input_ids"): input_ids, spec.input_name("attention_mask"): attention_mask}
         (states,) = self.encoder.run([spec.output_name("encoder_hidden_states")], feed)
