@@ -304,7 +304,7 @@ class OnnxmtGraphs(Graphs):
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray, max_positions: int | None = None) -> Cache:
         cross = self.encoder.run(self.enc_out, dict(zip(self.enc_in, (input_ids, attention_mask), strict=True)))
         # Buffers have room for the first step only: beam search repeats the rows per beam after it, which then
-        # copies one position per row; they grow by SELF_KV_CHUNK at the second step.
+        # copies one position per row; they grow at the second step (next_capacity).
         return Cache(
             mask=attention_mask,
             self_kv=self._empty_self_kv(len(input_ids), capacity=1 if self.buffered else 0),
