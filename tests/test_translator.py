@@ -48,9 +48,9 @@ def _count_encodes(translator: Translator, monkeypatch: pytest.MonkeyPatch) -> l
     calls: list[int] = []
     encode = translator.graphs.encode
 
-    def counted(ids, mask):  # type: ignore[no-untyped-def]
+    def counted(ids, mask, **options):  # type: ignore[no-untyped-def]
         calls.append(len(ids))
-        return encode(ids, mask)
+        return encode(ids, mask, **options)
 
     monkeypatch.setattr(translator.graphs, "encode", counted)
     return calls
