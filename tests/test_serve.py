@@ -593,14 +593,21 @@ def test_batcher_batches_but_never_mixes_settings() -> None:
     assert max(len(texts) for texts, _ in calls) > 1
 
 
-def test_batcher_queue_full_and_timeout() -> None:
-    gate = threading.Event()
+def _gated(gate: threading.Event) -> Callable[..., list[Translation]]:
+    """A translate function for MicroBatcher that holds the inference thread until `gate` is set."""
 
     def blocked(
         texts: list[str], options: DecodeOptions, tokens: list[CancelToken], on_batch: object
     ) -> list[Translation]:
         gate.wait(30)
         return _echo(texts, options)
+
+    return blocked
+
+
+def test_batcher_queue_full_and_timeout() -> None:
+    gate = threading.Event()
+    blocked = _gated(gate)
 
     async def main() -> None:
         with ThreadPoolExecutor(1) as executor:
@@ -676,12 +683,7 @@ def test_batcher_does_not_spin_on_a_request_that_left_but_is_still_queued() -> N
     # disconnect watcher. A batch finishing in that window found the dead request at the head of the queue, took
     # nothing and looped without ever yielding: the event loop spun at 100% CPU and SIGTERM was never handled.
     release = threading.Event()
-
-    def blocked(
-        texts: list[str], options: DecodeOptions, tokens: list[CancelToken], on_batch: object
-    ) -> list[Translation]:
-        release.wait(30)
-        return _echo(texts, options)
+    blocked = _gated(release)
 
     async def slow_to_stop() -> None:
         try:
