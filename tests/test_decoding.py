@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +248,70 @@ def test_logits_with_and_without_cache_agree(translator: Translator) -> None:
     for length in (1, 3, tokens.shape[1]):
         full, _ = translator.graphs.step(tokens[:, :length], translator.graphs.encode(ids, mask))
         np.testing.assert_allclose(full, step_logits[length - 1], atol=1e-5)
+
+
+def _padded(translator: Translator, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    from onnxmt.runtime.translator import pad_batch
+
+    ids = sorted((translator.encode(t, translator.prompt()) for t in texts), key=len)
+    return pad_batch(ids, translator.manifest.tokens["pad"])
+
+
+def test_parity_batches_are_encoded_in_groups(translator: Translator) -> None:
+    # What makes the batch-16 parity tests above cover the encoder's groups: their batch is cut by length.
+    from onnxmt.runtime.graphs import encoder_groups
+
+    _, mask = _padded(translator, SENTENCES)
+    groups = encoder_groups(mask)
+    assert len(groups) >= 2 and groups[-1][1] == mask.shape[1] and groups[0][1] < mask.shape[1] // 2
+
+
+def test_an_encoder_group_gives_each_row_the_values_of_one_call(translator: Translator) -> None:
+    from onnxmt.runtime.graphs import encoder_groups
+
+    graphs = translator.graphs
+    ids, mask = _padded(translator, SENTENCES)
+    groups = encoder_groups(mask)
+    assert len(groups) >= 2
+    whole = graphs.encoder.run(graphs.enc_out, dict(zip(graphs.enc_in, (ids, mask), strict=True)))
+    grouped = graphs.encode(ids, mask).cross_kv
+    assert grouped is not None and len(grouped) == len(whole)
+    real = mask.astype(bool)[:, None, :, None]  # (rows, 1, src_len, 1): each row's own positions
+    for one, parts in zip(whole, grouped, strict=True):
+        assert parts.shape == one.shape
+        assert np.array_equal(np.where(real, parts, 0), np.where(real, one, 0))  # the same bits (fp32 encoder)
+        for rows, width in groups:  # zero past the group's width (the padding it was not run with)
+            assert not parts[rows, :, width:].any()
+
+
+def _grouping_cost(lengths: list[int], bounds: list[int], call_tokens: int) -> int:
+    return sum((b - a) * lengths[b - 1] + call_tokens for a, b in itertools.pairwise(bounds))
+
+
+def test_encoder_groups_are_the_cheapest_cut_by_length() -> None:
+    from onnxmt.runtime.graphs import encoder_groups
+
+    def mask_of(lengths: list[int]) -> np.ndarray:
+        return (np.arange(max(lengths)) < np.array(lengths)[:, None]).astype(np.int64)
+
+    assert [(r.tolist(), w) for r, w in encoder_groups(mask_of([3, 60, 3, 60]), 16)] == [([0, 2], 3), ([1, 3], 60)]
+    assert len(encoder_groups(mask_of([20] * 8))) == 1  # nothing to save
+    assert len(encoder_groups(mask_of([3, 60]), call_tokens=100)) == 1  # saving 57 tokens is not worth a call
+    assert len(encoder_groups(mask_of([7]))) == 1
+    left = mask_of([3, 60])[:, ::-1].copy()  # left-padded: the rows cannot be cut to a width
+    assert [(r.tolist(), w) for r, w in encoder_groups(left, 0)] == [([0, 1], 60)]
+    rng = np.random.default_rng(0)
+    for _ in range(30):  # against every cut of the sorted rows into consecutive groups
+        lengths = rng.integers(1, 80, rng.integers(2, 9)).tolist()
+        call_tokens = int(rng.integers(0, 200))
+        groups = encoder_groups(mask_of(lengths), call_tokens)
+        assert sorted(i for rows, _ in groups for i in rows.tolist()) == list(range(len(lengths)))
+        assert all(w == max(lengths[i] for i in rows) for rows, w in groups)
+        ordered = sorted(lengths)
+        n = len(ordered)
+        cuts = ([0, *c, n] for k in range(n) for c in itertools.combinations(range(1, n), k))
+        best = min(_grouping_cost(ordered, b, call_tokens) for b in cuts)
+        assert sum(len(rows) * w + call_tokens for rows, w in groups) == best, (lengths, call_tokens)
 
 
 @pytest.fixture(scope="module")
