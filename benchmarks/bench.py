@@ -196,6 +196,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--beams", default="1,4", help="beam sizes (default 1,4)")
     p.add_argument("--batch-sizes", help="throughput batch sizes (default 8,32; quick 2)")
     p.add_argument("--engines", help="comma-separated engine names to run (default: all available)")
+    p.add_argument(
+        "--onnxmt",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="one more onnxmt engine on another directory of the same model (e.g. exported with other options, "
+        "onnxmt-cache-buffer=/path); repeatable, run after the built ones and always selected",
+    )
     p.add_argument("--no-optimum", action="store_true", help="skip Optimum (its venv takes minutes to create)")
     p.add_argument("--envsize", action=argparse.BooleanOptionalAction, help="measure venv sizes (default: not quick)")
     p.add_argument("--out", type=Path, default=HERE / "results", help="where <mode>.json/.md/.png go")
@@ -203,6 +211,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (flores200/, tatoeba/)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per engine process")
     args = p.parse_args(argv)
+    extras = []
+    for extra in args.onnxmt:
+        name, sep, directory = extra.partition("=")
+        if not sep or not name or not Path(directory, "onnxmt.json").is_file():
+            p.error(f"--onnxmt takes LABEL=DIR, DIR an onnxmt model directory; got {extra!r}")
+        extras.append((name, Path(directory)))
+    args.onnxmt = extras
     quick = args.quick
     args.sentences = args.sentences or (2 if quick else 64)
     args.latency_sentences = min(args.latency_sentences or (2 if quick else 20), args.sentences)
@@ -275,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.engines:
         wanted = set(args.engines.split(","))
         selected = [e for e in selected if e.name in wanted or e.name == "onnxmt-fp32"]
+    for name, directory in args.onnxmt:
+        selected.append(Engine(name, f"onnxmt {name.removeprefix('onnxmt-')}", "onnxmt", directory))
     rounds: dict[str, list[dict[str, Any]]] = {engine.name: [] for engine in selected}
     for r in range(args.rounds):
         for engine in selected:

@@ -284,3 +284,44 @@ def test_int8_head_takes_a_following_bias_add_and_computes_what_qgemm_did(tmp_pa
     onnx.save(_tied_model(int8=True), str(tmp_path / "old.onnx"))
     new, old = _run(tmp_path / "new.onnx"), _run(tmp_path / "old.onnx")
     np.testing.assert_array_equal(new[0], old[0])
+
+
+def test_graphs_over_the_size_limit_go_through_side_files_and_leave_none(
+    tiny_hf_dir: Path, tiny_onnx_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the limit at 0 every graph the exporter and the quantizer save with its weights in memory takes the
+    path of a graph over protobuf's 2 GB (NLLB-200-1.3B's): tensors in `<graph>.data`, read in by store_weights,
+    which removes the file. The directories come out as the usual ones and translate the same."""
+    from onnxmt.export.exporter import ExportOptions, export
+    from onnxmt.export.quantize import quantize
+    from onnxmt.runtime.translator import Translator
+
+    usual_int8 = tmp_path / "usual-int8"
+    quantize(tiny_onnx_dir, usual_int8, progress=lambda _: None)
+    sides: list[str] = []
+    save = onnx.save
+
+    def spied(model, path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if kwargs.get("save_as_external_data"):
+            sides.append(Path(path).name)
+        return save(model, path, *args, **kwargs)
+
+    monkeypatch.setattr(onnx, "save", spied)
+    monkeypatch.setattr(onnx, "save_model", spied)  # what onnxruntime's quantizer calls
+    monkeypatch.setattr(weights, "LARGE_GRAPH_BYTES", 0)
+    exported = tmp_path / "fp32"
+    export(str(tiny_hf_dir), exported, ExportOptions(), progress=lambda _: None)
+    assert "decoder.onnx" in sides  # the tied head's rewrite saved it with a side file
+    int8 = tmp_path / "int8"
+    quantize(exported, int8, progress=lambda _: None)
+    assert len(sides) >= 3
+    for directory in (exported, int8):
+        names = sorted(p.name for p in directory.iterdir())
+        assert not [n for n in names if n.endswith(weights.SIDE_DATA_SUFFIX)], names
+        assert names == sorted(p.name for p in tiny_onnx_dir.iterdir())
+    assert (int8 / "weights.bin").stat().st_size == (usual_int8 / "weights.bin").stat().st_size
+    texts = ["The river is long and the mountain is high", "Where is the doctor?", "Tom is reading a letter."]
+    for ours, usual in ((exported, tiny_onnx_dir), (int8, usual_int8)):
+        expected = [t.token_ids for t in Translator(usual).translate(texts)]
+        assert [t.token_ids for t in Translator(ours).translate(texts)] == expected
+        assert len({len(ids) for ids in expected}) > 1

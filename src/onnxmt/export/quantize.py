@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest import WEIGHTS_FILE, Manifest, describe_files, read_manifest, verify_files
-from .weights import bias_add, join_heads, replace_node, store_weights, twin_transpose
+from . import weights
+from .weights import bias_add, join_heads, replace_node, save_graph, store_weights, twin_transpose
 
 PARTS = ("encoder", "decoder", "all")
 LM_HEAD = "lm_head"  # an --exclude name for the tied LM head, whatever the exporter called its node
@@ -165,7 +166,7 @@ def _quantize_into(
             nodes, kept_heads = _matmuls_for_int8(model, options, excluded)
         out = staging / name
         if not nodes:
-            onnx.save(model, str(out))
+            save_graph(model, out)
         elif options.int4:
             _run_int4(model, out, nodes, options.block_size)
         else:
@@ -177,7 +178,7 @@ def _quantize_into(
         selected[name] = rewritten + nodes
     for name in all_graphs:
         if name not in selected:
-            onnx.save(models[name], str(staging / name))  # unchanged, its weights stored again below
+            save_graph(models[name], staging / name)  # unchanged, its weights stored again below
     for name in manifest.files:
         if name not in models and name not in external:
             shutil.copy2(source / name, staging / name)
@@ -336,7 +337,7 @@ def _restore_heads(path: Path, kept: list[_KeptHead]) -> None:
             graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(inits[head.transposed]).T, weight))
         if head.transposed != weight and not any(head.transposed in n.input for n in graph.node):
             graph.initializer.remove(inits[head.transposed])
-    onnx.save(model, str(path))
+    save_graph(model, path)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -493,6 +494,8 @@ def _run_int8(model: Any, out: Path, nodes: list[str], per_channel: bool) -> Non
             per_channel=per_channel,
             weight_type=QuantType.QInt8,
             extra_options={"MatMulConstBOnly": True},
+            # A graph it would write over protobuf's 2 GB: its tensors in `<out>.data`, which store_weights removes.
+            use_external_data_format=weights.graph_bytes(model) > weights.LARGE_GRAPH_BYTES,
         )
     _one_zero_point(out)
 
@@ -522,7 +525,7 @@ def _one_zero_point(path: Path) -> None:
     used = {i for n in graph.node for i in n.input}
     for init in [i for i in graph.initializer if i.name not in used]:
         graph.initializer.remove(init)
-    onnx.save(model, str(path))
+    save_graph(model, path)
 
 
 def _per_row_scales(path: Path) -> None:
@@ -535,7 +538,7 @@ def _per_row_scales(path: Path) -> None:
         per_row_activations(model)
     except ValueError as e:
         raise QuantizeError(str(e)) from e
-    onnx.save(model, str(path))
+    save_graph(model, path)
 
 
 def _int4_quantizer() -> Any:

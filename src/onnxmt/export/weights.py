@@ -32,8 +32,30 @@ MAP_MIN_BYTES = 1 << 16  # smaller tensors stay in the graph files, unless sever
 SHARE_MIN_BYTES = 1 << 12
 HEAD_CHUNK_BYTES = 48 << 20  # the LM head is cut into chunks of about this many bytes (more where alignment needs)
 
+# A graph whose tensors hold more than this is saved with them in a side file `<graph file>.data` (ONNX external
+# data), which store_weights reads in and removes: protobuf cannot write a message over 2 GB, and the graphs of
+# NLLB-200-1.3B or M2M100-1.2B are larger than that before their weights move to `weights.bin`.
+LARGE_GRAPH_BYTES = 1 << 30
+SIDE_DATA_SUFFIX = ".data"
 _ROWS = ".rows"  # a chunk's nodes, outputs and sliced tensors are named f"{whole}.rows{start}-{stop}"
 _JOIN = ".chunks"  # the Concat that joins them: f"{head node}.chunks"
+
+
+def graph_bytes(model: Any) -> int:
+    """The bytes of the tensors a loaded graph holds in memory (not those it leaves in external files)."""
+    return sum(len(init.raw_data) for init in model.graph.initializer)
+
+
+def save_graph(model: Any, path: Path) -> None:
+    """`onnx.save`, with the tensors in `<path>.data` when they hold more than LARGE_GRAPH_BYTES (see there)."""
+    import onnx
+
+    if graph_bytes(model) <= LARGE_GRAPH_BYTES:
+        onnx.save(model, str(path))
+        return
+    side = path.with_name(path.name + SIDE_DATA_SUFFIX)
+    side.unlink(missing_ok=True)  # onnx appends to an existing file
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=side.name)
 
 
 def store_weights(paths: list[Path], file_name: str) -> bool:
@@ -89,6 +111,7 @@ def store_weights(paths: list[Path], file_name: str) -> bool:
     if not mapped and not shared:
         for model, path in zip(models, paths, strict=True):
             onnx.save(model, str(path))
+            path.with_name(path.name + SIDE_DATA_SUFFIX).unlink(missing_ok=True)
         return False
 
     def raw_of(key: _Key) -> bytes:
@@ -113,6 +136,7 @@ def store_weights(paths: list[Path], file_name: str) -> bool:
                 key = names[init.name]
                 _point_to(init, file_name, offsets[key], key[2])
         onnx.save(model, str(path))
+        path.with_name(path.name + SIDE_DATA_SUFFIX).unlink(missing_ok=True)  # read in above, now in file_name
     return True
 
 
