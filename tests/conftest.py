@@ -96,13 +96,23 @@ def tiny_onnx_dir(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="session")
-def tiny_buffered_onnx_dir(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`tiny_hf_dir` exported with `--cache-buffer` (the decoder reads a self-attention cache buffer and returns the
-    new token's key and value). Read-only."""
+def tiny_buffered_onnx_dir(tiny_onnx_dir: Path) -> Path:
+    """`tiny_hf_dir` exported with the self-attention cache as a buffer (the decoder reads a buffer and returns the
+    new token's key and value): the default export, `tiny_onnx_dir` itself, named for the tests of that form."""
+    from onnxmt.manifest import read_manifest
+
+    assert read_manifest(tiny_onnx_dir).graphs["decoder"].has_input("past_length")
+    return tiny_onnx_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_concat_onnx_dir(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_hf_dir` exported with `--cache-concat` (the decoder takes the self-attention cache and returns it grown
+    by a Concat: the default export until the buffer became it, so directories exported before have it). Read-only."""
     from onnxmt.export.exporter import ExportOptions, export
 
-    out = tmp_path_factory.mktemp("tiny-buffered-onnx") / "model"
-    export(str(tiny_hf_dir), out, ExportOptions(buffered_cache=True), progress=lambda _: None)
+    out = tmp_path_factory.mktemp("tiny-concat-onnx") / "model"
+    export(str(tiny_hf_dir), out, ExportOptions(buffered_cache=False), progress=lambda _: None)
     return out
 
 

@@ -85,9 +85,13 @@ def test_export_via_cli_and_refusal_without_force(tiny_hf_dir: Path, tmp_path: P
     result = runner.invoke(app, ["export", str(tiny_hf_dir), str(out), "--no-check"])
     assert result.exit_code == 0, result.output
     assert (out / MANIFEST_NAME).is_file()
+    assert read_manifest(out).graphs["decoder"].has_input("past_length")  # the default: the cache as a buffer
     again = runner.invoke(app, ["export", str(tiny_hf_dir), str(out)])
     assert again.exit_code == 2
     assert "--force" in again.output
+    concat = runner.invoke(app, ["export", str(tiny_hf_dir), str(out), "--force", "--no-check", "--cache-concat"])
+    assert concat.exit_code == 0, concat.output
+    assert not read_manifest(out).graphs["decoder"].has_input("past_length")
     bad = runner.invoke(app, ["export", str(tmp_path / "missing"), str(tmp_path / "x")])
     assert bad.exit_code == 2 and "not found" in bad.output
 

@@ -216,21 +216,22 @@ def test_validate_quantize_eval_and_inspect_work_on_nllb(
 
 
 @pytest.fixture(scope="module")
-def m2m100_buffered_dir(tiny_m2m100_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`tiny_m2m100_hf_dir` exported with `--cache-buffer`."""
+def m2m100_concat_dir(tiny_m2m100_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_m2m100_hf_dir` exported with `--cache-concat` (the other tests run the default, buffered form)."""
     from onnxmt.export.exporter import ExportOptions, export
 
-    out = tmp_path_factory.mktemp("m2m100-buffered") / "model"
-    export(str(tiny_m2m100_hf_dir), out, ExportOptions(buffered_cache=True), progress=lambda _: None)
+    out = tmp_path_factory.mktemp("m2m100-concat") / "model"
+    export(str(tiny_m2m100_hf_dir), out, ExportOptions(buffered_cache=False), progress=lambda _: None)
     return out
 
 
 @pytest.mark.parametrize("beams", [1, 4])
-def test_cache_buffer_export_translates_like_transformers(
-    m2m100_buffered_dir: Path, tiny_m2m100_hf_dir: Path, beams: int
+def test_cache_concat_export_translates_like_transformers(
+    m2m100_concat_dir: Path, tiny_m2m100_onnx_dir: Path, tiny_m2m100_hf_dir: Path, beams: int
 ) -> None:
-    translator = Translator(m2m100_buffered_dir)
-    assert translator.manifest.graphs["decoder"].has_input("past_length")
+    assert Translator(tiny_m2m100_onnx_dir).graphs.buffered  # the default export: a buffer
+    translator = Translator(m2m100_concat_dir)
+    assert not translator.manifest.graphs["decoder"].has_input("past_length")
     source, (target, _) = M2M100_PAIRS
     got = translator.translate(SENTENCES, source_lang=source, target_lang=target, beams=beams)
     assert [t.token_ids for t in got] == _hf_generate(tiny_m2m100_hf_dir, SENTENCES, source, target, beams)

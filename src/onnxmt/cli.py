@@ -73,11 +73,12 @@ def export(
     cache_buffer: Annotated[
         bool,
         typer.Option(
-            "--cache-buffer",
-            help="Decoder self-attention cache as a buffer written in place, not grown by a Concat in the graph: "
-            "less memory in large beam batches, a little slower there (docs/performance.md).",
+            "--cache-buffer/--cache-concat",
+            help="Decoder self-attention cache as a buffer the runtime writes in place (the default: the cache is "
+            "held once), or taken and returned grown by a Concat in the graph, as directories exported before "
+            "this default have it (docs/performance.md).",
         ),
-    ] = False,
+    ] = True,
 ) -> None:
     """Export a MarianMT model to a self-contained onnxmt model directory (needs onnxmt\\[export])."""
     try:

@@ -46,9 +46,9 @@ class ExportOptions:
     force: bool = False
     default_target: str | None = None  # e.g. "cmn_Hans" for multi-target models
     check: bool = True
-    # The decoder's self-attention cache as a buffer the runtime writes in place, instead of grown by a Concat in the
-    # graph (marian.py): less memory in large beam batches, a little slower there (docs/performance.md).
-    buffered_cache: bool = False
+    # The decoder's self-attention cache as a buffer the runtime writes in place (the cache is held once), instead of
+    # taken and returned grown by a Concat in the graph (marian.py; docs/performance.md).
+    buffered_cache: bool = True
 
 
 @dataclass(frozen=True)
