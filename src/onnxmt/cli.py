@@ -80,7 +80,7 @@ def export(
         ),
     ] = True,
 ) -> None:
-    """Export a MarianMT model to a self-contained onnxmt model directory (needs onnxmt\\[export])."""
+    """Export a MarianMT, M2M100 or NLLB-200 model to a self-contained onnxmt directory (needs onnxmt\\[export])."""
     try:
         from .export.exporter import ExportOptions
         from .export.exporter import export as run_export

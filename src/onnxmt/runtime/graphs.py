@@ -271,7 +271,7 @@ def encoder_groups(attention_mask: np.ndarray, call_tokens: int = ENCODER_CALL_T
     ordered = lengths[order].tolist()
     n = len(ordered)
     # best[j]: the least cost of the first j rows (in length order); cut[j]: where its last group starts.
-    best, cut = [0] + [0] * n, [0] * (n + 1)
+    best, cut = [0] * (n + 1), [0] * (n + 1)
     for j in range(1, n + 1):
         best[j], cut[j] = min((best[i] + (j - i) * ordered[j - 1] + call_tokens, i) for i in range(j))
     bounds = [n]
