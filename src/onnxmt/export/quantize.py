@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest import WEIGHTS_FILE, Manifest, describe_files, read_manifest, verify_files
-from . import weights
-from .weights import bias_add, join_heads, replace_node, save_graph, store_weights, twin_transpose
+from .weights import bias_add, join_heads, replace_node, save_graph, store_weights, too_large, twin_transpose
 
 PARTS = ("encoder", "decoder", "all")
 LM_HEAD = "lm_head"  # an --exclude name for the tied LM head, whatever the exporter called its node
@@ -495,7 +494,7 @@ def _run_int8(model: Any, out: Path, nodes: list[str], per_channel: bool) -> Non
             weight_type=QuantType.QInt8,
             extra_options={"MatMulConstBOnly": True},
             # A graph it would write over protobuf's 2 GB: its tensors in `<out>.data`, which store_weights removes.
-            use_external_data_format=weights.graph_bytes(model) > weights.LARGE_GRAPH_BYTES,
+            use_external_data_format=too_large(model),
         )
     _one_zero_point(out)
 

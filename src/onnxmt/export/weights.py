@@ -41,19 +41,25 @@ _ROWS = ".rows"  # a chunk's nodes, outputs and sliced tensors are named f"{whol
 _JOIN = ".chunks"  # the Concat that joins them: f"{head node}.chunks"
 
 
-def graph_bytes(model: Any) -> int:
-    """The bytes of the tensors a loaded graph holds in memory (not those it leaves in external files)."""
-    return sum(len(init.raw_data) for init in model.graph.initializer)
+def too_large(model: Any) -> bool:
+    """Whether the tensors a loaded graph holds in memory (not those it leaves in external files) pass
+    LARGE_GRAPH_BYTES, so that it must be saved with them in a side file."""
+    return sum(len(init.raw_data) for init in model.graph.initializer) > LARGE_GRAPH_BYTES
+
+
+def side_file(path: Path) -> Path:
+    """Where `save_graph` puts the tensors of the graph file `path` that is too large."""
+    return path.with_name(path.name + SIDE_DATA_SUFFIX)
 
 
 def save_graph(model: Any, path: Path) -> None:
     """`onnx.save`, with the tensors in `<path>.data` when they hold more than LARGE_GRAPH_BYTES (see there)."""
     import onnx
 
-    if graph_bytes(model) <= LARGE_GRAPH_BYTES:
+    if not too_large(model):
         onnx.save(model, str(path))
         return
-    side = path.with_name(path.name + SIDE_DATA_SUFFIX)
+    side = side_file(path)
     side.unlink(missing_ok=True)  # onnx appends to an existing file
     onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=side.name)
 
@@ -111,7 +117,7 @@ def store_weights(paths: list[Path], file_name: str) -> bool:
     if not mapped and not shared:
         for model, path in zip(models, paths, strict=True):
             onnx.save(model, str(path))
-            path.with_name(path.name + SIDE_DATA_SUFFIX).unlink(missing_ok=True)
+            side_file(path).unlink(missing_ok=True)
         return False
 
     def raw_of(key: _Key) -> bytes:
@@ -136,7 +142,7 @@ def store_weights(paths: list[Path], file_name: str) -> bool:
                 key = names[init.name]
                 _point_to(init, file_name, offsets[key], key[2])
         onnx.save(model, str(path))
-        path.with_name(path.name + SIDE_DATA_SUFFIX).unlink(missing_ok=True)  # read in above, now in file_name
+        side_file(path).unlink(missing_ok=True)  # read in above, now in file_name
     return True
 
 

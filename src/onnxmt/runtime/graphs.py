@@ -336,8 +336,8 @@ class OnnxmtGraphs(Graphs):
 
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray, max_positions: int | None = None) -> Cache:
         """The encoder runs once per group of rows of similar length (`encoder_groups`), each cut to its own longest
-        row, and the groups' cross-attention K/V are joined at the batch's width, zero past each row's end (where
-        its mask is 0). A float encoder gives each row the same values as one call over the whole batch."""
+        row, and the groups' cross-attention K/V are joined at the batch's width, zero past each group's width (where
+        its rows' masks are 0). A float encoder gives each row the same values as one call over the whole batch."""
         groups = encoder_groups(attention_mask)
         if len(groups) == 1:
             cross = self.encoder.run(self.enc_out, dict(zip(self.enc_in, (input_ids, attention_mask), strict=True)))
