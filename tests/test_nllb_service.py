@@ -68,6 +68,9 @@ def test_languages_are_libretranslate_codes_with_their_targets(server: Server, n
     assert [nllb.source_code(c) for c in ("zh", "zt", "fr")] == ["zho_Hans", "zho_Hant", "fra_Latn"]
     info = httpx.get(f"{server.url}/info", timeout=30).json()
     assert info["languages"]["source"] == "en" and len(info["languages"]["sources"]) == 202  # its default source
+    # 202 x 201 pairs are counted, not listed: /languages above lists them per source.
+    assert info["routing"]["pair_count"] == 202 * 201 and "pairs" not in info["routing"]
+    assert len(httpx.get(f"{server.url}/info", timeout=30).content) < 100_000
 
 
 def test_translate_answers_as_the_library(server: Server, nllb: Translator) -> None:

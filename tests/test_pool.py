@@ -150,6 +150,7 @@ def test_info_and_metrics_per_model(server: Server) -> None:
     assert models["en-zh"]["languages"]["source"] == "en" and models["en-zh"]["architecture"] == "marian"
     info = httpx.get(f"{server.url}/info").json()
     assert "model" not in info and info["routing"]["pivot"] == "en" and "zh→en" in info["routing"]["pairs"]
+    assert info["routing"]["pair_count"] == len(info["routing"]["pairs"])
     translate(server, {"q": CHINESE[4], "source": "zh", "target": "en", **SHORT})
     metrics = httpx.get(f"{server.url}/metrics").text
     assert _sample(metrics, "onnxmt_model_loaded", model="zh-en") == 1

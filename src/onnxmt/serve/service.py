@@ -367,12 +367,8 @@ class Service:
             }
             for e in catalog.entries
         ]
-        answer["routing"] = {
-            "pivot": catalog.pivot,
-            "pairs": [f"{s}→{t}" for s, t in catalog.pairs()],
-            "max_loaded_models": pool.max_models,
-            "max_loaded_mb": o.max_loaded_mb,
-        }
+        answer["routing"] = {"pivot": catalog.pivot, **_pairs_info(catalog.pairs())}
+        answer["routing"].update(max_loaded_models=pool.max_models, max_loaded_mb=o.max_loaded_mb)
         answer["cache"] = {"size": self.cache.size, "entries": len(self.cache)}
         answer["decoding"] = {k: v for k, v in vars(self.decoding).items() if v is not None}
         answer["batching"] = {
@@ -433,6 +429,18 @@ def _unique_names(dirs: list[Path]) -> list[str]:
         if names.count(name) > 1:
             names[i] = f"{name}#{names[:i].count(name) + 1}"
     return names
+
+
+# /info lists the pairs up to this many; an NLLB-200 model alone answers 202 x 201 = 40,602 of them (2 MB of JSON
+# in every /info), which /languages already lists per source.
+INFO_MAX_PAIRS = 1000
+
+
+def _pairs_info(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """`pair_count`, and `pairs` ("en→zh", ...) when there are at most INFO_MAX_PAIRS of them."""
+    if len(pairs) > INFO_MAX_PAIRS:
+        return {"pair_count": len(pairs), "pairs_omitted": f"over {INFO_MAX_PAIRS}: GET /languages lists them"}
+    return {"pair_count": len(pairs), "pairs": [f"{s}→{t}" for s, t in pairs]}
 
 
 def _languages_info(languages: Languages) -> dict[str, Any]:
