@@ -3,6 +3,7 @@
     python benchmarks/bench.py             # full run: opus-mt-en-zh architecture, ~30 min on 2 cores
     python benchmarks/bench.py --quick     # tiny model, 2 sentences, seconds: checks the harness still works
     python benchmarks/bench.py --model nllb-200-distilled-600M   # NLLB-200's architecture (eng_Latn -> zho_Hans)
+    python benchmarks/bench.py --model nllb-200-1.3B             # NLLB-200-1.3B's (24+24 layers, 5.5 GB in fp32)
 
 Builds (once, cached) a random model with the chosen architecture and its conversions, runs every engine
 available here through benchmarks/worker.py, prints a Markdown table with ratios to onnxmt and writes
@@ -251,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         corpus,
         skip_optimum="--no-optimum" if args.no_optimum else None,
         create_optimum_venv=not args.quick,  # creating it takes minutes; --quick uses it only if it exists
+        family=family,
         log=log,
     )
     # Models just built are still being written back to disk; no engine's cold start should pay for that.

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
-from onnxmt.export.random_m2m100 import NLLB_200_DISTILLED_600M, RandomM2M100Spec
+from onnxmt.export.random_m2m100 import NLLB_200_1_3B, NLLB_200_DISTILLED_600M, RandomM2M100Spec
 from onnxmt.export.random_model import OPUS_MT_EN_ZH, RandomMarianSpec, build_vocab, spm_pieces, train_spm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,9 +56,11 @@ class Family:
 MARIAN = Family("opus-mt-en-zh-random", None, TARGET_LANG, ("source.spm", "target.spm"), True)
 # The issue asks NLLB's row against transformers and CTranslate2; Optimum's rows are the opus-mt table's.
 NLLB = Family("nllb-200-distilled-600M-random", "eng_Latn", "zho_Hans", ("sentencepiece.bpe.model",), False)
+NLLB_1_3B = replace(NLLB, name="nllb-200-1.3B-random")
 MODELS: dict[str, tuple[Family, Spec, Spec]] = {  # --model: family, full-size spec, --quick spec
     "opus-mt-en-zh": (MARIAN, FULL, QUICK),
     "nllb-200-distilled-600M": (NLLB, NLLB_200_DISTILLED_600M, NLLB_QUICK),
+    "nllb-200-1.3B": (NLLB_1_3B, NLLB_200_1_3B, NLLB_QUICK),
 }
 
 
@@ -211,9 +213,10 @@ def prepare(
     skip_ct2: str | None = None,
     skip_optimum: str | None = None,
     create_optimum_venv: bool = True,
+    family: Family | None = None,
     log: Log = print,
 ) -> Artifacts:
-    family = family_of(spec)
+    family = family or family_of(spec)
     quick = spec in (QUICK, NLLB_QUICK)
     root = cache / (("quick" if family is MARIAN else "nllb-quick") if quick else family.name)
     builders = ("random_model.py",) if family is MARIAN else ("random_model.py", "random_m2m100.py")

@@ -16,7 +16,7 @@ has the real vocabulary's size and id layout (`NLLB_200_DISTILLED_600M`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,9 @@ NLLB_200_DISTILLED_600M = RandomM2M100Spec(
     init_std=0.02,
     vocab_size=256206,
 )
+# facebook/nllb-200-1.3B's (and nllb-200-distilled-1.3B's) architecture: twice the layers, twice the FFN; 5.5 GB in
+# fp32, so its graphs pass protobuf's 2 GB before their weights move to weights.bin.
+NLLB_200_1_3B = replace(NLLB_200_DISTILLED_600M, encoder_layers=24, decoder_layers=24, ffn_dim=8192)
 # Embedding rows the real NLLB-200 checkpoints have past their tokenizer's 256,204 tokens.
 NLLB_UNUSED_ROWS = 2
 
