@@ -431,7 +431,7 @@ def _unique_names(dirs: list[Path]) -> list[str]:
     return names
 
 
-# /info lists the pairs up to this many; an NLLB-200 model alone answers 202 x 201 = 40,602 of them (2 MB of JSON
+# /info lists the pairs up to this many; an NLLB-200 model alone answers 202 x 201 = 40,602 of them (464 KB of JSON
 # in every /info), which /languages already lists per source.
 INFO_MAX_PAIRS = 1000
 
