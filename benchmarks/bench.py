@@ -248,11 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = quick if args.quick else full
     art = models.prepare(
         args.cache,
+        family,
         spec,
         corpus,
         skip_optimum="--no-optimum" if args.no_optimum else None,
         create_optimum_venv=not args.quick,  # creating it takes minutes; --quick uses it only if it exists
-        family=family,
         log=log,
     )
     # Models just built are still being written back to disk; no engine's cold start should pay for that.

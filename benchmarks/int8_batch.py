@@ -109,6 +109,7 @@ def artifacts(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str,
     optimum = not args.models or "Optimum" in args.models
     art = models.prepare(
         args.cache,
+        models.MARIAN,
         spec,
         corpus,
         skip_ct2="not used here",

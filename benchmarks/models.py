@@ -64,10 +64,6 @@ MODELS: dict[str, tuple[Family, Spec, Spec]] = {  # --model: family, full-size s
 }
 
 
-def family_of(spec: Spec) -> Family:
-    return NLLB if isinstance(spec, RandomM2M100Spec) else MARIAN
-
-
 Log = Callable[[str], None]
 
 
@@ -207,16 +203,16 @@ def optimum_python(create: bool, log: Log = print) -> Path | None:
 
 def prepare(
     cache: Path,
+    family: Family,
     spec: Spec,
     corpus: list[str],
     *,
     skip_ct2: str | None = None,
     skip_optimum: str | None = None,
     create_optimum_venv: bool = True,
-    family: Family | None = None,
     log: Log = print,
 ) -> Artifacts:
-    family = family or family_of(spec)
+    """`family` names the cache folder: the spec alone does not tell NLLB-200-1.3B from the 600M model."""
     quick = spec in (QUICK, NLLB_QUICK)
     root = cache / (("quick" if family is MARIAN else "nllb-quick") if quick else family.name)
     builders = ("random_model.py",) if family is MARIAN else ("random_model.py", "random_m2m100.py")

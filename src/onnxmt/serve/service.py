@@ -367,8 +367,12 @@ class Service:
             }
             for e in catalog.entries
         ]
-        answer["routing"] = {"pivot": catalog.pivot, **_pairs_info(catalog.pairs())}
-        answer["routing"].update(max_loaded_models=pool.max_models, max_loaded_mb=o.max_loaded_mb)
+        answer["routing"] = {
+            "pivot": catalog.pivot,
+            **_pairs_info(catalog.pairs()),
+            "max_loaded_models": pool.max_models,
+            "max_loaded_mb": o.max_loaded_mb,
+        }
         answer["cache"] = {"size": self.cache.size, "entries": len(self.cache)}
         answer["decoding"] = {k: v for k, v in vars(self.decoding).items() if v is not None}
         answer["batching"] = {
