@@ -488,6 +488,92 @@ def serve(
         int,
         typer.Option(envvar="ONNXMT_CACHE_SIZE", help="Translations kept in the translation cache (0: no cache)."),
     ] = 10000,
+    cache_mb: Annotated[
+        float,
+        typer.Option(
+            envvar="ONNXMT_CACHE_MB",
+            help="Most megabytes the translation cache takes; least recently used dropped first (0: no limit).",
+        ),
+    ] = 64.0,
+    max_document_cost: Annotated[
+        int,
+        typer.Option(
+            envvar="ONNXMT_MAX_DOCUMENT_COST",
+            help="Most tokens x beams one document (file, html, stream) may cost in all; more get 413.",
+        ),
+    ] = 1 << 22,
+    max_document_sentences: Annotated[
+        int,
+        typer.Option(envvar="ONNXMT_MAX_DOCUMENT_SENTENCES", help="Most sentences per document; more get 413."),
+    ] = 50_000,
+    max_document_texts: Annotated[
+        int,
+        typer.Option(
+            envvar="ONNXMT_MAX_DOCUMENT_TEXTS",
+            help="Most blocks of text (paragraphs, cues, cells) per document; more get 413.",
+        ),
+    ] = 50_000,
+    max_document_unpacked_mb: Annotated[
+        float,
+        typer.Option(
+            envvar="ONNXMT_MAX_DOCUMENT_UNPACKED_MB", help="Most megabytes a .docx may expand to; more get 413."
+        ),
+    ] = 64.0,
+    max_document_ratio: Annotated[
+        float,
+        typer.Option(
+            envvar="ONNXMT_MAX_DOCUMENT_RATIO",
+            help="Most a .docx's zip member may expand (uncompressed / compressed); more get 413.",
+        ),
+    ] = 200.0,
+    max_document_xml_elements: Annotated[
+        int,
+        typer.Option(envvar="ONNXMT_MAX_DOCUMENT_XML_ELEMENTS", help="Most XML elements in a .docx; more get 413."),
+    ] = 1_000_000,
+    document_workers: Annotated[
+        int,
+        typer.Option(
+            envvar="ONNXMT_DOCUMENT_WORKERS", help="Processes that read and write documents, each one at a time."
+        ),
+    ] = 1,
+    document_worker_mb: Annotated[
+        int,
+        typer.Option(
+            envvar="ONNXMT_DOCUMENT_WORKER_MB",
+            help="Address space of a document worker, in MB; a document needing more gets 413 (0: no limit).",
+        ),
+    ] = 4096,
+    max_document_queue: Annotated[
+        int,
+        typer.Option(
+            envvar="ONNXMT_MAX_DOCUMENT_QUEUE", help="Documents that may wait for a worker; more get 503 + Retry-After."
+        ),
+    ] = 16,
+    max_stored_mb: Annotated[
+        float,
+        typer.Option(
+            envvar="ONNXMT_MAX_STORED_MB",
+            help="Most megabytes of translated files kept for download; the oldest go first.",
+        ),
+    ] = 256.0,
+    keep_files_seconds: Annotated[
+        float,
+        typer.Option(envvar="ONNXMT_KEEP_FILES_SECONDS", help="Seconds a translated file is kept for download."),
+    ] = 3600.0,
+    public_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ONNXMT_PUBLIC_URL",
+            help="The service's address as clients reach it, for translatedFileUrl (default: the request's).",
+        ),
+    ] = None,
+    forwarded_allow_ips: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ONNXMT_FORWARDED_ALLOW_IPS",
+            help='Proxies whose X-Forwarded-For/-Proto are trusted: addresses, comma-separated, or "*".',
+        ),
+    ] = None,
     variant: VariantOption = None,
     ray: Annotated[
         bool,
@@ -556,6 +642,20 @@ def serve(
             max_loaded_mb=max_loaded_mb,
             pivot=pivot,
             cache_size=cache_size,
+            cache_mb=cache_mb,
+            max_document_cost=max_document_cost,
+            max_document_sentences=max_document_sentences,
+            max_document_texts=max_document_texts,
+            max_document_unpacked_mb=max_document_unpacked_mb,
+            max_document_ratio=max_document_ratio,
+            max_document_xml_elements=max_document_xml_elements,
+            document_workers=document_workers,
+            document_worker_mb=document_worker_mb,
+            max_document_queue=max_document_queue,
+            max_stored_mb=max_stored_mb,
+            keep_files_seconds=keep_files_seconds,
+            public_url=public_url,
+            forwarded_allow_ips=forwarded_allow_ips,
         )
         directories = resolve_model_dirs(models or [], progress=lambda msg: err.print(msg))
         runtime = RuntimeOptions(threads=threads, variant=variant)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .html import prepare_html
+from .limits import DEFAULT_LIMITS, DocumentLimits
 from .markdown import prepare_markdown
 from .subtitles import prepare_subtitles
 from .translate import Progress, translate_texts
@@ -52,13 +53,14 @@ def format_of(path: str | Path, given: str | None = None) -> str:
     return FORMATS[suffix]
 
 
-def prepare(data: bytes, format: str) -> tuple[list[str], Rebuild]:
+def prepare(data: bytes, format: str, limits: DocumentLimits = DEFAULT_LIMITS) -> tuple[list[str], Rebuild]:
     """The texts to translate in the file `data` of `format`, and the function that writes it with their
-    translations (bytes). ValueError for a file that cannot be read as that format."""
+    translations (bytes). ValueError for a file that cannot be read as that format, DocumentTooLarge (a
+    ValueError) past `limits`."""
     if format == "docx":
         from .office import prepare_docx
 
-        return prepare_docx(data)
+        return prepare_docx(data, limits)
     if format not in TEXT_FORMATS:
         raise ValueError(f"unknown format {format!r}; valid formats: {', '.join(ALL_FORMATS)}")
     try:
@@ -66,17 +68,24 @@ def prepare(data: bytes, format: str) -> tuple[list[str], Rebuild]:
     except UnicodeDecodeError as e:
         raise ValueError(f"a {format} file must be UTF-8 text ({e})") from e
     texts, rebuild = TEXT_FORMATS[format](source)
+    limits.check_texts(len(texts))
     return texts, lambda translated: rebuild(translated).encode("utf-8")
 
 
 def translate_string(
-    translator: Translator, source: str, format: str = "text", progress: Progress | None = None, **overrides: Any
+    translator: Translator,
+    source: str,
+    format: str = "text",
+    progress: Progress | None = None,
+    limits: DocumentLimits = DEFAULT_LIMITS,
+    **overrides: Any,
 ) -> str:
     """`source` in `format` (text, html, markdown, srt, vtt) translated, its structure kept."""
     if format not in TEXT_FORMATS:
         raise ValueError(f"unknown format {format!r}; valid formats: {', '.join(TEXT_FORMATS)}")
     texts, rebuild = TEXT_FORMATS[format](source)
-    return rebuild(_translate(translator, texts, progress, overrides))
+    limits.check_texts(len(texts))
+    return rebuild(_translate(translator, texts, progress, limits, overrides))
 
 
 def translate_file(
@@ -85,15 +94,20 @@ def translate_file(
     target: str | Path,
     format: str | None = None,
     progress: Progress | None = None,
+    limits: DocumentLimits = DEFAULT_LIMITS,
     **overrides: Any,
 ) -> None:
     """The file at `source` translated into `target`, in the format its extension names (or `format`)."""
     kind = format_of(source, format)
-    texts, rebuild = prepare(Path(source).read_bytes(), kind)
-    Path(target).write_bytes(rebuild(_translate(translator, texts, progress, overrides)))
+    texts, rebuild = prepare(Path(source).read_bytes(), kind, limits)
+    Path(target).write_bytes(rebuild(_translate(translator, texts, progress, limits, overrides)))
 
 
 def _translate(
-    translator: Translator, texts: Sequence[str], progress: Progress | None, overrides: dict[str, Any]
+    translator: Translator,
+    texts: Sequence[str],
+    progress: Progress | None,
+    limits: DocumentLimits,
+    overrides: dict[str, Any],
 ) -> list[str]:
-    return translate_texts(translator, texts, progress, **overrides) if texts else []
+    return translate_texts(translator, texts, progress, limits, **overrides) if texts else []

@@ -1,14 +1,22 @@
 """Texts translated sentence by sentence: every sentence of every text in one `Translator.translate` call (which
-sorts them into batches of similar length), and each text rebuilt around its translated sentences."""
+sorts them into batches of similar length), and each text rebuilt around its translated sentences.
+
+How a text is cut (`plan_texts`) needs only the model's tokenizer (`Counting`), not the model: the service cuts
+documents in a worker process (serve/workers.py) with the same functions.
+"""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import langcodes
 
+from ..architectures import Prompt
+from .limits import DEFAULT_LIMITS, DocumentLimits
 from .segment import Piece, fit, join, split_sentences
 
 if TYPE_CHECKING:
@@ -17,9 +25,62 @@ if TYPE_CHECKING:
 # Sentences per `translate` call when a progress bar is shown: enough to fill many sorted batches.
 PROGRESS_CHUNK = 256
 Progress = Callable[[int, int], None]  # (sentences done, sentences in all)
+Count = Callable[[str], int]
 
 
-def source_lang(translator: Translator) -> str:
+@dataclass(frozen=True)
+class Counting:
+    """How a sentence is counted for one model and language pair: the model's tokenizer (by its directory, so a
+    worker process can load it), the prompt put around each text, the model's source positions, and the source
+    language as sentencex names it."""
+
+    directory: str
+    tokenizer_kind: str | None
+    limit: int
+    prompt: Prompt
+    lang: str
+
+    def counter(self, tokenizer: Any | None = None) -> Count:
+        """Source tokens of a sentence under the prompt, never truncated (truncation would hide what is too
+        long). `tokenizer`: the model's, when it is at hand; else loaded from the directory once per process."""
+        counter = copy.copy(tokenizer) if tokenizer is not None else _tokenizer(self.directory, self.tokenizer_kind)
+        counter.model_max_length = 0
+        prompt = self.prompt
+        return lambda text: len(counter.encode(prompt.text + text, prefix=prompt.prefix, suffix=prompt.suffix))
+
+
+@lru_cache(maxsize=8)
+def _tokenizer(directory: str, kind: str | None) -> Any:
+    from ..runtime.tokenizer import load_tokenizer
+
+    return load_tokenizer(directory, kind)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """`layouts`: each text of the document as sentences and what is kept between them; `sentences`: those to
+    translate, in order; `tokens`: each sentence's source tokens (what it costs, with the decoding settings)."""
+
+    layouts: list[list[Piece]]
+    sentences: list[str]
+    tokens: list[int]
+
+
+def plan_texts(
+    texts: Sequence[str], counting: Counting, limits: DocumentLimits = DEFAULT_LIMITS, tokenizer: Any | None = None
+) -> Plan:
+    """`texts` cut into sentences that each fit the model; DocumentTooLarge past `limits`."""
+    limits.check_texts(len(texts))
+    split = [split_sentences(text, counting.lang) for text in texts]
+    limits.check_sentences([p.text for pieces in split for p in pieces if p.translate])
+    count = counting.counter(tokenizer)
+    layouts = [fit(pieces, count, counting.limit) for pieces in split]
+    sentences = [p.text for pieces in layouts for p in pieces if p.translate]
+    limits.check_sentences(sentences)
+    return Plan(layouts, sentences, [count(s) for s in sentences])
+
+
+def segmenter_lang(translator: Translator) -> str:
     """The model's source language as sentencex names languages (ISO 639-1 where there is one)."""
     code = translator.manifest.languages.get("source")
     if not isinstance(code, str) or not code:
@@ -30,28 +91,40 @@ def source_lang(translator: Translator) -> str:
         return code
 
 
+def counting(translator: Translator, target_lang: str | None = None, source_lang: str | None = None) -> Counting:
+    """How `translator` counts a sentence from `source_lang` into `target_lang` (None: its defaults); ValueError
+    for a language it does not translate."""
+    decoding = translator.decoding
+    prompt = translator.prompt(
+        source_lang if source_lang is not None else decoding.source_lang,
+        target_lang if target_lang is not None else decoding.target_lang,
+    )
+    return Counting(
+        str(translator.directory),
+        translator.manifest.tokenizer.get("kind"),
+        translator.tokenizer.model_max_length,
+        prompt,
+        segmenter_lang(translator),
+    )
+
+
 def layout(translator: Translator, text: str, target_lang: str | None = None) -> list[Piece]:
     """`text` cut into the sentences the model will see: each fits the model's source positions."""
-    decoding = translator.decoding
-    prompt = translator.prompt(decoding.source_lang, target_lang if target_lang is not None else decoding.target_lang)
-    limit = translator.tokenizer.model_max_length
-    # Counted without truncation (the translator's tokenizer cuts at the limit, which would hide what is too long).
-    counter = copy.copy(translator.tokenizer)
-    counter.model_max_length = 0
-
-    def count(sentence: str) -> int:
-        return len(counter.encode(prompt.text + sentence, prefix=prompt.prefix, suffix=prompt.suffix))
-
-    return fit(split_sentences(text, source_lang(translator)), count, limit)
+    return plan_texts([text], counting(translator, target_lang), tokenizer=translator.tokenizer).layouts[0]
 
 
 def translate_texts(
-    translator: Translator, texts: Sequence[str], progress: Progress | None = None, **overrides: Any
+    translator: Translator,
+    texts: Sequence[str],
+    progress: Progress | None = None,
+    limits: DocumentLimits = DEFAULT_LIMITS,
+    **overrides: Any,
 ) -> list[str]:
     """Each of `texts` translated sentence by sentence, its whitespace and line breaks kept. Keyword arguments
-    override the translator's DecodeOptions, as in `Translator.translate`."""
-    layouts = [layout(translator, text, overrides.get("target_lang")) for text in texts]
-    sentences = [p.text for pieces in layouts for p in pieces if p.translate]
+    override the translator's DecodeOptions, as in `Translator.translate`. DocumentTooLarge past `limits`."""
+    where = counting(translator, overrides.get("target_lang"))
+    plan = plan_texts(texts, where, limits, tokenizer=translator.tokenizer)
+    sentences = plan.sentences
     if progress is None:
         translated = [t.text for t in translator.translate(sentences, **overrides)]
     else:
@@ -61,6 +134,11 @@ def translate_texts(
             chunk = sentences[start : start + PROGRESS_CHUNK]
             translated += [t.text for t in translator.translate(chunk, **overrides)]
             progress(len(translated), len(sentences))
+    return join_texts(plan.layouts, translated)
+
+
+def join_texts(layouts: Sequence[Sequence[Piece]], translated: Sequence[str]) -> list[str]:
+    """Each text of `layouts` written with its sentences' translations (`translated`, all texts' in order)."""
     out, position = [], 0
     for pieces in layouts:
         n = sum(p.translate for p in pieces)

@@ -140,7 +140,7 @@ class Translator:
         options = self.decoding.merged(**overrides)
         settings = resolve_settings(self.manifest, options)
         prompt = self.prompt(options.source_lang, options.target_lang)
-        return sum(_text_cost(len(self.encode(t, prompt)), settings) for t in texts if t.strip())
+        return sum(text_cost(len(self.encode(t, prompt)), settings) for t in texts if t.strip())
 
     def _prompts(
         self,
@@ -196,7 +196,7 @@ class Translator:
                 results[i] = Translation(text="", token_ids=[], score=0.0)
         # Sorting by length keeps padding, and so wasted work, small.
         order = sorted(encoded, key=lambda i: len(encoded[i]))
-        for batch in _batches(order, [_text_cost(len(encoded[i]), settings) for i in order], options):
+        for batch in _batches(order, [text_cost(len(encoded[i]), settings) for i in order], options):
             # Texts cancelled before their batch starts are never encoded.
             for i in [i for i in batch if _is_cancelled(tokens[i])]:
                 results[i] = Translation(text="", token_ids=[], score=0.0, cancelled=True)
@@ -260,7 +260,8 @@ def _is_cancelled(token: CancelToken | None) -> bool:
     return token is not None and token.cancelled
 
 
-def _text_cost(source_tokens: int, settings: Settings) -> int:
+def text_cost(source_tokens: int, settings: Settings) -> int:
+    """What a text of `source_tokens` may cost to translate, in tokens x beams (see `Translator.cost`)."""
     return (source_tokens + settings.max_length - 1) * settings.num_beams
 
 

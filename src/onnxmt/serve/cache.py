@@ -9,6 +9,7 @@ cached answer is the answer the same request would get uncached. Used on the eve
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 
 from ..runtime.options import DecodeOptions
@@ -17,29 +18,55 @@ from ..runtime.translator import Translation
 CacheKey = tuple[str, DecodeOptions, str]  # model name, decoding options (target_lang among them), text
 
 
-class TranslationCache:
-    """A bounded LRU of translations. `size` 0 turns it off (nothing is stored, every lookup misses)."""
+# What an entry holds beyond its strings and ids: the key tuple, the Translation, the OrderedDict's node.
+ENTRY_OVERHEAD = 400
 
-    def __init__(self, size: int) -> None:
+
+def entry_bytes(key: CacheKey, translation: Translation) -> int:
+    """About what an entry keeps alive: the text and its translations (str sizes as Python stores them), their
+    token id lists, and the containers (the DecodeOptions are shared by many entries: not counted)."""
+    total = ENTRY_OVERHEAD + sys.getsizeof(key[2])
+    for hypothesis in (translation, *translation.alternatives):
+        total += sys.getsizeof(hypothesis.text) + sys.getsizeof(hypothesis.token_ids) + 32 * len(hypothesis.token_ids)
+    return total
+
+
+class TranslationCache:
+    """A bounded LRU of translations: at most `size` entries and `max_bytes` bytes (entry_bytes; 0: no bound on
+    bytes). `size` 0 turns it off (nothing is stored, every lookup misses)."""
+
+    def __init__(self, size: int, max_bytes: int = 0) -> None:
         if size < 0:
             raise ValueError(f"cache size must not be negative, got {size}")
+        if max_bytes < 0:
+            raise ValueError(f"cache bytes must not be negative, got {max_bytes}")
         self.size = size
-        self._entries: OrderedDict[CacheKey, Translation] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._entries: OrderedDict[CacheKey, tuple[Translation, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def get(self, key: CacheKey) -> Translation | None:
         found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
-        return found
+        if found is None:
+            return None
+        self._entries.move_to_end(key)
+        return found[0]
 
     def put(self, key: CacheKey, translation: Translation) -> None:
         # A cancelled translation is not a translation: never kept.
         if self.size == 0 or translation.cancelled:
             return
-        self._entries[key] = translation
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        size = entry_bytes(key, translation)
+        if self.max_bytes and size > self.max_bytes:
+            return  # larger than the whole cache: it would only push everything else out
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        self._entries[key] = (translation, size)
+        self.bytes += size
+        while len(self._entries) > self.size or (self.max_bytes and self.bytes > self.max_bytes):
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self.bytes -= dropped

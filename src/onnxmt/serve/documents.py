@@ -9,14 +9,10 @@ An upload is limited by --max-body-bytes (413 above it, as for any body).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import re
-import tempfile
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +23,22 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import BaseRoute
 
-from ..documents.files import FORMATS, prepare
-from ..documents.html import prepare_html
-from ..documents.segment import Piece, join, separator
-from ..documents.translate import layout
-from ..runtime.translator import Translator
+from ..documents import prepare
+from ..documents.files import FORMATS
+from ..documents.segment import Piece, separator
+from ..documents.translate import Plan, join_texts
+from .downloads import TooLargeToStore
 from .fields import read_fields
+from .pool import RETRY_AFTER
 from .protocol import ApiError, TranslateRequest, parse_translate
 from .schemas import ErrorAnswer, errors, translate_request
 from .service import Service
+from .workers import ClientLeft, JobError, WorkerBusy, WorkerGone, WorkerTimeout
 
 Disconnected = Callable[[], Awaitable[object]] | None
-# Translated files are kept this long for their download, then removed at the next upload.
-KEEP_SECONDS = 3600
-# The names this module gives translated files: a random hex id, a dot, the upload's own (cleaned) name.
-STORED_NAME = re.compile(r"[0-9a-f]{32}\.[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+Cost = Callable[[int], int]  # a sentence's source tokens -> its cost in tokens x beams
+# Characters of a document the language of `source: auto` is detected on: its beginning.
+DETECT_SAMPLE_CHARS = 2000
 MEDIA_TYPES = {
     "text": "text/plain; charset=utf-8",
     "srt": "application/x-subrip; charset=utf-8",
@@ -57,80 +54,98 @@ def _service(request: Request) -> Service:
     return service
 
 
-async def translate_sentences(
-    service: Service, request: TranslateRequest, texts: list[str], disconnected: Disconnected = None
-) -> tuple[list[str], Any]:
-    """`texts` translated sentence by sentence through `service` (in chunks under the cost limit); and the
-    detected source language of the first chunk, when the request asked for detection. A document has no
-    alternatives: `alternatives` is ignored."""
-    request = replace(request, alternatives=0)
-    layouts = await _layouts(service, request, texts)
-    sentences = [p.text for pieces in layouts for p in pieces if p.translate]
+async def _in_worker(
+    service: Service, function: Callable[..., Any], args: tuple[Any, ...], disconnected: Disconnected
+) -> Any:
+    """A step of a document's preparation in a document worker (serve/workers.py), within --timeout; its failures
+    as the answers they are."""
+    try:
+        return await service.workers.run(function, args, service.options.timeout or None, disconnected)
+    except WorkerBusy as e:
+        raise ApiError(503, f"server busy: {e}; retry later", RETRY_AFTER) from e
+    except ClientLeft as e:
+        raise ApiError(499, "the client disconnected; the document was cancelled") from e
+    except (WorkerTimeout, WorkerGone) as e:
+        if service.draining:
+            raise ApiError(503, "the service is shutting down", RETRY_AFTER) from e
+        if isinstance(e, WorkerTimeout):
+            raise ApiError(504, f"preparing the document took over {service.options.timeout:g} s (timeout)") from e
+        raise ApiError(413, f"{e} ({service.options.document_worker_mb} MB: document_worker_mb)") from e
+    except JobError as e:
+        if e.kind == "too_large":
+            raise ApiError(413, f"document too large: {e.message}") from e
+        raise ApiError(400, f"Invalid request: cannot read the document: {e.message}") from e
+
+
+async def translate_document(
+    service: Service, request: TranslateRequest, kind: str, document: Any, disconnected: Disconnected
+) -> tuple[Any, Any]:
+    """`document` (see documents/prepare.py: a file's bytes, HTML pages, plain texts) translated, and the detected
+    language when the request asked for detection. Read and cut into sentences in a worker; its cost checked
+    against --max-document-cost before any of it is translated; its sentences translated in requests under
+    --max-request-cost each, so other clients' requests take turns with them; written again in a worker."""
+    request, plan, cost, detected = await _plan(service, request, kind, document, disconnected)
     translated: list[str] = []
-    detected = None
-    for chunk in await _chunks(service, request, sentences):
+    for chunk in _chunks(service, plan, cost):
         answer = await service.translate(replace(request, texts=chunk, batch=True), disconnected)
         translated += answer["translatedText"]
-        if detected is None and "detectedLanguage" in answer:
-            detected = answer["detectedLanguage"][0]
-    out, position = [], 0
-    for pieces in layouts:
-        n = sum(p.translate for p in pieces)
-        out.append(join(pieces, translated[position : position + n]))
-        position += n
-    return out, detected
+    texts = join_texts(plan.layouts, translated)
+    if kind == prepare.TEXTS:
+        return texts, detected
+    return await _in_worker(service, prepare.render, (kind, document, texts, service.limits), disconnected), detected
 
 
-@contextlib.asynccontextmanager
-async def _first_model(service: Service, request: TranslateRequest) -> AsyncIterator[tuple[Translator, str | None]]:
-    """The translator that reads the request's source (the first of a pivot's two), and its target_lang: its
-    tokenizer decides where sentences too long for it are cut, and what a sentence costs."""
-    catalog, pool = service._require_ready()
-    _, source = await service._source(catalog, request)
-    leg = catalog.route(source, request.target).legs[0]
-    async with pool.use(leg.entry) as (translator, _):
-        yield translator, leg.target_lang
+async def _plan(
+    service: Service, request: TranslateRequest, kind: str, document: Any, disconnected: Disconnected
+) -> tuple[TranslateRequest, Plan, Cost, Any]:
+    """The request with its source named (detected once for the whole document), the document's plan, what a
+    sentence of n tokens costs, and the detected language. 413 above --max-document-cost."""
+    request = replace(request, alternatives=0)
+    detected = None
+    if request.source in (None, "", "auto"):
+        sample = await _in_worker(
+            service, prepare.sample, (kind, document, DETECT_SAMPLE_CHARS, service.limits), disconnected
+        )
+        found, source = await service.source_of(replace(request, texts=[sample]))
+        detected = found.libretranslate() if found is not None else None
+        request = replace(request, source=source)
+    counting, cost = await service.counting(request)
+    plan: Plan = await _in_worker(service, prepare.plan, (kind, document, counting, service.limits), disconnected)
+    total = sum(cost(n) for n in plan.tokens)
+    limit = service.options.max_document_cost
+    if total > limit:
+        raise ApiError(
+            413,
+            f"document too large: its {len(plan.sentences)} sentences cost {total} tokens x beams; the limit is "
+            f"{limit} (max_document_cost): send a shorter document, fewer beams or a lower max_new_tokens",
+        )
+    return request, plan, cost, detected
 
 
-async def _layouts(service: Service, request: TranslateRequest, texts: list[str]) -> list[list[Piece]]:
-    async with _first_model(service, request) as (translator, target_lang):
-        try:
-            return await asyncio.to_thread(lambda: [layout(translator, t, target_lang) for t in texts])
-        except ValueError as e:
-            raise ApiError(400, str(e)) from e
-
-
-async def _chunks(service: Service, request: TranslateRequest, sentences: list[str]) -> list[list[str]]:
-    """`sentences` cut into consecutive requests, each under the request cost and text limits."""
-    async with _first_model(service, request) as (translator, target_lang):
-        options = service._decode_options(translator, target_lang, request, 0, request.source)
-        costs = await asyncio.to_thread(lambda: [translator.cost([s], **vars(options)) for s in sentences])
+def _chunks(
+    service: Service, plan: Plan, cost: Cost, first: int | None = None, size: int | None = None
+) -> Iterator[list[str]]:
+    """The plan's sentences as consecutive requests, each under --max-request-cost and of at most `size` texts
+    (default and at most: --max-texts); the first of at most `first`."""
     limit = service.options.max_request_cost or None
-    chunks: list[list[str]] = []
+    size = min(size or service.options.max_texts, service.options.max_texts)
+    chunk: list[str] = []
     total = 0
-    for sentence, cost in zip(sentences, costs, strict=True):
-        full = chunks and len(chunks[-1]) >= service.options.max_texts
-        if not chunks or full or (limit is not None and total + cost > limit):
-            chunks.append([])
-            total = 0
-        chunks[-1].append(sentence)
-        total += cost
-    return chunks
+    most = first or size
+    for sentence, tokens in zip(plan.sentences, plan.tokens, strict=True):
+        if chunk and (len(chunk) >= most or (limit is not None and total + cost(tokens) > limit)):
+            yield chunk
+            chunk, total, most = [], 0, size
+        chunk.append(sentence)
+        total += cost(tokens)
+    if chunk:
+        yield chunk
 
 
 async def translate_html_request(service: Service, request: TranslateRequest, disconnected: Disconnected) -> Any:
     """/translate with `format: "html"`: each text a page or fragment, its markup kept (documents/html.py)."""
-    service._require_ready()
-    try:
-        jobs = await asyncio.to_thread(lambda: [prepare_html(text) for text in request.texts])
-    except ValueError as e:
-        raise ApiError(400, f"Invalid request: {e}") from e
-    units = [text for texts, _ in jobs for text in texts]
-    translated, detected = await translate_sentences(service, request, units, disconnected)
-    pages, position = [], 0
-    for texts, rebuild in jobs:
-        pages.append(rebuild(translated[position : position + len(texts)]))
-        position += len(texts)
+    service.require_ready()
+    pages, detected = await translate_document(service, request, prepare.PAGES, request.texts, disconnected)
     body: dict[str, Any] = {"translatedText": pages if request.batch else pages[0]}
     if detected is not None:
         body["detectedLanguage"] = [detected] * len(pages) if request.batch else detected
@@ -161,16 +176,28 @@ async def translate_file(request: Request) -> JSONResponse:
         raise ApiError(400, f"Invalid request: file format not supported; valid extensions: {', '.join(FORMATS)}")
     parsed = parse_translate({**fields, "q": ""}, service.options, form=True)
     data = await upload.read()
-    service._require_ready()
+    service.require_ready()
+    result, _ = await translate_document(service, parsed, kind, data, partial(_gone, request))
     try:
-        texts, rebuild = await asyncio.to_thread(prepare, data, kind)
-    except (ValueError, ImportError) as e:
-        raise ApiError(400, f"Invalid request: cannot read {filename}: {e}") from e
-    translated, _ = await translate_sentences(service, parsed, texts)
-    result = await asyncio.to_thread(rebuild, translated)
-    name = f"{uuid.uuid4().hex}.{_clean(filename)}"
-    await asyncio.to_thread(_store, request, name, result)
-    return JSONResponse({"translatedFileUrl": str(request.url_for("download_file", filename=name))})
+        name = await asyncio.to_thread(service.downloads.store, filename, result)
+    except TooLargeToStore as e:
+        raise ApiError(413, str(e)) from e
+    return JSONResponse({"translatedFileUrl": _download_url(request, service, name)})
+
+
+async def _gone(request: Request) -> None:
+    """Returns when the client has disconnected (the body is read by now: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _download_url(request: Request, service: Service, name: str) -> str:
+    """Where the translated file is: under --public-url when it is set, else where this request came to (its
+    Host; the scheme a trusted proxy forwarded, --forwarded-allow-ips)."""
+    path = request.app.url_path_for("download_file", filename=name)
+    if service.options.public_url:
+        return service.options.public_url.rstrip("/") + path
+    return str(request.url_for("download_file", filename=name))
 
 
 async def _upload(request: Request) -> tuple[dict[str, Any], UploadFile | None]:
@@ -208,44 +235,20 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _clean(filename: str) -> str:
-    """A file name safe to store and to put in a URL: letters, digits, dot, dash, underscore."""
-    stem, suffix = Path(filename).stem, Path(filename).suffix.lower()
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._-")[:80] or "file"
-    return f"{cleaned}{suffix}"
-
-
-def _directory(request: Request) -> Path:
-    directory: Path | None = getattr(request.app.state, "translated_files", None)
-    if directory is None:
-        directory = Path(tempfile.mkdtemp(prefix="onnxmt-translated-"))
-        request.app.state.translated_files = directory
-    return directory
-
-
-def _store(request: Request, name: str, data: bytes) -> None:
-    directory = _directory(request)
-    now = time.time()
-    for old in directory.iterdir():
-        if now - old.stat().st_mtime > KEEP_SECONDS:
-            old.unlink(missing_ok=True)
-    (directory / name).write_bytes(data)
-
-
 async def download_file(request: Request) -> Response:
-    """A translated file, by the name `translatedFileUrl` gave (kept for an hour)."""
+    """A translated file, by the name `translatedFileUrl` gave (kept --keep-files-seconds)."""
     service = _service(request)
     if service.options.protect_all:
         fields = await read_fields(request)
         service.check_key(request.query_params.get("api_key") or fields.data.get("api_key"))
     name = request.path_params["filename"]
-    directory: Path | None = getattr(request.app.state, "translated_files", None)
-    # Only names this module made: nothing else on the disk can be named.
-    if not STORED_NAME.fullmatch(name) or directory is None or not (directory / name).is_file():
-        raise ApiError(404, "file not found (translated files are kept for an hour)")
+    # Only names the store made: nothing else on the disk can be named.
+    path = service.downloads.path(name)
+    if path is None or not path.is_file():
+        raise ApiError(404, f"file not found (translated files are kept {service.options.keep_files_seconds:g} s)")
     kind = FORMATS.get(Path(name).suffix.lower(), "text")
     download = name.split(".", 1)[1]
-    return FileResponse(directory / name, media_type=MEDIA_TYPES[kind], filename=download)
+    return FileResponse(path, media_type=MEDIA_TYPES[kind], filename=download)
 
 
 # --- streams ----------------------------------------------------------------------------------------------------
@@ -268,33 +271,23 @@ async def translate_stream(request: Request) -> Response:
         raise ApiError(400, "Invalid request: /translate/stream translates one text: q must be a string")
     if parsed.format != "text":
         raise ApiError(400, "Invalid request: /translate/stream translates text; format must be text")
-    parsed = replace(parsed, alternatives=0)
-    catalog, _ = service._require_ready()
-    _, source = await service._source(catalog, parsed)
+    catalog, _ = service.require_ready()
     # The text's language detected once, on the whole text: its sentences are translated from it, not each from
     # what a detector makes of it alone.
-    parsed = replace(parsed, source=source)
-    pivot = catalog.route(source, parsed.target).pivot  # said in the last event, as /translate says it
-    pieces = (await _layouts(service, parsed, parsed.texts))[0]
-    sentences = [p.text for p in pieces if p.translate]
-    events = _sentences(service, parsed, sentences)
+    parsed, plan, cost, _ = await _plan(service, parsed, prepare.TEXTS, parsed.texts, partial(_gone, request))
+    pivot = catalog.route(parsed.source, parsed.target).pivot  # said in the last event, as /translate says it
+    events = _sentences(service, parsed, plan, cost)
     # The first sentence before the answer starts: its errors (400, 413, 503) keep their status.
     first = await anext(events, None)
-    return StreamingResponse(_events(pieces, first, events, pivot), media_type="text/event-stream")
+    return StreamingResponse(_events(plan.layouts[0], first, events, pivot), media_type="text/event-stream")
 
 
-async def _sentences(service: Service, request: TranslateRequest, sentences: list[str]) -> AsyncIterator[str]:
+async def _sentences(service: Service, request: TranslateRequest, plan: Plan, cost: Cost) -> AsyncIterator[str]:
     """Each sentence's translation, in order: the first alone (soonest), then in chunks of one decoder batch."""
-    size = 1
-    position = 0
-    while position < len(sentences):
-        chunk = sentences[position : position + size]
-        for group in await _chunks(service, request, chunk):
-            answer = await service.translate(replace(request, texts=group, batch=True))
-            for text in answer["translatedText"]:
-                yield text
-        position += len(chunk)
-        size = service.options.max_batch_size
+    for chunk in _chunks(service, plan, cost, first=1, size=service.options.max_batch_size):
+        answer = await service.translate(replace(request, texts=chunk, batch=True))
+        for text in answer["translatedText"]:
+            yield text
 
 
 async def _events(

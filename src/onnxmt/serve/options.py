@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..documents.limits import DocumentLimits
+
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
@@ -29,7 +31,19 @@ class ServeOptions:
     Several models (serve/pool.py): max_loaded_models: most models loaded at once; max_loaded_mb: most megabytes
     of model files loaded at once (0: no limit, for both); the least recently used are unloaded to make room.
     pivot: a language (`en`) to translate through when no model translates a pair directly (None: never).
-    cache_size: translations kept in the translation cache, per text (0: no cache).
+    cache_size: translations kept in the translation cache, per text (0: no cache); cache_mb: most megabytes they
+    take (texts, translations, token ids), the least recently used dropped first.
+    Documents (/translate_file, format html, /translate/stream; docs/documents.md): max_document_cost: most tokens x
+    beams one document may cost in all (413 above it; it is translated in requests under max_request_cost each).
+    max_document_sentences, max_document_texts: sentences and blocks of text (paragraphs, cues, cells) per document;
+    max_document_unpacked_mb, max_document_ratio, max_document_xml_elements: a .docx's size after decompression, the
+    most a zip member may expand, its XML elements. A document's sentences are limited to max_chars, as texts are.
+    Documents are read and written in document_workers processes of document_worker_mb of address space each (0:
+    no limit), each step within `timeout`; max_document_queue documents may wait for one (more get 503).
+    Translated files: max_stored_mb megabytes of them kept (the oldest removed first), each keep_files_seconds.
+    public_url: the service's address as clients reach it (https://translate.example.com), for translatedFileUrl;
+    None: the request's own. forwarded_allow_ips: proxies whose X-Forwarded-For/-Proto headers are trusted
+    (comma-separated addresses, "*" for any; None: none).
     """
 
     host: str = "127.0.0.1"
@@ -56,6 +70,20 @@ class ServeOptions:
     max_loaded_mb: float = 0.0
     pivot: str | None = None
     cache_size: int = 10000
+    cache_mb: float = 64.0
+    max_document_cost: int = 1 << 22
+    max_document_sentences: int = 50_000
+    max_document_texts: int = 50_000
+    max_document_unpacked_mb: float = 64.0
+    max_document_ratio: float = 200.0
+    max_document_xml_elements: int = 1_000_000
+    document_workers: int = 1
+    document_worker_mb: int = 4096
+    max_document_queue: int = 16
+    max_stored_mb: float = 256.0
+    keep_files_seconds: float = 3600.0
+    public_url: str | None = None
+    forwarded_allow_ips: str | None = None
 
     def __post_init__(self) -> None:
         positive = (
@@ -66,15 +94,34 @@ class ServeOptions:
             "max_body_bytes",
             "max_beams",
             "max_connections",
+            "max_document_cost",
+            "max_document_sentences",
+            "max_document_texts",
+            "max_document_xml_elements",
+            "document_workers",
+            "max_document_queue",
         )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         non_negative = ("batch_window_ms", "timeout", "max_request_cost", "max_batch_cost")
-        for name in (*non_negative, "max_loaded_models", "max_loaded_mb", "cache_size"):
+        for name in (
+            *non_negative,
+            "max_loaded_models",
+            "max_loaded_mb",
+            "cache_size",
+            "cache_mb",
+            "document_worker_mb",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
-        for name in ("request_timeout", "keep_alive_timeout"):
+        for name in (
+            "request_timeout",
+            "keep_alive_timeout",
+            "max_document_unpacked_mb",
+            "max_stored_mb",
+            "keep_files_seconds",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.protect_all and not self.api_keys:
@@ -83,6 +130,19 @@ class ServeOptions:
             raise ValueError(f"port must be 0..65535, got {self.port}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"unknown log level {self.log_level!r}; valid: {', '.join(LOG_LEVELS)}")
+        if self.public_url is not None and not self.public_url.startswith(("http://", "https://")):
+            raise ValueError(f"public_url must start with http:// or https://, got {self.public_url!r}")
+        self.document_limits()  # its own checks (max_document_ratio at least 1)
+
+    def document_limits(self) -> DocumentLimits:
+        return DocumentLimits(
+            max_unpacked_bytes=int(self.max_document_unpacked_mb * 2**20),
+            max_ratio=self.max_document_ratio,
+            max_xml_elements=self.max_document_xml_elements,
+            max_texts=self.max_document_texts,
+            max_sentences=self.max_document_sentences,
+            max_sentence_chars=self.max_chars,
+        )
 
 
 def split_list(value: str | None) -> tuple[str, ...]:

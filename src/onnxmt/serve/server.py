@@ -105,6 +105,10 @@ def run(
         log_config=_log_config(options.log_level),
         timeout_graceful_shutdown=math.ceil(options.timeout + SHUTDOWN_GRACE) if options.timeout else None,
         server_header=False,
+        # X-Forwarded-For/-Proto change what the service takes for the client and the scheme (translatedFileUrl):
+        # trusted only from the proxies named, never by default (uvicorn's default trusts 127.0.0.1).
+        proxy_headers=bool(options.forwarded_allow_ips),
+        forwarded_allow_ips=options.forwarded_allow_ips or "",
         # Slow clients (connections.py): a deadline per request, a cap on open connections, idle keep-alive.
         http=guarded_protocol(options.request_timeout, options.max_connections),
         timeout_keep_alive=options.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn takes a float here

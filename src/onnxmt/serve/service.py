@@ -20,20 +20,23 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..documents.translate import Counting, counting
 from ..manifest import Manifest
 from ..models import is_model_dir, model_dirs_in
 from ..runtime.cancel import CancelToken
 from ..runtime.modeldir import load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
-from ..runtime.translator import Translation, Translator, resolve_settings
+from ..runtime.translator import Translation, Translator, resolve_settings, text_cost
 from .batcher import ClientGone, MicroBatcher, QueueFull
 from .cache import TranslationCache
 from .catalog import Catalog, Leg
 from .detect import Detected, Detector
+from .downloads import Downloads
 from .metrics import Metrics
 from .options import ServeOptions
 from .pool import RETRY_AFTER, ModelEntry, ModelPool, batch_invariant, model_bytes
 from .protocol import ApiError, Languages, TranslateRequest
+from .workers import DocumentWorkers
 
 log = logging.getLogger("onnxmt.serve")
 
@@ -57,7 +60,10 @@ class Service:
             batch_size=options.max_batch_size, max_batch_cost=options.max_batch_cost or None
         )
         self.metrics = Metrics()
-        self.cache = TranslationCache(options.cache_size)
+        self.cache = TranslationCache(options.cache_size, int(options.cache_mb * 2**20))
+        self.limits = options.document_limits()
+        self.workers = DocumentWorkers(options.document_workers, options.max_document_queue, options.document_worker_mb)
+        self.downloads = Downloads(int(options.max_stored_mb * 2**20), options.keep_files_seconds)
         self.pool: ModelPool | None = None
         self.catalog: Catalog | None = None
         self.detector: Detector | None = None
@@ -78,6 +84,8 @@ class Service:
         # One inference thread for every model: ONNX Runtime parallelises inside a batch; two batches at once
         # would only compete for the same cores. Loads run there too, between batches.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxmt-inference")
+        self.workers.start()
+        self.downloads.start()
         self._opening = asyncio.create_task(self._start(), name="onnxmt-load")
 
     async def opened(self) -> None:
@@ -171,6 +179,8 @@ class Service:
             await self.pool.stop()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+        self.workers.stop()
+        self.downloads.close()
 
     def check_key(self, api_key: object) -> None:
         keys = self.options.api_keys
@@ -184,7 +194,7 @@ class Service:
         if not any(hmac.compare_digest(given, key.encode()) for key in keys):
             raise ApiError(403, "Invalid API key")
 
-    def _require_ready(self) -> tuple[Catalog, ModelPool]:
+    def require_ready(self) -> tuple[Catalog, ModelPool]:
         if self.draining:
             raise ApiError(503, "the service is shutting down", RETRY_AFTER)
         if not self._open or self.catalog is None or self.pool is None:
@@ -196,7 +206,7 @@ class Service:
     ) -> dict[str, Any]:
         """Answer a checked /translate request in LibreTranslate's shape. `disconnected()` returns when the client
         has gone: the request's work is then cancelled."""
-        catalog, _ = self._require_ready()
+        catalog, _ = self.require_ready()
         detected, source = await self._source(catalog, request)
         route = catalog.route(source, request.target)
         texts, results = request.texts, []
@@ -210,6 +220,22 @@ class Service:
             results = await self._leg(leg, texts, request, alternatives, disconnected, read)
             texts = [r.text for r in results]
         return _answer(request, results, detected, route.pivot)
+
+    async def source_of(self, request: TranslateRequest) -> tuple[Detected | None, str | None]:
+        """(the detected language to report, the source to route and translate by) of `request`'s texts."""
+        catalog, _ = self.require_ready()
+        return await self._source(catalog, request)
+
+    async def counting(self, request: TranslateRequest) -> tuple[Counting, Callable[[int], int]]:
+        """How the model that reads `request.source` (the first of a pivot's two) counts a sentence: its
+        tokenizer decides where sentences too long for it are cut; and what a sentence of n tokens costs."""
+        catalog, pool = self.require_ready()
+        leg = catalog.route(request.source, request.target).legs[0]
+        async with pool.use(leg.entry) as (translator, _):
+            options = self._decode_options(translator, leg.target_lang, request, 0, request.source)
+            settings = resolve_settings(translator.manifest, options)
+            where = counting(translator, options.target_lang, options.source_lang)
+        return where, partial(text_cost, settings=settings)
 
     async def _source(self, catalog: Catalog, request: TranslateRequest) -> tuple[Detected | None, str | None]:
         """(the detected language to report, the source to route and translate by). A named source is taken as it
@@ -248,7 +274,7 @@ class Service:
     ) -> list[Translation]:
         """`texts` translated by one model: from the cache where it has them, the others through its batcher.
         `source`: the language this model reads (the request's, or the pivot's)."""
-        _, pool = self._require_ready()
+        _, pool = self.require_ready()
         entry = leg.entry
         async with pool.use(entry) as (translator, batcher):
             options = self._decode_options(translator, leg.target_lang, request, alternatives, source)
@@ -297,7 +323,7 @@ class Service:
 
     async def detect(self, text: str) -> list[Detected]:
         """Candidates for `text`'s language, most confident first; off the event loop and the inference thread."""
-        self._require_ready()
+        self.require_ready()
         assert self.detector is not None
         return await asyncio.to_thread(self.detector.detect, text)
 
@@ -347,7 +373,7 @@ class Service:
         return cost
 
     def info(self) -> dict[str, Any]:
-        catalog, pool = self._require_ready()
+        catalog, pool = self.require_ready()
         o = self.options
         answer: dict[str, Any] = {"version": __version__}
         if catalog.single:  # the shape /info has always had for one model
@@ -396,7 +422,7 @@ class Service:
         return answer
 
     def libretranslate_languages(self) -> list[dict[str, Any]]:
-        catalog, _ = self._require_ready()
+        catalog, _ = self.require_ready()
         return catalog.libretranslate()
 
 
