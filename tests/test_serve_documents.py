@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -148,3 +149,115 @@ def test_stream_refusals_are_ordinary_errors(server: Server) -> None:
     assert httpx.post(url, json={"q": "hi", "target": "xx", "api_key": KEY}).status_code == 400
     empty = httpx.post(url, json={"q": "", "api_key": KEY})
     assert empty.status_code == 200 and sse(empty) == [("done", {"translatedText": ""})]
+
+
+# --- limits -------------------------------------------------------------------------------------------------------
+
+PUBLIC_URL = "https://translate.example.com/mt"
+
+
+def translated_texts(server: Server) -> float:
+    """Texts the decoder has translated, over all models (/metrics)."""
+    lines = httpx.get(f"{server.url}/metrics").text.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith("onnxmt_translated_texts_total{"))
+
+
+@pytest.fixture(scope="module")
+def limited(tiny_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    """A server with small document limits, its public URL set, translated files kept 1 s, and a temporary
+    folder of its own (to see what it leaves there)."""
+    temporary = tmp_path_factory.mktemp("limited-tmp")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(temporary))
+        running = start_server(
+            tiny_onnx_dir,
+            tmp_path_factory.mktemp("serve-limited"),
+            max_document_cost=20000,
+            max_chars=300,
+            keep_files_seconds=1,
+            public_url=PUBLIC_URL,
+        )
+    yield running, temporary
+    assert running.stop() == 0, running.logs()
+
+
+def test_a_document_over_its_cost_is_413_before_any_of_it_is_translated(limited: tuple[Server, Path]) -> None:
+    server, _ = limited
+    before = translated_texts(server)
+    text = "\n".join(ENGLISH * 20).encode()
+    response = httpx.post(
+        f"{server.url}/translate_file", files={"file": ("a.txt", text)}, data={"max_new_tokens": "6"}, timeout=60
+    )
+    assert response.status_code == 413, response.text
+    assert "tokens x beams; the limit is 20000 (max_document_cost)" in response.json()["error"]
+    page = "<p>Hello there. <b>How</b> are you?</p>"
+    html = {"q": [page] * 40, "format": "html", "max_new_tokens": 60, "beams": 8}  # 80 sentences x (tokens + 59) x 8
+    pages = httpx.post(f"{server.url}/translate", json=html, timeout=60)
+    assert pages.status_code == 413 and "(max_document_cost)" in pages.json()["error"], pages.text
+    assert translated_texts(server) == before
+
+
+def test_a_documents_sentences_are_held_to_max_chars(limited: tuple[Server, Path]) -> None:
+    server, _ = limited
+    long_sentence = ("word " * 100).strip() + "."  # 500 characters: one sentence over max_chars (300)
+    for name, data in (("a.txt", long_sentence), ("a.srt", f"1\n00:00:01,000 --> 00:00:02,000\n{long_sentence}\n")):
+        response = httpx.post(f"{server.url}/translate_file", files={"file": (name, data.encode())}, timeout=60)
+        assert response.status_code == 413 and "(max_chars)" in response.json()["error"], response.text
+
+
+def test_translated_files_are_at_the_public_url_expire_on_a_timer_and_go_at_exit(
+    limited: tuple[Server, Path], server: Server
+) -> None:
+    running, temporary = limited
+    body = {"files": {"file": ("notes.txt", TEXT.encode())}, "data": {"max_new_tokens": "4"}, "timeout": 60}
+    response = httpx.post(f"{running.url}/translate_file", **body)  # type: ignore[arg-type]
+    assert response.status_code == 200, response.text
+    url = response.json()["translatedFileUrl"]
+    assert url.startswith(f"{PUBLIC_URL}/download_file/") and url.endswith(".notes.txt")
+    local = running.url + url.removeprefix(PUBLIC_URL)
+    assert httpx.get(local).status_code == 200
+    stored = [p for d in temporary.glob("onnxmt-translated-*") for p in d.iterdir()]
+    assert len(stored) == 1
+    time.sleep(2.0)  # kept 1 s; no other upload comes
+    assert httpx.get(local).status_code == 404 and not stored[0].exists()
+    # Forwarded headers are not trusted unless --forwarded-allow-ips says so: the URL keeps the request's scheme.
+    forwarded = upload(server, "notes.txt", TEXT.encode(), max_new_tokens="4")
+    headers = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"}
+    forged = httpx.post(
+        f"{server.url}/translate_file",
+        files={"file": ("a.txt", b"Hello.")},
+        data={"api_key": KEY, "max_new_tokens": "4"},
+        headers=headers,
+        timeout=60,
+    )
+    assert forwarded.json()["translatedFileUrl"].startswith(f"{server.url}/download_file/")
+    assert forged.json()["translatedFileUrl"].startswith(f"{server.url}/download_file/")
+
+
+def test_the_store_folder_is_removed_at_exit(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(tmp_path))
+        running = start_server(tiny_onnx_dir, tmp_path)
+    response = httpx.post(f"{running.url}/translate_file", files={"file": ("a.txt", b"Hello there.")}, timeout=60)
+    assert response.status_code == 200 and len(list(tmp_path.glob("onnxmt-translated-*"))) == 1
+    assert running.stop() == 0, running.logs()
+    assert not list(tmp_path.glob("onnxmt-translated-*"))
+
+
+def test_a_client_that_leaves_cancels_its_files_work(server: Server) -> None:
+    """A file of 1,500 sentences (about a minute of decoding here at 8 beams): the client gives up after 2 s; the
+    server stops translating it within a few seconds, far from its end."""
+    text = "\n".join(f"Hello number {i}." for i in range(1500)).encode()
+    before = translated_texts(server)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{server.url}/translate_file",
+            files={"file": ("big.txt", text)},
+            data={"api_key": KEY, "max_new_tokens": "60", "beams": "8"},
+            timeout=2,
+        )
+    time.sleep(3.0)
+    stopped = translated_texts(server)
+    time.sleep(2.0)
+    assert translated_texts(server) == stopped, "the file was still being translated after its client left"
+    assert 0 < stopped - before < 1000  # it had started, and was far from done

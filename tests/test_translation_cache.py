@@ -14,7 +14,7 @@ from onnxmt import DecodeOptions, Translator
 from onnxmt.export.random_model import generate_corpus
 from onnxmt.runtime.translator import Translation
 from onnxmt.serve.app import create_app
-from onnxmt.serve.cache import TranslationCache
+from onnxmt.serve.cache import TranslationCache, entry_bytes
 from onnxmt.serve.options import ServeOptions
 from test_serve import _sample
 
@@ -54,6 +54,25 @@ def test_size_zero_is_off_and_cancelled_work_is_never_kept() -> None:
     assert cache.get(("m", OPTIONS, "a")) is None
     with pytest.raises(ValueError, match="must not be negative"):
         TranslationCache(-1)
+
+
+def test_bytes_are_bounded_whatever_the_entry_count() -> None:
+    """Entries are dropped by bytes too: 200 long texts (the issue's 261k-character sentences, smaller here) fill a
+    cache of 10,000 entries only up to its bytes, and the counted bytes follow what the entries hold."""
+    limit = 4 << 20
+    cache = TranslationCache(10_000, limit)
+    text = "x" * 100_000
+    for i in range(200):
+        cache.put(("m", OPTIONS, f"{i}{text}"), _t(text))
+    assert cache.bytes <= limit < 200 * 2 * len(text)
+    assert 15 <= len(cache) <= limit // (2 * len(text))  # each entry holds ~200 KB: about 20 fit
+    assert cache.get(("m", OPTIONS, f"199{text}")) is not None and cache.get(("m", OPTIONS, f"0{text}")) is None
+    assert cache.bytes == sum(entry_bytes(k, t) for k, (t, _) in cache._entries.items())
+    cache.put(("m", OPTIONS, "199" + text), _t("short"))  # replaced: its old bytes are given back
+    assert cache.bytes == sum(entry_bytes(k, t) for k, (t, _) in cache._entries.items())
+    alone = TranslationCache(10, 1000)
+    alone.put(("m", OPTIONS, text), _t(text))  # larger than the whole cache: not kept, nothing pushed out
+    assert len(alone) == 0 and alone.bytes == 0
 
 
 # --- in the service ----------------------------------------------------------------------------------------------

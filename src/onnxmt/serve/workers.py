@@ -82,6 +82,8 @@ def _serve(conn: Connection, memory_bytes: int) -> None:
             answer = ("error", "value", str(e))
         except ImportError as e:
             answer = ("error", "import", str(e))
+        except Exception as e:  # what a parser raises on input it was not written for (python-docx: KeyError...)
+            answer = ("error", "value", f"{type(e).__name__}: {e}")
         try:
             conn.send(answer)
         except MemoryError:
