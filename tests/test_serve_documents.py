@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -261,3 +263,34 @@ def test_a_client_that_leaves_cancels_its_files_work(server: Server) -> None:
     time.sleep(2.0)
     assert translated_texts(server) == stopped, "the file was still being translated after its client left"
     assert 0 < stopped - before < 1000  # it had started, and was far from done
+
+
+def test_sigterm_while_documents_are_prepared_and_translated_answers_them_and_exits_in_time(
+    tiny_onnx_dir: Path, tmp_path: Path
+) -> None:
+    """SIGTERM with documents in every state (waiting for the one worker, prepared, being translated): each
+    client gets an answer (503 for work the drain cut short), and the process is gone within --timeout + 5 s."""
+    timeout = 3.0
+    running = start_server(tiny_onnx_dir, tmp_path, timeout=timeout, document_workers=1)
+    big = "\n".join(f"Hello number {i}." for i in range(1500)).encode()
+    page = ("<p>" + "<b>Hello</b> there, my friend. " * 3 + "</p>\n") * 2000  # a long preparation, then work
+
+    async def send_and_stop() -> tuple[list[httpx.Response | BaseException], float]:
+        async with httpx.AsyncClient(base_url=running.url, timeout=60) as client:
+            data = {"max_new_tokens": "60", "beams": "8"}
+            tasks = [
+                asyncio.create_task(client.post("/translate_file", files={"file": (name, body)}, data=data))
+                for name, body in (("a.txt", big), ("b.html", page.encode()), ("c.txt", big), ("d.html", page.encode()))
+            ]
+            await asyncio.sleep(1.5)
+            running.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            return await asyncio.gather(*tasks, return_exceptions=True), signalled
+
+    answers, signalled = asyncio.run(send_and_stop())
+    assert running.process.wait(timeout=30) == 0, running.logs()
+    assert time.monotonic() - signalled < timeout + 5 + 2, running.logs()
+    for answer in answers:
+        assert isinstance(answer, httpx.Response), (answer, running.logs())
+        assert answer.status_code in (200, 503), answer.text
+    assert any(a.status_code == 503 for a in answers if isinstance(a, httpx.Response)), "the drain cut nothing short"
