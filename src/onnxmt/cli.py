@@ -229,6 +229,7 @@ def translate(
     """Translate texts, one translation per line, in input order (empty line in, empty line out); or a document
     (a file of a known extension, or --format), sentence by sentence with its structure kept."""
     from .documents.files import FORMATS
+    from .documents.translate import translate_lines
     from .models import resolve_model_dir
     from .runtime.options import DecodeOptions, RuntimeOptions
     from .runtime.translator import Translator
@@ -252,7 +253,7 @@ def translate(
         if document:
             _translate_document(translator, source, input_file, output_file, format)
         else:
-            _write(translator.translate_iter(lines), output_file, total, show_progress=input_file is not None)
+            _write(translate_lines(translator, lines), output_file, total, show_progress=input_file is not None)
     except (ModelDirError, ValueError, ImportError, OSError) as e:
         fail(str(e))
 
@@ -313,8 +314,8 @@ def _write(results: Iterator, output_file: Path | None, total: int | None, show_
     try:
         with Progress(console=err, disable=not show_progress, transient=True) as progress:
             task = progress.add_task("translating", total=total)
-            for result in results:
-                sink.write(result.text + "\n")
+            for text in results:
+                sink.write(text + "\n")
                 sink.flush()
                 progress.advance(task)
     finally:

@@ -85,7 +85,7 @@ def translate_string(
         raise ValueError(f"unknown format {format!r}; valid formats: {', '.join(TEXT_FORMATS)}")
     texts, rebuild = TEXT_FORMATS[format](source)
     limits.check_texts(len(texts))
-    return rebuild(_translate(translator, texts, progress, limits, overrides))
+    return rebuild(_translate(translator, texts, format, progress, limits, overrides))
 
 
 def translate_file(
@@ -100,14 +100,18 @@ def translate_file(
     """The file at `source` translated into `target`, in the format its extension names (or `format`)."""
     kind = format_of(source, format)
     texts, rebuild = prepare(Path(source).read_bytes(), kind, limits)
-    Path(target).write_bytes(rebuild(_translate(translator, texts, progress, limits, overrides)))
+    Path(target).write_bytes(rebuild(_translate(translator, texts, kind, progress, limits, overrides)))
 
 
 def _translate(
     translator: Translator,
     texts: Sequence[str],
+    format: str,
     progress: Progress | None,
     limits: DocumentLimits,
     overrides: dict[str, Any],
 ) -> list[str]:
-    return translate_texts(translator, texts, progress, limits, **overrides) if texts else []
+    """Plain text line by line (translate.split_lines), the texts of other formats sentence by sentence."""
+    if not texts:
+        return []
+    return translate_texts(translator, texts, progress, limits, by_lines=format == "text", **overrides)

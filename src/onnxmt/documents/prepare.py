@@ -44,7 +44,7 @@ def units(kind: str, document: Any, limits: DocumentLimits = DEFAULT_LIMITS) -> 
 def plan(kind: str, document: Any, counting: Counting, limits: DocumentLimits = DEFAULT_LIMITS) -> Plan:
     """`document` read and cut into sentences (what a worker process runs first)."""
     texts, _ = units(kind, document, limits)
-    return plan_texts(texts, counting, limits)
+    return plan_texts(texts, counting, limits, by_lines=kind == "text")
 
 
 def render(kind: str, document: Any, translated: list[str], limits: DocumentLimits = DEFAULT_LIMITS) -> Any:

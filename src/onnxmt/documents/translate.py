@@ -8,9 +8,10 @@ documents in a worker process (serve/workers.py) with the same functions.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import langcodes
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 PROGRESS_CHUNK = 256
 Progress = Callable[[int, int], None]  # (sentences done, sentences in all)
 Count = Callable[[str], int]
+# Lines `translate_lines` reads ahead: enough to sort into full batches of similar length.
+LINES_WINDOW_BATCHES = 8
 
 
 @dataclass(frozen=True)
@@ -67,17 +70,58 @@ class Plan:
 
 
 def plan_texts(
-    texts: Sequence[str], counting: Counting, limits: DocumentLimits = DEFAULT_LIMITS, tokenizer: Any | None = None
+    texts: Sequence[str],
+    counting: Counting,
+    limits: DocumentLimits = DEFAULT_LIMITS,
+    tokenizer: Any | None = None,
+    by_lines: bool = False,
 ) -> Plan:
-    """`texts` cut into sentences that each fit the model; DocumentTooLarge past `limits`."""
+    """`texts` cut into sentences that each fit the model (`by_lines`: into lines, see `split_lines`);
+    DocumentTooLarge past `limits`."""
     limits.check_texts(len(texts))
-    split = [split_sentences(text, counting.lang) for text in texts]
-    limits.check_sentences([p.text for pieces in split for p in pieces if p.translate])
     count = counting.counter(tokenizer)
-    layouts = [fit(pieces, count, counting.limit) for pieces in split]
+    fits = _surely_fits(count, counting.limit)
+    if by_lines:
+        split = [split_lines(text, fits, counting.limit, counting.lang) for text in texts]
+    else:
+        split = [split_sentences(text, counting.lang) for text in texts]
+    limits.check_sentences([p.text for pieces in split for p in pieces if p.translate])
+    layouts = [fit(pieces, fits, counting.limit) for pieces in split]
     sentences = [p.text for pieces in layouts for p in pieces if p.translate]
     limits.check_sentences(sentences)
     return Plan(layouts, sentences, [count(s) for s in sentences])
+
+
+def _surely_fits(count: Count, limit: int) -> Count:
+    """`count`, without tokenizing a text too short to pass `limit`: what it returns for one is no count, only a
+    number within the limit (for cutting, never for costs). A tokenizer gives at most 4 tokens a character (UTF-8
+    byte fallback), one more for a word-start marker, and the prompt's own (`count("")`)."""
+    prompt = count("")
+
+    def fits(text: str) -> int:
+        return prompt if 4 * len(text) + 1 + prompt <= limit else count(text)
+
+    return fits
+
+
+def split_lines(text: str, count: Count, limit: int, lang: str) -> list[Piece]:
+    """Plain text's rule: each line is one text for the model, as `Translator.translate` takes it, the whitespace
+    around it kept; a line too long for the model (more than `limit` tokens by `count`) is cut into its sentences
+    (and `fit` cuts those still too long). `"".join(p.text for p in pieces) == text`."""
+    pieces: list[Piece] = []
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        core = body.strip()
+        if core and count(core) > limit:
+            pieces += split_sentences(body, lang)
+        elif core:
+            start = body.find(core)
+            pieces += [Piece(body[:start], False), Piece(core, any(c.isalpha() for c in core))]
+            pieces.append(Piece(body[start + len(core) :], False))
+        else:
+            pieces.append(Piece(body, False))
+        pieces.append(Piece(line[len(body) :], False))
+    return [p for p in pieces if p.text]
 
 
 def segmenter_lang(translator: Translator) -> str:
@@ -118,12 +162,14 @@ def translate_texts(
     texts: Sequence[str],
     progress: Progress | None = None,
     limits: DocumentLimits = DEFAULT_LIMITS,
+    by_lines: bool = False,
     **overrides: Any,
 ) -> list[str]:
-    """Each of `texts` translated sentence by sentence, its whitespace and line breaks kept. Keyword arguments
-    override the translator's DecodeOptions, as in `Translator.translate`. DocumentTooLarge past `limits`."""
-    where = counting(translator, overrides.get("target_lang"))
-    plan = plan_texts(texts, where, limits, tokenizer=translator.tokenizer)
+    """Each of `texts` translated sentence by sentence (`by_lines`: line by line, plain text's rule: see
+    `split_lines`), its whitespace and line breaks kept. Keyword arguments override the translator's
+    DecodeOptions, as in `Translator.translate`. DocumentTooLarge past `limits`."""
+    where = counting(translator, overrides.get("target_lang"), overrides.get("source_lang"))
+    plan = plan_texts(texts, where, limits, tokenizer=translator.tokenizer, by_lines=by_lines)
     sentences = plan.sentences
     if progress is None:
         translated = [t.text for t in translator.translate(sentences, **overrides)]
@@ -145,6 +191,17 @@ def join_texts(layouts: Sequence[Sequence[Piece]], translated: Sequence[str]) ->
         out.append(join(pieces, translated[position : position + n]))
         position += n
     return out
+
+
+def translate_lines(translator: Translator, texts: Iterable[str], **overrides: Any) -> Iterator[str]:
+    """Plain text, the one rule of the CLI, `translate-corpus`, `/translate` and `/translate_file` for .txt: each
+    line of each text one text for the model, a line too long for it cut into sentences (`split_lines`); read
+    lazily, in order, in windows of many batches."""
+    options = translator.decoding.merged(**overrides)
+    window = max(1, options.batch_size) * LINES_WINDOW_BATCHES
+    iterator = iter(texts)
+    while chunk := list(islice(iterator, window)):
+        yield from translate_texts(translator, chunk, None, DEFAULT_LIMITS, by_lines=True, **overrides)
 
 
 def translate_document(translator: Translator, text: str, **overrides: Any) -> str:

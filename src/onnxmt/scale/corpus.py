@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..documents.translate import translate_lines
 from ..runtime.options import DecodeOptions, RuntimeOptions
 
 if TYPE_CHECKING:
@@ -191,7 +192,8 @@ class TranslateBatch:
         import numpy as np
 
         texts = [str(t) if t is not None else "" for t in batch[self.column]]
-        translations = [r.text for r in self.translator.translate(texts)]
+        # Plain text's one rule (documents/translate.py), as `onnxmt translate` and the service apply it.
+        translations = list(translate_lines(self.translator, texts))
         return {**batch, self.output_column: np.array(translations, dtype=object)}
 
 
