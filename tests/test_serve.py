@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import contextlib
+import copy
 import inspect
 import json
 import os
