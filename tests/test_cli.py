@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from onnxmt import Translator
+from onnxmt import DecodeOptions, Translator
 from onnxmt.cli import app
+from onnxmt.export.random_model import generate_corpus
 from onnxmt.manifest import MANIFEST_NAME, read_manifest
 from skips import importorskip
 
 runner = CliRunner()
+ENGLISH = generate_corpus(11, lines=12)[0]
 
 
 def test_translate_arguments_and_stdin(tiny_onnx_dir: Path) -> None:
@@ -27,6 +30,49 @@ def test_translate_arguments_and_stdin(tiny_onnx_dir: Path) -> None:
     )
     assert piped.exit_code == 0, piped.output
     assert piped.stdout.split("\n")[:3] == expected
+
+
+def test_plain_text_has_one_rule_through_every_surface(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    """The same plain text gives the same translation through stdin, arguments, -i, -i -o, translate-corpus's
+    batch function, /translate and /translate_file: line by line, a line too long for the model cut into
+    sentences, blank lines and the whitespace around lines kept."""
+    from fastapi.testclient import TestClient
+
+    from onnxmt.documents.translate import translate_lines
+    from onnxmt.scale.corpus import TranslateBatch
+    from onnxmt.serve.app import create_app
+    from onnxmt.serve.options import ServeOptions
+
+    translator = Translator(tiny_onnx_dir, decoding=DecodeOptions(max_new_tokens=5))
+    long_line = " ".join(ENGLISH * 3)  # too long for the tiny model: cut
+    lines = ["Good morning! How are you?", "", "  What is this?  ", long_line, "12:30", "music", ""]
+    text = "\n".join(lines) + "\n"
+    expected = list(translate_lines(translator, lines))
+    assert len(expected) == len(lines) and expected[1] == "" and expected[4] == "12:30"
+    assert expected[2].startswith("  ") and expected[2].endswith("  ")
+    one = translator.translate([lines[0]])[0].text
+    assert expected[0] == one  # a line that fits is one text for the model, as Translator.translate takes it
+    source = tmp_path / "in.txt"
+    source.write_text(text, encoding="utf-8")
+    base = ["translate", "-m", str(tiny_onnx_dir), "--max-new-tokens", "5"]
+    piped = runner.invoke(app, base, input=text)
+    from_file = runner.invoke(app, [*base, "-i", str(source)])
+    to_file = runner.invoke(app, [*base, "-i", str(source), "-o", str(tmp_path / "out.txt")])
+    for result in (piped, from_file, to_file):
+        assert result.exit_code == 0, result.output
+    assert piped.stdout == from_file.stdout == "\n".join(expected) + "\n"
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "\n".join(expected) + "\n"
+    batch = TranslateBatch(str(tiny_onnx_dir), {}, {"max_new_tokens": 5}, "text", "out")({"text": lines})
+    assert list(batch["out"]) == expected
+    with TestClient(create_app(tiny_onnx_dir, ServeOptions(), decoding=DecodeOptions(max_new_tokens=5))) as client:
+        while client.get("/ready").status_code != 200:
+            time.sleep(0.05)
+        answer = client.post("/translate", json={"q": text, "source": "en"})
+        assert answer.status_code == 200 and answer.json()["translatedText"] == "\n".join(expected) + "\n"
+        uploaded = client.post("/translate_file", files={"file": ("in.txt", text.encode())}, data={"source": "en"})
+        assert uploaded.status_code == 200, uploaded.text
+        path = uploaded.json()["translatedFileUrl"].split("/download_file/")[1]
+        assert client.get(f"/download_file/{path}").text == "\n".join(expected) + "\n"
 
 
 def test_translate_file_to_file_keeps_lines(tiny_onnx_dir: Path, tmp_path: Path) -> None:

@@ -40,8 +40,8 @@ def lines() -> list[str]:
 
 @pytest.fixture(scope="module")
 def expected(tiny_onnx_dir: Path, lines: list[str]) -> list[str]:
-    """What `onnxmt translate` writes: Translator.translate_iter with the CLI's defaults."""
-    return [r.text for r in Translator(tiny_onnx_dir).translate_iter(lines)]
+    """What `onnxmt translate` writes: plain text's rule (translate_lines) with the CLI's defaults."""
+    return list(translate_lines(Translator(tiny_onnx_dir), lines))
 
 
 @pytest.mark.timeout(600)

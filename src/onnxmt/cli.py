@@ -206,8 +206,8 @@ def translate(
         typer.Option(
             "--input",
             "-i",
-            help="File to translate, its format from the extension: .txt, .srt, .vtt, .html, .md, .docx (sentence "
-            "by sentence, structure kept); any other extension: one text per line.",
+            help="File to translate: .srt, .vtt, .html, .md, .docx by their structure (kept), sentence by sentence; "
+            ".txt and any other extension as plain text, line by line, as on stdin.",
         ),
     ] = None,
     output_file: Annotated[Path | None, typer.Option("--output", "-o", help="Write translations here.")] = None,
@@ -226,8 +226,9 @@ def translate(
     threads: Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads (default: all cores).")] = None,
     variant: VariantOption = None,
 ) -> None:
-    """Translate texts, one translation per line, in input order (empty line in, empty line out); or a document
-    (a file of a known extension, or --format), sentence by sentence with its structure kept."""
+    """Translate plain text line by line, in input order (empty line in, empty line out; a line too long for the
+    model is cut into sentences, never truncated); or a document (.srt, .vtt, .html, .md, .docx, or --format),
+    sentence by sentence with its structure kept."""
     from .documents.files import FORMATS
     from .documents.translate import translate_lines
     from .models import resolve_model_dir
