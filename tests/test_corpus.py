@@ -20,6 +20,7 @@ pq = importorskip("pyarrow.parquet")
 pa = importorskip("pyarrow")
 psutil = importorskip("psutil")
 
+from onnxmt.documents.translate import translate_lines  # noqa: E402
 from onnxmt.runtime.translator import Translator  # noqa: E402
 from onnxmt.scale.corpus import CorpusJob, translate_corpus  # noqa: E402
 
