@@ -530,8 +530,11 @@ def serve(
     ] = 200.0,
     max_document_xml_elements: Annotated[
         int,
-        typer.Option(envvar="ONNXMT_MAX_DOCUMENT_XML_ELEMENTS", help="Most XML elements in a .docx; more get 413."),
-    ] = 1_000_000,
+        typer.Option(
+            envvar="ONNXMT_MAX_DOCUMENT_XML_ELEMENTS",
+            help="Most XML nodes (elements, attributes, comments) in a .docx; more get 413.",
+        ),
+    ] = 500_000,
     document_workers: Annotated[
         int,
         typer.Option(

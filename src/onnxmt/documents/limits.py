@@ -26,7 +26,7 @@ class DocumentLimits:
 
     max_unpacked_bytes: int = 64 << 20
     max_ratio: float = 200.0
-    max_xml_elements: int = 1_000_000
+    max_xml_elements: int = 500_000
     max_texts: int = 50_000
     max_sentences: int = 50_000
     max_sentence_chars: int = 50_000

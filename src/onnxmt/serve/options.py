@@ -37,7 +37,7 @@ class ServeOptions:
     beams one document may cost in all (413 above it; it is translated in requests under max_request_cost each).
     max_document_sentences, max_document_texts: sentences and blocks of text (paragraphs, cues, cells) per document;
     max_document_unpacked_mb, max_document_ratio, max_document_xml_elements: a .docx's size after decompression, the
-    most a zip member may expand, its XML elements. A document's sentences are limited to max_chars, as texts are.
+    most a zip member may expand, its XML nodes. A document's sentences are limited to max_chars, as texts are.
     Documents are read and written in document_workers processes of document_worker_mb of address space each (0:
     no limit), each step within `timeout`; max_document_queue documents may wait for one (more get 503).
     Translated files: max_stored_mb megabytes of them kept (the oldest removed first), each keep_files_seconds.
@@ -76,7 +76,7 @@ class ServeOptions:
     max_document_texts: int = 50_000
     max_document_unpacked_mb: float = 64.0
     max_document_ratio: float = 200.0
-    max_document_xml_elements: int = 1_000_000
+    max_document_xml_elements: int = 500_000
     document_workers: int = 1
     document_worker_mb: int = 4096
     max_document_queue: int = 16
