@@ -16,12 +16,20 @@ import pytest
 from test_serve import ONNXMT, Server, start_server
 
 TEXTS = ["Hello world", "The weather is nice today."]
+KEY = "client-key"
 JS_DIR = Path(__file__).parent / "js"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_multi_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     running = start_server(tiny_multi_onnx_dir, tmp_path_factory.mktemp("clients"))
+    yield running
+    assert running.stop() == 0, running.logs()
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny_multi_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = start_server(tiny_multi_onnx_dir, tmp_path_factory.mktemp("clients-keyed"), api_keys=KEY)
     yield running
     assert running.stop() == 0, running.logs()
 
@@ -50,8 +58,10 @@ def test_libretranslatepy(server: Server, expected: dict[str, list[str]]) -> Non
     assert detected[0]["language"] == "en" and 0 < detected[0]["confidence"] <= 100
     languages = api.languages()
     assert languages[0]["code"] == "en" and languages[0]["name"] == "English"
-    assert {"zh", "zt"} <= set(languages[0]["targets"])
+    assert {"zh", "zt", "zh-Hans", "zh-Hant"} <= set(languages[0]["targets"])
     assert {"code": "zh", "name": "Chinese (Simplified)", "targets": []} in languages
+    assert {"code": "zh-Hant", "name": "Chinese (Traditional)", "targets": []} in languages
+    assert api.translate(TEXTS[1], "en", "zh-Hant") == expected["zt"][1]
 
 
 # deep-translator POSTs its fields in the query string of a POST with no body, to a base URL with a trailing slash.
@@ -64,12 +74,14 @@ def test_deep_translator(server: Server, expected: dict[str, list[str]]) -> None
     assert translator.translate_batch(TEXTS) == expected["zh"]
 
 
+# The key, when there is one, comes from LT_API_KEY: the client sends it as `apiKey`.
 NODE_CLIENT = """
 const { translate } = require("libretranslate");
 const [apiurl, source, target, ...texts] = process.argv.slice(1);
+const apiKey = process.env.LT_API_KEY;
 (async () => {
   const out = [];
-  for (const query of texts) out.push(await translate({ query, source, target, apiurl }));
+  for (const query of texts) out.push(await translate({ query, source, target, apiurl, apiKey }));
   console.log(JSON.stringify(out));
 })().catch((e) => { console.error(String(e)); process.exit(1); });
 """
@@ -89,9 +101,14 @@ def node_modules() -> Path:
     return JS_DIR / "node_modules"
 
 
-def run_node(server: Server, source: str, target: str, texts: list[str]) -> subprocess.CompletedProcess[str]:
+def run_node(
+    server: Server, source: str, target: str, texts: list[str], *, api_key: str | None = None
+) -> subprocess.CompletedProcess[str]:
     command = ["node", "-e", NODE_CLIENT, server.url, source, target, *texts]
-    return subprocess.run(command, cwd=JS_DIR, capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "LT_API_KEY"}
+    if api_key is not None:
+        env["LT_API_KEY"] = api_key
+    return subprocess.run(command, cwd=JS_DIR, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_npm_libretranslate(server: Server, expected: dict[str, list[str]], node_modules: Path) -> None:
@@ -104,6 +121,20 @@ def test_npm_libretranslate(server: Server, expected: dict[str, list[str]], node
     # It checks /languages first: a code the server does not list never reaches /translate.
     done = run_node(server, "en", "fr", TEXTS[:1])
     assert done.returncode != 0 and "not found" in done.stderr
+    # LibreTranslate 1.7's codes are listed too.
+    done = run_node(server, "en", "zh-Hant", TEXTS[:1])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == expected["zt"][:1]
+
+
+def test_npm_libretranslate_with_a_key(keyed: Server, expected: dict[str, list[str]], node_modules: Path) -> None:
+    # It sends the key as `apiKey`, which the server reads as api_key.
+    done = run_node(keyed, "en", "zh", TEXTS, api_key=KEY)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == expected["zh"]
+    # A wrong key: the 403's body has no translatedText, so the client returns undefined (printed as null).
+    done = run_node(keyed, "en", "zh", TEXTS[:1], api_key="wrong")
+    assert done.returncode == 0 and json.loads(done.stdout) == [None], done.stderr
 
 
 def test_cli_takes_the_same_codes(tiny_multi_onnx_dir: Path, expected: dict[str, list[str]]) -> None:

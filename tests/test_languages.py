@@ -105,3 +105,18 @@ def test_single_target_model() -> None:
 def test_default_target() -> None:
     assert ModelLanguages({**EN_ZH, "default_target": "yue_Hant"}).resolve_target(None) == "yue_Hant"
     assert ModelLanguages(EN_ZH).resolve_target(None) is None
+
+
+def test_libretranslate_1_7_codes_beside_the_older_ones() -> None:
+    # LibreTranslate >= 1.7 lists zh-Hans, zh-Hant and pt-BR where it listed zh, zt and pb (language.py aliases).
+    languages = ModelLanguages(EN_ZH)
+    assert languages.new_codes() == {"zh": "zh-Hans", "zt": "zh-Hant"}
+    for old, new in languages.new_codes().items():  # the same model language either way
+        assert languages.resolve_target(new) == languages.resolve_target(old)
+    assert ModelLanguages(SINGLE).new_codes() == {"zh": "zh-Hans"}
+    portuguese = {"source": "eng", "target": "por", "target_tokens": {"por": ">>por<<", "por_BR": ">>por_BR<<"}}
+    assert ModelLanguages(portuguese).new_codes() == {"pb": "pt-BR"}
+    # A new code that already is another model code's public code stays that code's: never one code for two.
+    both = {"source": "eng", "target": "zho", "target_tokens": {c: f">>{c}<<" for c in ("cmn_Hans", "zho_Hans")}}
+    assert ModelLanguages(both).public == {"eng": "en", "cmn_Hans": "zh", "zho_Hans": "zh-Hans"}
+    assert ModelLanguages(both).new_codes() == {}

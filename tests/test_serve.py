@@ -352,13 +352,16 @@ def test_health_ready_languages_info(server: Server) -> None:
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{server.url}/ready").json() == {"ready": True}
     languages = httpx.get(f"{server.url}/languages").json()
-    targets = ["zh", "zt", "cjy-Hans", "cjy-Hant", "cmn", "gan", "lzh", "lzh-Hans", "nan", "wuu", "yue", "yue-Hans"]
-    targets.append("yue-Hant")
+    # LibreTranslate >= 1.7's zh-Hans / zh-Hant beside the zh / zt older clients know (docs/serve.md).
+    targets = ["zh", "zh-Hans", "zt", "zh-Hant", "cjy-Hans", "cjy-Hant", "cmn", "gan", "lzh", "lzh-Hans", "nan"]
+    targets += ["wuu", "yue", "yue-Hans", "yue-Hant"]
     assert languages[0] == {"code": "en", "name": "English", "targets": targets}
     assert [entry["code"] for entry in languages[1:]] == targets
-    assert languages[1:3] == [
+    assert languages[1:5] == [
         {"code": "zh", "name": "Chinese (Simplified)", "targets": []},
+        {"code": "zh-Hans", "name": "Chinese (Simplified)", "targets": []},
         {"code": "zt", "name": "Chinese (Traditional)", "targets": []},
+        {"code": "zh-Hant", "name": "Chinese (Traditional)", "targets": []},
     ]
     info = httpx.get(f"{server.url}/info").json()
     assert info["model"]["architecture"] == "marian"

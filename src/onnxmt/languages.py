@@ -23,6 +23,8 @@ AUTO = "auto"
 # LibreTranslate's own codes, which are not BCP-47.
 LIBRETRANSLATE_ALIASES = {"zt": "zh-Hant", "pb": "pt-BR"}
 LIBRETRANSLATE_CODES = {tag: code for code, tag in LIBRETRANSLATE_ALIASES.items()}
+# The codes LibreTranslate >= 1.7 lists instead of its older ones (its language.py `aliases`); it still accepts both.
+LIBRETRANSLATE_NEW_CODES = {"zh": "zh-Hans", "zt": "zh-Hant", "pb": "pt-BR"}
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,19 @@ class ModelLanguages:
         self.public: dict[str, str] = public_codes([c for c in (*self.sources, *targets) if c])
         # ISO 639-1 codes first, as LibreTranslate lists them.
         self.targets: list[str] = sorted(targets, key=lambda c: listing_order(self.public[c]))
+
+    def new_codes(self) -> dict[str, str]:
+        """Public codes → the codes LibreTranslate >= 1.7 lists for the same languages (`zh` → `zh-Hans`, `zt` →
+        `zh-Hant`, `pb` → `pt-BR`), where the new code reaches the same model code and is no other code's public
+        one."""
+        codes = list(self.public)
+        shown = set(self.public.values())
+        found = {}
+        for code, public in self.public.items():
+            new = LIBRETRANSLATE_NEW_CODES.get(public)
+            if new is not None and new not in shown and match(new, codes) == code:
+                found[public] = new
+        return found
 
     def valid(self, codes: list[str]) -> str:
         """`zh (cmn_Hans), zt (cmn_Hant), cmn, ...`: what a client may send, and the model's code where it differs."""

@@ -107,20 +107,37 @@ def _surely_fits(count: Count, limit: int) -> Count:
 def split_lines(text: str, count: Count, limit: int, lang: str) -> list[Piece]:
     """Plain text's rule: each line is one text for the model, as `Translator.translate` takes it, the whitespace
     around it kept; a line too long for the model (more than `limit` tokens by `count`) is cut into its sentences
-    (and `fit` cuts those still too long). `"".join(p.text for p in pieces) == text`."""
+    (and `fit` cuts those still too long). What is kept as it is between two texts is one piece (a million blank
+    lines are one piece, not a million). `"".join(p.text for p in pieces) == text`."""
     pieces: list[Piece] = []
+    kept: list[str] = []  # since the last text to translate: joined once
+
+    def translate(core: str) -> None:
+        if kept:
+            pieces.append(Piece("".join(kept), False))
+            kept.clear()
+        pieces.append(Piece(core, True))
+
     for line in text.splitlines(keepends=True):
         body = line.rstrip("\r\n")
         core = body.strip()
-        if core and count(core) > limit:
-            pieces += split_sentences(body, lang)
-        elif core:
-            start = body.find(core)
-            pieces += [Piece(body[:start], False), Piece(core, any(c.isalpha() for c in core))]
-            pieces.append(Piece(body[start + len(core) :], False))
+        if not any(c.isalpha() for c in core):  # nothing to translate without a letter: "", "12:30", "---"
+            kept.append(line)
+            continue
+        if count(core) > limit:
+            for piece in split_sentences(body, lang):
+                if piece.translate:
+                    translate(piece.text)
+                else:
+                    kept.append(piece.text)
         else:
-            pieces.append(Piece(body, False))
-        pieces.append(Piece(line[len(body) :], False))
+            start = body.find(core)
+            kept.append(body[:start])
+            translate(core)
+            kept.append(body[start + len(core) :])
+        kept.append(line[len(body) :])
+    if kept:
+        pieces.append(Piece("".join(kept), False))
     return [p for p in pieces if p.text]
 
 

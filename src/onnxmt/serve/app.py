@@ -21,10 +21,11 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Route
 
 from .. import __version__
+from ..documents.files import FORMATS
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from .documents import ROUTES as DOCUMENT_ROUTES
 from .documents import translate_html_request
-from .fields import Fields, read_fields
+from .fields import Fields, query_api_key, read_fields
 from .guards import (
     BodyLimitMiddleware,
     BodyTooLarge,
@@ -36,10 +37,23 @@ from .guards import (
 )
 from .metrics import MetricsMiddleware
 from .options import ServeOptions
-from .protocol import ApiError, parse_detect, parse_translate
-from .schemas import DetectBody, DetectedLanguage, Language, TranslateAnswer, errors, request_body, translate_request
+from .protocol import ApiError, frontend_settings, parse_detect, parse_translate
+from .schemas import (
+    DetectBody,
+    DetectedLanguage,
+    ErrorAnswer,
+    FrontendSettings,
+    Language,
+    SuggestBody,
+    TranslateAnswer,
+    errors,
+    request_body,
+    translate_request,
+)
 from .service import Service
 
+# LibreTranslate's answer to /suggest when suggestions are off (app.py `suggest`: 403).
+SUGGESTIONS_OFF = "Suggestions are disabled on this server."
 # Swagger UI's own files, served from the swagger-ui-bundle-v2 package (no CDN; the page works offline).
 DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css"}
 
@@ -56,7 +70,7 @@ async def _authorize(request: Request, *, always: bool = False) -> Fields:
     service = _service(request)
     options = service.options
     needs_key = bool(options.api_keys) and (always or options.protect_all)
-    query_key = request.query_params.get("api_key")
+    query_key = query_api_key(request)
     if needs_key and query_key is not None:
         service.check_key(query_key)
     fields = await read_fields(request)
@@ -95,6 +109,23 @@ async def languages(request: Request) -> JSONResponse:
     """The languages the service translates from and into, over all its models (LibreTranslate's shape)."""
     await _authorize(request)
     return JSONResponse(_service(request).libretranslate_languages())
+
+
+async def frontend(request: Request) -> JSONResponse:
+    """What LibreTranslate's web UI reads first: the limits, whether keys are on, the file formats, and the
+    languages to start with (LibreTranslate's `/frontend/settings`)."""
+    await _authorize(request)
+    service = _service(request)
+    catalog, _ = service.require_ready()
+    languages = catalog.libretranslate()
+    return JSONResponse(frontend_settings(service.options, languages, catalog.frontend_defaults(), list(FORMATS)))
+
+
+async def suggest(request: Request) -> JSONResponse:
+    """LibreTranslate's `/suggest` (a better translation, sent by its web UI): onnxmt keeps no suggestions, so
+    it answers as LibreTranslate does with suggestions off."""
+    await _authorize(request)  # reads the body too, so the connection stays usable
+    raise ApiError(403, SUGGESTIONS_OFF)
 
 
 async def info(request: Request) -> JSONResponse:
@@ -201,6 +232,20 @@ ROUTES: list[BaseRoute] = [
     ),
     *DOCUMENT_ROUTES,
     APIRoute("/languages", languages, methods=["GET"], response_model=list[Language], responses=errors(403, 503)),
+    APIRoute(
+        "/frontend/settings",
+        frontend,
+        methods=["GET"],
+        response_model=FrontendSettings,
+        responses=errors(403, 503),
+    ),
+    APIRoute(
+        "/suggest",
+        suggest,
+        methods=["POST"],
+        responses={403: {"model": ErrorAnswer, "description": SUGGESTIONS_OFF}, **errors(413)},
+        openapi_extra=request_body(SuggestBody, query=True),
+    ),
     APIRoute("/info", info, methods=["GET"], responses=errors(403, 503)),
     APIRoute("/health", health, methods=["GET"]),
     APIRoute("/ready", ready, methods=["GET"], responses=errors(503)),

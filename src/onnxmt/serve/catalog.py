@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..languages import display_name
+from ..languages import AUTO, display_name
 from .pool import ModelEntry
-from .protocol import ApiError
+from .protocol import ApiError, with_new_codes
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,22 @@ class Catalog:
             targets[source].append(target)
         for code in names:
             targets.setdefault(code, [])
-        return [{"code": code, "name": names.get(code, code), "targets": into} for code, into in targets.items()]
+        entries = [{"code": code, "name": names.get(code, code), "targets": into} for code, into in targets.items()]
+        new_codes: dict[str, str] = {}
+        for entry in self.entries:
+            for old, code in entry.languages.model.new_codes().items():
+                new_codes.setdefault(old, code)
+        return with_new_codes(entries, new_codes)
+
+    def frontend_defaults(self) -> tuple[str, str | None]:
+        """The source and target a web UI starts with (LibreTranslate's `/frontend/settings`): the only source
+        language, or `auto` when there are several (or none); the first model's default target that the source
+        reaches, else the first target it reaches (None: no pair at all)."""
+        sources = self.sources()
+        source = sources[0] if len(sources) == 1 else AUTO
+        reached = [t for s, t in self.pairs() if source in (AUTO, s)]
+        default = next((e.languages.target for e in self.entries if e.languages.target in reached), None)
+        return source, default or next(iter(reached), None)
 
 
 def _public_target(leg: Leg) -> str | None:

@@ -28,7 +28,7 @@ from ..documents.files import FORMATS
 from ..documents.segment import Piece, separator
 from ..documents.translate import Plan, join_texts
 from .downloads import TooLargeToStore
-from .fields import read_fields
+from .fields import query_api_key, read_fields, with_api_key
 from .pool import RETRY_AFTER
 from .protocol import ApiError, TranslateRequest, parse_translate
 from .schemas import ErrorAnswer, errors, translate_request
@@ -160,7 +160,7 @@ async def translate_file(request: Request) -> JSONResponse:
     the answer's `translatedFileUrl` downloads the translation. Formats by extension: .txt, .srt, .vtt, .html,
     .htm, .md, .docx."""
     service = _service(request)
-    query_key = request.query_params.get("api_key")
+    query_key = query_api_key(request)
     if service.options.api_keys and query_key is not None:
         service.check_key(query_key)
     fields, upload = await _upload(request)
@@ -224,7 +224,8 @@ async def _upload(request: Request) -> tuple[dict[str, Any], UploadFile | None]:
         field = fields.get(key)
         if isinstance(field, str) and not _encodable(field):
             raise ApiError(400, f"Invalid request: {key} is not valid Unicode text")
-    return {k: v for k, v in fields.items() if k in ("source", "target", "api_key", "beams", "max_new_tokens")}, upload
+    kept = ("source", "target", "api_key", "beams", "max_new_tokens")
+    return {k: v for k, v in with_api_key(fields).items() if k in kept}, upload
 
 
 def _encodable(text: str) -> bool:
@@ -240,7 +241,7 @@ async def download_file(request: Request) -> Response:
     service = _service(request)
     if service.options.protect_all:
         fields = await read_fields(request)
-        service.check_key(request.query_params.get("api_key") or fields.data.get("api_key"))
+        service.check_key(query_api_key(request) or fields.data.get("api_key"))
     name = request.path_params["filename"]
     # Only names the store made: nothing else on the disk can be named.
     path = service.downloads.path(name)
@@ -260,7 +261,7 @@ async def translate_stream(request: Request) -> Response:
     `event: done` with the whole translation. An error before the first sentence is an ordinary error answer; one
     after it, an `event: error` with `{"error", "status"}`."""
     service = _service(request)
-    query_key = request.query_params.get("api_key")
+    query_key = query_api_key(request)
     if service.options.api_keys and query_key is not None:
         service.check_key(query_key)
     fields = await read_fields(request)

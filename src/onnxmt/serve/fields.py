@@ -26,6 +26,8 @@ FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 # The body of a LibreTranslate request is an object of strings and lists of strings: depth 2. Deeper is refused
 # before Python's recursion limit (~1,000 levels) is ever reached, whatever the interpreter's setting.
 MAX_DEPTH = 32
+# The npm `libretranslate` client (1.0.1, src/translate.ts) sends the key as `apiKey`.
+API_KEY_ALIAS = "apiKey"
 
 
 class Fields:
@@ -50,14 +52,14 @@ async def read_fields(request: Request) -> Fields:
     try:
         body, form = await _read_body(request)
     except ApiError as e:
-        return Fields(query, form=True, error=e)
+        return Fields(with_api_key(query), form=True, error=e)
     # JSON null is "not given" (as an empty form field is): the query string may still give the field.
     given = {name: value for name, value in body.items() if value is not None}
     twice = sorted(set(query) & set(given))
     if twice:  # which one to believe is a guess; a client that sends both has a bug worth hearing about
         error = ApiError(400, f"Invalid request: {', '.join(twice)} given both in the query string and in the body")
-        return Fields({**query, **given}, form=True, error=error)
-    data = {**query, **given}
+        return Fields(with_api_key({**query, **given}), form=True, error=error)
+    data = with_api_key({**query, **given})
     # Values from the query string are text, as a form's are: "4" is a number there (and only there).
     form = form or any(name not in given for name in query)
     bad = next((name for name, value in data.items() if not _encodable(value)), None)
@@ -65,6 +67,24 @@ async def read_fields(request: Request) -> Fields:
         error = ApiError(400, f"Invalid request: {bad} is not valid Unicode text (it holds a lone surrogate)")
         return Fields(data, form, error)
     return Fields(data, form)
+
+
+def with_api_key(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with the npm `libretranslate` client's `apiKey` read as `api_key` (and removed): `api_key` when it
+    is given and not empty, else `apiKey` (the npm client sends `apiKey: ""` when it has no key). An `apiKey`
+    that is not text is taken whatever `api_key` says, so that it is refused rather than ignored."""
+    if API_KEY_ALIAS not in data:
+        return data
+    data = dict(data)
+    alias = data.pop(API_KEY_ALIAS)
+    if alias is not None and (data.get("api_key") in (None, "") or not isinstance(alias, str)):
+        data["api_key"] = alias
+    return data
+
+
+def query_api_key(request: Request) -> str | None:
+    """The API key of the query string (`api_key`, or the npm client's `apiKey`), None when it has none."""
+    return with_api_key(dict(request.query_params)).get("api_key")
 
 
 def _query_fields(request: Request) -> dict[str, Any]:

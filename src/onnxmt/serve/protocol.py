@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..languages import ModelLanguages, display_name, listing_order
+from ..languages import AUTO, ModelLanguages, display_name, listing_order
 from ..manifest import Manifest
 from .options import ServeOptions
 
@@ -163,12 +163,62 @@ class Languages:
 
     def libretranslate(self) -> list[dict[str, Any]]:
         """`GET /languages`: each language with the languages it translates into (never itself: a translation
-        into the text's own language is none), sources first."""
+        into the text's own language is none), sources first; LibreTranslate 1.7's codes beside its older ones
+        (`with_new_codes`)."""
         public = self.model.public
         entries = [_language(public[s], [t for t in self.targets if t != public[s]], s) for s in self._sources]
         entries.extend(_language(public[t], [], t) for t in self.model.targets if t not in self.model.sources)
-        return entries
+        return with_new_codes(entries, self.model.new_codes())
 
 
 def _language(code: str, targets: list[str], model_code: str | None = None) -> dict[str, Any]:
     return {"code": code, "name": display_name(model_code or code), "targets": targets}
+
+
+def with_new_codes(entries: list[dict[str, Any]], new_codes: Mapping[str, str]) -> list[dict[str, Any]]:
+    """`/languages` entries with the code LibreTranslate >= 1.7 lists for a language (`zh-Hans`, `zh-Hant`,
+    `pt-BR`) after each of its older ones (`zh`, `zt`, `pb`): an entry of its own with the same name and targets,
+    and beside the old code in every list of targets. Both are listed because clients check the list for the code
+    they are about to send: Weblate (since 2025) looks for `zh-Hant`, the Discourse plugin and the npm client for
+    `zh`. Every code in a list of targets is also an entry of its own (LibreTranslate's web UI looks each up)."""
+    listed = {entry["code"] for entry in entries}
+    new = {old: code for old, code in new_codes.items() if old in listed and code not in listed}
+    out = []
+    for entry in entries:
+        targets = [code for target in entry["targets"] for code in (target, new.get(target)) if code is not None]
+        out.append({**entry, "targets": targets})
+        if entry["code"] in new:
+            out.append({**entry, "code": new[entry["code"]], "targets": targets})
+    return out
+
+
+# LibreTranslate's default --frontend-timeout: how long its web UI waits after a keystroke before it translates.
+FRONTEND_TIMEOUT_MS = 500
+
+
+def frontend_settings(
+    options: ServeOptions,
+    languages: list[dict[str, Any]],
+    defaults: tuple[str, str | None],
+    file_formats: list[str],
+) -> dict[str, Any]:
+    """`GET /frontend/settings`, which LibreTranslate's web UI reads before anything else (its app.js stops with
+    "Cannot load /frontend/settings" without it), in LibreTranslate's shape (app.py `frontend_settings`).
+    `languages`: /languages' entries, for the names; `defaults`: the source and target to start with."""
+    names = {entry["code"]: entry["name"] for entry in languages}
+    names[AUTO] = "Auto Detect"
+    source, target = defaults
+    target = target or next(iter(names))
+    return {
+        "charLimit": options.max_chars,  # per text; LibreTranslate's -1 (no limit) is never the case here
+        "frontendTimeout": FRONTEND_TIMEOUT_MS,
+        "apiKeys": bool(options.api_keys),
+        "keyRequired": bool(options.api_keys),  # /translate needs a key whenever there are keys
+        "suggestions": False,  # POST /suggest answers 403
+        "filesTranslation": True,
+        "supportedFilesFormat": file_formats,
+        "language": {
+            "source": {"code": source, "name": names.get(source, source)},
+            "target": {"code": target, "name": names.get(target, target)},
+        },
+    }

@@ -19,6 +19,7 @@ class TranslateBody(BaseModel):
         None, description='"text" (default) or "html" (markup kept; docs/documents.md).', examples=["text"]
     )
     api_key: str | None = Field(None, description="Needed when the server has API keys.")
+    apiKey: str | None = Field(None, description="The same as api_key (the npm libretranslate client's name).")
     alternatives: int | None = Field(None, ge=0, description="Number of alternative translations to return too.")
     beams: int | None = Field(None, ge=1, description="onnxmt: beam size (1 is greedy; default: the model's).")
     max_new_tokens: int | None = Field(None, ge=1, description="onnxmt: most tokens to generate per text.")
@@ -35,6 +36,7 @@ class DetectBody(BaseModel):
     # Required, here or in the query string: JSON null is "not given", so the schema admits it.
     q: str | None = Field(None, description="Text whose language to detect (required).", examples=["Hello world"])
     api_key: str | None = Field(None, description="Needed when the server has API keys.")
+    apiKey: str | None = Field(None, description="The same as api_key.")
 
 
 class DetectedLanguage(BaseModel):
@@ -50,6 +52,38 @@ class Language(BaseModel):
     code: str
     name: str
     targets: list[str]
+
+
+class LanguageChoice(BaseModel):
+    code: str = Field(examples=["en"])
+    name: str = Field(examples=["English"])
+
+
+class FrontendLanguages(BaseModel):
+    source: LanguageChoice = Field(description='The source to start with: the only one, or "auto".')
+    target: LanguageChoice
+
+
+class FrontendSettings(BaseModel):
+    """LibreTranslate's /frontend/settings, as its web UI reads it."""
+
+    charLimit: int = Field(description="Most characters per text (max_chars).")
+    frontendTimeout: int = Field(description="Milliseconds the web UI waits after typing before it translates.")
+    apiKeys: bool = Field(description="Whether the server has API keys.")
+    keyRequired: bool = Field(description="Whether /translate needs a key.")
+    suggestions: bool = Field(description="Always false: POST /suggest answers 403.")
+    filesTranslation: bool = Field(description="Always true: see /translate_file.")
+    supportedFilesFormat: list[str] = Field(description="Extensions /translate_file reads.", examples=[[".txt"]])
+    language: FrontendLanguages
+
+
+class SuggestBody(BaseModel):
+    # LibreTranslate's fields; onnxmt keeps no suggestions (403), so none is required.
+    q: str | None = Field(None, description="The original text.")
+    s: str | None = Field(None, description="The suggested translation.")
+    source: str | None = None
+    target: str | None = None
+    api_key: str | None = Field(None, description="Needed with --protect-all.")
 
 
 FORM_NOTE = (
