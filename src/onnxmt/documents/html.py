@@ -13,6 +13,7 @@ import html
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
+from itertools import groupby
 
 from .inline import cut, place
 
@@ -31,12 +32,19 @@ class Event:
 
 
 class _Events(HTMLParser):
-    """Parser events with their raw source text, cut from the source at the parser's positions."""
+    """Parser events with their raw source text, cut from the source at the parser's positions.
+
+    The source is fed whole, so a construct the parser finds unclosed runs to the end of the document, as in a
+    browser (an unclosed comment swallows the rest): it is one "other" event. Left to `close`, the parser would
+    take it as text up to the next `>` or `<` and parse on, searching the rest again for each unclosed construct
+    after it: quadratic (`<!--` or `<a b='` repeated). Character references stay in the text (`convert_charrefs`),
+    unescaped with it rather than each an event."""
 
     def __init__(self, source: str) -> None:
-        super().__init__(convert_charrefs=False)
+        super().__init__(convert_charrefs=True)
         self.source = source
         self.events: list[tuple[int, str, str]] = []  # (offset, kind, tag)
+        self._unclosed_section = False  # a `<![` section was found without its end
         self._lines = [0]  # where each line starts; the parser counts lines by "\n" alone
         for line in source.split("\n")[:-1]:
             self._lines.append(self._lines[-1] + len(line) + 1)
@@ -48,6 +56,36 @@ class _Events(HTMLParser):
     def _add(self, kind: str, tag: str = "") -> None:
         self.events.append((self._offset(), kind, tag))
 
+    def _to_the_end(self, end: int) -> int:
+        """`end`, or the end of the document (as one "other" event) where the parser found no end (-1)."""
+        if end >= 0:
+            return end
+        self._add("other")
+        return len(self.rawdata)
+
+    def parse_starttag(self, i: int) -> int:
+        return self._to_the_end(super().parse_starttag(i))
+
+    def parse_endtag(self, i: int) -> int:
+        return self._to_the_end(super().parse_endtag(i))
+
+    def parse_comment(self, i: int, report: bool = True) -> int:
+        return self._to_the_end(super().parse_comment(i, report))
+
+    def parse_pi(self, i: int) -> int:
+        return self._to_the_end(super().parse_pi(i))
+
+    def parse_html_declaration(self, i: int) -> int:
+        if not self.rawdata.startswith("<![", i):
+            return self._to_the_end(super().parse_html_declaration(i))
+        # A `<![` section without its `]]>` (or `]>`) is what a browser makes of it: a comment to the next `>`. Once
+        # one has none, the later ones are not searched for theirs (each search would run to the end again).
+        end = -1 if self._unclosed_section else super().parse_html_declaration(i)
+        if end < 0:
+            self._unclosed_section = True
+            end = self.parse_bogus_comment(i)
+        return self._to_the_end(end)
+
     def handle_starttag(self, tag: str, attrs: object) -> None:
         self._add("start", tag)
 
@@ -58,12 +96,6 @@ class _Events(HTMLParser):
         self._add("end", tag)
 
     def handle_data(self, data: str) -> None:
-        self._add("data")
-
-    def handle_entityref(self, name: str) -> None:
-        self._add("data")
-
-    def handle_charref(self, name: str) -> None:
         self._add("data")
 
     def handle_comment(self, data: str) -> None:
@@ -99,12 +131,13 @@ def parse(source: str) -> list[Event]:
 
 
 def _merge_data(events: list[Event]) -> list[Event]:
+    """Adjacent data events as one, each run joined once."""
     out: list[Event] = []
-    for event in events:
-        if event.kind == "data" and out and out[-1].kind == "data":
-            out[-1] = Event("data", "", out[-1].raw + event.raw)
+    for is_data, run in groupby(events, key=lambda event: event.kind == "data"):
+        if is_data:
+            out.append(Event("data", "", "".join(event.raw for event in run)))
         else:
-            out.append(event)
+            out += run
     return out
 
 
@@ -151,12 +184,7 @@ def prepare_html(source: str) -> tuple[list[str], Callable[[list[str]], str]]:
     units = _units(events)
     texts, marks = [], []
     for unit in units:
-        text, unit_marks = "", []
-        for i in unit.parts:
-            if events[i].kind == "data":
-                text += html.unescape(events[i].raw)
-            else:
-                unit_marks.append(len(text))
+        text, unit_marks = _text(events, unit)
         texts.append(text)
         marks.append(unit_marks)
 
@@ -169,13 +197,27 @@ def prepare_html(source: str) -> tuple[list[str], Callable[[list[str]], str]]:
     return texts, rebuild
 
 
+def _text(events: list[Event], unit: _Unit) -> tuple[str, list[int]]:
+    """The unit's text, and where its tags were in it."""
+    chunks: list[str] = []
+    marks: list[int] = []
+    length = 0
+    for i in unit.parts:
+        if events[i].kind == "data":
+            chunks.append(html.unescape(events[i].raw))
+            length += len(chunks[-1])
+        else:
+            marks.append(length)
+    return "".join(chunks), marks
+
+
 def _rebuild(events: list[Event], out: list[str], unit: _Unit, text: str, marks: list[int], translation: str) -> None:
     """The unit's events in `out` rewritten: its tags in order at their new places, the translation between them."""
     lead, trail = text[: len(text) - len(text.lstrip())], text[len(text.rstrip()) :]
-    body = translation.strip()
+    body, core = translation.strip(), len(text.strip())
     # Marks in the source's leading or trailing whitespace stay outside the translated words.
-    core_marks = [min(max(m - len(lead), 0), len(text.strip())) for m in marks]
-    positions = place(core_marks, len(text.strip()), body)
+    core_marks = [min(max(m - len(lead), 0), core) for m in marks]
+    positions = place(core_marks, core, body)
     parts = cut(body, positions)
     tags = [i for i in unit.parts if events[i].kind != "data"]
     pieces = [html.escape(lead + parts[0], quote=False)]

@@ -9,6 +9,7 @@ languages keep their order; no alignment model is involved.
 from __future__ import annotations
 
 import unicodedata
+from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import pairwise
 
@@ -18,6 +19,8 @@ from .segment import is_cjk
 def place(marks: Sequence[int], source_length: int, translation: str) -> list[int]:
     """Positions in `translation` for `marks` (non-decreasing offsets into a source text of `source_length`)."""
     length = len(translation)
+    inside = any(0 < mark < source_length for mark in marks)
+    boundaries = _boundaries(translation) if inside else []
     out: list[int] = []
     for mark in marks:
         if mark <= 0:
@@ -25,25 +28,32 @@ def place(marks: Sequence[int], source_length: int, translation: str) -> list[in
         elif mark >= source_length:
             position = length
         else:
-            position = _boundary(translation, round(mark * length / source_length))
+            position = _nearest(boundaries, round(mark * length / source_length))
         out.append(max(position, out[-1] if out else 0))
     return out
 
 
-def _boundary(text: str, position: int) -> int:
-    """The word boundary nearest `position` (any character boundary between Chinese or Japanese characters)."""
-    for distance in range(len(text) + 1):
-        for candidate in (position - distance, position + distance):
-            if 0 <= candidate <= len(text) and _is_boundary(text, candidate):
-                return candidate
-    return position
+def _boundaries(text: str) -> list[int]:
+    """The word boundaries of `text`, in order: found once for all marks (a search outward from each mark would
+    be quadratic in a long text without boundaries)."""
+    out = [0]
+    for i, char in enumerate(text):
+        if char.isspace() or _loose(char):
+            if out[-1] < i:
+                out.append(i)
+            out.append(i + 1)
+    if out[-1] < len(text):
+        out.append(len(text))
+    return out
 
 
-def _is_boundary(text: str, i: int) -> bool:
-    if i in (0, len(text)):
-        return True
-    before, after = text[i - 1], text[i]
-    return before.isspace() or after.isspace() or _loose(before) or _loose(after)
+def _nearest(boundaries: list[int], position: int) -> int:
+    """The boundary nearest `position` (0 <= position <= the last boundary), the earlier of two as near."""
+    i = bisect_left(boundaries, position)
+    if boundaries[i] == position:
+        return position
+    before, after = boundaries[i - 1], boundaries[i]
+    return before if position - before <= after - position else after
 
 
 def _loose(char: str) -> bool:

@@ -29,27 +29,28 @@ class Piece:
 def split_sentences(text: str, lang: str = "en") -> list[Piece]:
     """`text` as sentences and whitespace; `"".join(p.text for p in pieces) == text`."""
     pieces: list[Piece] = []
+    space: list[str] = []  # whitespace since the last piece, joined once (a flood of blank lines stays linear)
     for line in text.splitlines(keepends=True):
         body = line.rstrip("\r\n")
         for sentence in segment(lang, body) if body.strip() else [body]:
             core = sentence.strip()
             start = sentence.find(core) if core else len(sentence)
-            _add_space(pieces, sentence[:start])
+            space.append(sentence[:start])
             if core:
+                _add_space(pieces, space)
                 # Nothing to translate without a letter ("---", "12:30", "* * *"): kept as it is.
                 pieces.append(Piece(core, any(c.isalpha() for c in core)))
-            _add_space(pieces, sentence[start + len(core) :])
-        _add_space(pieces, line[len(body) :])
+            space.append(sentence[start + len(core) :])
+        space.append(line[len(body) :])
+    _add_space(pieces, space)
     return pieces
 
 
-def _add_space(pieces: list[Piece], space: str) -> None:
-    if not space:
-        return
-    if pieces and not pieces[-1].translate and not pieces[-1].text.strip():
-        pieces[-1] = Piece(pieces[-1].text + space, False)
-    else:
-        pieces.append(Piece(space, False))
+def _add_space(pieces: list[Piece], space: list[str]) -> None:
+    text = "".join(space)
+    if text:
+        pieces.append(Piece(text, False))
+    space.clear()
 
 
 def fit(pieces: list[Piece], count: Callable[[str], int], limit: int) -> list[Piece]:
@@ -59,31 +60,59 @@ def fit(pieces: list[Piece], count: Callable[[str], int], limit: int) -> list[Pi
     for piece in pieces:
         if not piece.translate or count(piece.text) <= limit:
             out.append(piece)
-            continue
-        rest = piece.text
-        while count(rest) > limit:
-            cut = _cut(rest, count, limit)
-            head, rest = rest[:cut], rest[cut:]
-            out.append(Piece(head.rstrip(), True))
-            space = head[len(head.rstrip()) :] + rest[: len(rest) - len(rest.lstrip())]
-            rest = rest.lstrip()
-            _add_space(out, space)
-        if rest:
-            out.append(Piece(rest, True))
+        else:
+            out += _cut_sentence(piece.text, count, limit)
     return out
+
+
+def _cut_sentence(text: str, count: Callable[[str], int], limit: int) -> list[Piece]:
+    """`text` as parts that fit and the whitespace between them. Linear in `text`: `count` sees stretches a few
+    times as long as the part cut from them (`_window`), never the whole rest of the text."""
+    out: list[Piece] = []
+    start = 0
+    while (window := _window(text, start, count, limit)) is not None:
+        part = window[: _cut(window, count, limit)].rstrip()
+        end = start + len(part)
+        start = end
+        while start < len(text) and text[start].isspace():
+            start += 1
+        out.append(Piece(part, True))
+        if start > end:
+            out.append(Piece(text[end:start], False))
+    if start < len(text):
+        out.append(Piece(text[start:], True))
+    return out
+
+
+def _window(text: str, start: int, count: Callable[[str], int], limit: int) -> str | None:
+    """None when `text` from `start` on fits. Else the stretch from `start` that holds the next cut: twice as long
+    as the first head of `limit`, 2 `limit`, 4 `limit`... characters that does not fit (twice: a head that ends
+    inside a word can count more than a longer one). Doubling keeps what is counted to a few times that head."""
+    size = max(limit, 1)
+    while start + size < len(text) and count(text[start : start + size]) <= limit:
+        size *= 2
+    window = text[start : start + 2 * size]
+    if not window or (start + 2 * size >= len(text) and count(window) <= limit):
+        return None
+    return window
 
 
 def _cut(text: str, count: Callable[[str], int], limit: int) -> int:
     """Where to cut `text`: the last clause boundary whose head fits, else the last space, else the most
-    characters that fit (binary search: `count` grows with the prefix)."""
+    characters that fit (binary search: `count` grows with the prefix). Heads are counted as they will be sent,
+    without trailing whitespace."""
+
+    def fits(end: int) -> bool:
+        return count(text[:end].rstrip()) <= limit
+
     for boundaries in (_after(text, CLAUSE_MARKS), [i for i, c in enumerate(text) if c.isspace() and i > 0]):
-        fitting = _last_fitting(boundaries, text, count, limit)
+        fitting = _last_fitting(boundaries, fits)
         if fitting is not None:
             return fitting
     low, high = 1, len(text) - 1
     while low < high:
         mid = (low + high + 1) // 2
-        if count(text[:mid]) <= limit:
+        if fits(mid):
             low = mid
         else:
             high = mid - 1
@@ -94,12 +123,12 @@ def _after(text: str, marks: Iterable[str]) -> list[int]:
     return [i + 1 for i, c in enumerate(text[:-1]) if c in marks]
 
 
-def _last_fitting(positions: list[int], text: str, count: Callable[[str], int], limit: int) -> int | None:
+def _last_fitting(positions: list[int], fits: Callable[[int], bool]) -> int | None:
     """The last position whose prefix fits, by binary search over the sorted `positions`."""
     low, high, best = 0, len(positions) - 1, None
     while low <= high:
         mid = (low + high) // 2
-        if count(text[: positions[mid]]) <= limit:
+        if fits(positions[mid]):
             best, low = positions[mid], mid + 1
         else:
             high = mid - 1
