@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_hostile_uploads import HOSTILE, tree_rss  # noqa: E402
-from test_serve import start_server  # noqa: E402
+from test_hostile_uploads import HOSTILE, tree_rss
+from test_serve import start_server
 
 
 def main(model_dir: str) -> None:
@@ -26,12 +26,12 @@ def main(model_dir: str) -> None:
         print(f"resting RSS {tree_rss(server.process.pid) >> 20} MB\n")
         print("| document | status | seconds | peak RSS |\n| --- | --- | --- | --- |")
         for name, (filename, data) in HOSTILE.items():
-            peak, running = tree_rss(server.process.pid), True
+            peak = [tree_rss(server.process.pid)]
+            done = threading.Event()
 
-            def sample() -> None:
-                nonlocal peak
-                while running:
-                    peak = max(peak, tree_rss(server.process.pid))
+            def sample(peak: list[int] = peak, done: threading.Event = done) -> None:
+                while not done.is_set():
+                    peak[0] = max(peak[0], tree_rss(server.process.pid))
                     time.sleep(0.01)
 
             sampler = threading.Thread(target=sample)
@@ -42,9 +42,9 @@ def main(model_dir: str) -> None:
                 f"{server.url}/translate_file", files=files, data={"max_new_tokens": "4"}, timeout=300
             )
             seconds = time.perf_counter() - started
-            running = False
+            done.set()
             sampler.join()
-            print(f"| {name} | {response.status_code} | {seconds:.2f} | {peak >> 20} MB |")
+            print(f"| {name} | {response.status_code} | {seconds:.2f} | {peak[0] >> 20} MB |")
     finally:
         server.stop()
 
