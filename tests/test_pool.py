@@ -338,8 +338,9 @@ def test_two_models_under_a_budget_of_one_take_turns_without_livelock(tiny_onnx_
 def test_documents_are_routed_too(server: Server, en_zh: Translator, zh_en: Translator) -> None:
     # format html and multi-sentence texts on a service of two models: each direction's model splits and
     # translates, as the library does with that model.
+    from onnxmt.documents.files import translate_string
     from onnxmt.documents.html import translate_html
-    from onnxmt.documents.translate import translate_document, translate_texts
+    from onnxmt.documents.translate import translate_texts
 
     page = f"<p>{CHINESE[0]}<b>{CHINESE[1]}</b></p>"
     html = translate(server, {"q": page, "source": "zh", "target": "en", "format": "html", **SHORT})
@@ -355,4 +356,4 @@ def test_documents_are_routed_too(server: Server, en_zh: Translator, zh_en: Tran
     )
     assert upload.status_code == 200, upload.text
     got = httpx.get(upload.json()["translatedFileUrl"], timeout=30).text
-    assert got == translate_document(en_zh, text, target_lang="zh", **SHORT)
+    assert got == translate_string(en_zh, text, "text", target_lang="zh", **SHORT)  # plain text: line by line

@@ -14,19 +14,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..documents.limits import DocumentTooLarge
-from ..documents.segment import join
-from ..documents.translate import Counting, Plan, counting, plan_texts
+from ..documents.translate import Counting, counting
 from ..manifest import Manifest
 from ..models import is_model_dir, model_dirs_in
 from ..runtime.cancel import CancelToken
-from ..runtime.decoding import Settings
 from ..runtime.modeldir import load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.translator import Translation, Translator, resolve_settings, text_cost
@@ -275,55 +272,32 @@ class Service:
         disconnected: Callable[[], Awaitable[object]] | None,
         source: str | None,
     ) -> list[Translation]:
-        """`texts` translated by one model, by plain text's rule (documents/translate.py `split_lines`: line by
-        line, a line too long for the model cut into sentences): each part from the cache where it has it, the
-        others through the model's batcher. `source`: the language this model reads (the request's, or the
-        pivot's)."""
+        """`texts` translated by one model: from the cache where it has them, the others through its batcher.
+        `source`: the language this model reads (the request's, or the pivot's)."""
         _, pool = self.require_ready()
         entry = leg.entry
         async with pool.use(entry) as (translator, batcher):
             options = self._decode_options(translator, leg.target_lang, request, alternatives, source)
             if not texts:
                 return []
-            where = counting(translator, options.target_lang, options.source_lang)
-            try:
-                plan = await asyncio.to_thread(
-                    plan_texts, texts, where, self.limits, translator.tokenizer, by_lines=True
-                )
-            except DocumentTooLarge as e:
-                raise ApiError(413, f"request too large: {e}") from e
-            settings = resolve_settings(translator.manifest, options)
-            costs = dict(zip(plan.sentences, (text_cost(n, settings) for n in plan.tokens), strict=False))
-            self._check_cost(sum(costs[s] for s in plan.sentences), len(texts), settings)
-            parts = await self._parts(entry, batcher, plan.sentences, costs, options, disconnected)
-        return _rejoin(plan, parts)
-
-    async def _parts(
-        self,
-        entry: ModelEntry,
-        batcher: MicroBatcher,
-        sentences: list[str],
-        costs: dict[str, int],
-        options: DecodeOptions,
-        disconnected: Callable[[], Awaitable[object]] | None,
-    ) -> list[Translation]:
-        """`sentences` translated: from the cache where it has them, the others (each once) by the batcher."""
-        if not sentences:
-            return []
-        if not self.cache.size:
-            return await self._queue(batcher, sentences, options, sum(costs[s] for s in sentences), disconnected)
-        found = [self.cache.get((entry.name, options, s)) for s in sentences]
-        missing = list(dict.fromkeys(s for s, hit in zip(sentences, found, strict=True) if hit is None))
-        hits = sum(hit is not None for hit in found)
-        self.metrics.observe_cache(entry.name, hits, len(sentences) - hits, len(self.cache))
-        made: dict[str, Translation] = {}
-        if missing:
-            done = await self._queue(batcher, missing, options, sum(costs[s] for s in missing), disconnected)
-            made = dict(zip(missing, done, strict=True))
-            for sentence, translation in made.items():
-                self.cache.put((entry.name, options, sentence), translation)
-            self.metrics.cache_entries.set(len(self.cache))
-        return [hit if hit is not None else made[s] for s, hit in zip(sentences, found, strict=True)]
+            cost = await self._check_cost(translator, texts, options)
+            if not self.cache.size:
+                return await self._queue(batcher, texts, options, cost, disconnected)
+            keys = [(entry.name, options, text) for text in texts]
+            found = [self.cache.get(key) for key in keys]
+            missing = list(dict.fromkeys(text for text, hit in zip(texts, found, strict=True) if hit is None))
+            hits = sum(hit is not None for hit in found)
+            self.metrics.observe_cache(entry.name, hits, len(texts) - hits, len(self.cache))
+            made: dict[str, Translation] = {}
+            if missing:
+                if len(missing) < len(texts):
+                    cost = await asyncio.to_thread(translator.cost, missing, **asdict(options))
+                done = await self._queue(batcher, missing, options, cost, disconnected)
+                made = dict(zip(missing, done, strict=True))
+                for text, translation in made.items():
+                    self.cache.put((entry.name, options, text), translation)
+                self.metrics.cache_entries.set(len(self.cache))
+            return [hit if hit is not None else made[text] for text, hit in zip(texts, found, strict=True)]
 
     async def _queue(
         self,
@@ -383,16 +357,20 @@ class Service:
             raise ApiError(400, str(e)) from e
         return options
 
-    def _check_cost(self, cost: int, texts: int, settings: Settings) -> None:
-        """ApiError 413 when a request's cost in tokens x beams is above --max-request-cost."""
+    async def _check_cost(self, translator: Translator, texts: list[str], options: DecodeOptions) -> int:
+        """The request's cost in tokens x beams; ApiError 413 above --max-request-cost. Tokenizing is done off the
+        event loop (64 texts of 5,000 characters take a second) and off the inference thread."""
+        cost = await asyncio.to_thread(translator.cost, texts, **asdict(options))
         limit = self.options.max_request_cost
         if limit and cost > limit:
+            settings = resolve_settings(translator.manifest, options)
             raise ApiError(
                 413,
                 f"request too large: it costs {cost} tokens x beams ((source tokens + {settings.max_length - 1} "
-                f"new tokens) x {settings.num_beams} beams, over {texts} texts); the limit is {limit} "
+                f"new tokens) x {settings.num_beams} beams, over {len(texts)} texts); the limit is {limit} "
                 "(max_request_cost): send fewer or shorter texts, fewer beams or a lower max_new_tokens",
             )
+        return cost
 
     def info(self) -> dict[str, Any]:
         catalog, pool = self.require_ready()
@@ -446,25 +424,6 @@ class Service:
     def libretranslate_languages(self) -> list[dict[str, Any]]:
         catalog, _ = self.require_ready()
         return catalog.libretranslate()
-
-
-def _rejoin(plan: Plan, parts: list[Translation]) -> list[Translation]:
-    """Each text of `plan` from its parts' translations: a text of one part keeps its alternatives, token ids
-    and score (its whitespace around them); one cut into several is their join, without alternatives."""
-    out, position = [], 0
-    for pieces in plan.layouts:
-        n = sum(p.translate for p in pieces)
-        mine = parts[position : position + n]
-        position += n
-        text = join(pieces, [t.text for t in mine])
-        if n == 1:
-            alternatives = tuple(replace(a, text=join(pieces, [a.text])) for a in mine[0].alternatives)
-            out.append(replace(mine[0], text=text, alternatives=alternatives))
-        else:
-            ids = [i for t in mine for i in t.token_ids]
-            score = sum(t.score for t in mine)
-            out.append(Translation(text, ids, score, cancelled=any(t.cancelled for t in mine)))
-    return out
 
 
 def _translate(
