@@ -64,7 +64,7 @@ def source_lengths(model_dir: Path, texts: list[str]) -> list[int]:
     """Each text's token count under the model's tokenizer (its end token included), at least 1 and at most what
     the model can generate."""
     from onnxmt.runtime.modeldir import load_manifest
-    from onnxmt.runtime.tokenizer import MarianTokenizer
+    from onnxmt.tokenization import MarianTokenizer
 
     tokenizer = MarianTokenizer.from_dir(model_dir)
     most = int(load_manifest(model_dir, verify=False).model["max_positions"]) - 1

@@ -138,7 +138,7 @@ def test_nllb_legacy_behaviour_puts_the_source_token_last(tiny_nllb_hf_dir: Path
 
     from onnxmt.architectures import scheme_for
     from onnxmt.architectures.m2m100 import Nllb
-    from onnxmt.runtime.json_tokenizer import JsonTokenizer
+    from onnxmt.tokenization import JsonTokenizer
 
     legacy = Path(shutil.copytree(tiny_nllb_hf_dir, tmp_path / "legacy"))
     config = json.loads((legacy / "tokenizer_config.json").read_text())

@@ -15,7 +15,7 @@ import pytest
 
 from onnxmt.export.random_model import OPUS_MT_EN_ZH_TARGETS
 from onnxmt.manifest import ModelDirError
-from onnxmt.runtime.tokenizer import MarianTokenizer
+from onnxmt.tokenization import MarianTokenizer
 from skips import importorskip, shared_data
 
 CORPORA = ("flores200/devtest.eng_Latn", "tatoeba/test-v2021-08-07.eng")
@@ -281,7 +281,7 @@ class Block(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Block())
-from onnxmt.runtime.tokenizer import MarianTokenizer
+from onnxmt.tokenization import MarianTokenizer
 
 tokenizer = MarianTokenizer.from_dir(sys.argv[1])
 ids = tokenizer.encode("hello world")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from onnxmt.manifest import ModelDirError
-from onnxmt.runtime import tokenizer as tokenizer_module
-from onnxmt.runtime.tokenizer import Vocab, _read_vocab
+from onnxmt.tokenization import sentencepiece as tokenizer_module
+from onnxmt.tokenization.sentencepiece import Vocab, _read_vocab
 
 
 def _tokens(n: int, seed: int = 0) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 # 2: the generation section holds every honoured field (renormalize_logits, forced_bos_token_id were added).
 # 3: the languages section names its scheme (onnxmt.architectures.schemes) and may hold source-language tokens;
-# the tokenizer section's kind is read (a key of runtime.tokenizer.TOKENIZERS). Versions 1 and 2 still load.
+# the tokenizer section's kind is read (a kind the families register, architectures/). Versions 1 and 2 still load.
 FORMAT_VERSION = 3
 MANIFEST_NAME = "onnxmt.json"
 ENCODER_FILE = "encoder.onnx"
@@ -203,7 +203,8 @@ def read_manifest(directory: str | Path) -> Manifest:
         if isinstance(data, dict) and data.get("format_version") == 1:
             data = _upgrade_v1(directory, data)
         if isinstance(data, dict) and data.get("format_version") == 2:
-            # Version 2 directories are all Marian: no scheme in the languages section means Marian's.
+            # Version 2 directories name no language scheme and no tokenizer kind: the defaults apply (the legacy
+            # family's, architectures/).
             data = {**data, "format_version": FORMAT_VERSION}
         manifest = Manifest.from_dict(data)
     except ModelDirError as e:

@@ -9,7 +9,7 @@ one module here, one export-graphs module, a tokenizer kind if it needs a new on
 
 from __future__ import annotations
 
-from .base import Architecture, get_architecture, register, supported
+from .base import Architecture, get_architecture, optimum_architectures, register, supported, tokenizer_loader
 from .schemes import SCHEMES, LanguageScheme, Prompt, scheme_for
 
 # Importing the families registers them.
@@ -21,7 +21,9 @@ __all__ = [
     "LanguageScheme",
     "Prompt",
     "get_architecture",
+    "optimum_architectures",
     "register",
     "scheme_for",
     "supported",
+    "tokenizer_loader",
 ]

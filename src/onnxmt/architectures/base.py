@@ -9,16 +9,42 @@ from pathlib import Path
 from typing import Any
 
 _REGISTRY: dict[str, type[Architecture]] = {}
+# The manifest's tokenizer.kind -> the family (or variant) whose tokenizer that is.
+_TOKENIZER_KINDS: dict[str, type[Architecture]] = {}
+# The family of manifests before format 3, which name no tokenizer kind (all were exported from it).
+_LEGACY: list[str] = []
 
 
-def register(model_type: str) -> Callable[[type[Architecture]], type[Architecture]]:
-    """Class decorator: `@register("marian")` makes the class the architecture of configs of that model_type."""
+def register(
+    model_type: str, *, variants: tuple[type[Architecture], ...] = (), legacy: bool = False
+) -> Callable[[type[Architecture]], type[Architecture]]:
+    """Class decorator: `@register("marian")` makes the class the architecture of configs of that model_type.
+    `variants`: subclasses `for_source` may return (with tokenizer kinds of their own); `legacy`: the family of
+    manifests that name no tokenizer kind."""
 
     def wrap(cls: type[Architecture]) -> type[Architecture]:
         _REGISTRY[model_type] = cls
+        for family in (cls, *variants):
+            _TOKENIZER_KINDS[family.tokenizer_kind] = family
+        if legacy:
+            _LEGACY[:] = [model_type]
         return cls
 
     return wrap
+
+
+def tokenizer_loader(kind: str | None) -> Callable[[Path], Any]:
+    """How to load a tokenizer of this manifest kind from a model directory; ValueError naming the known kinds."""
+    if kind is None:
+        kind = _REGISTRY[_LEGACY[0]].tokenizer_kind
+    if kind not in _TOKENIZER_KINDS:
+        raise ValueError(f"tokenizer kind {kind!r} is not supported; supported: {', '.join(sorted(_TOKENIZER_KINDS))}")
+    return _TOKENIZER_KINDS[kind]().load_tokenizer
+
+
+def optimum_architectures() -> list[str]:
+    """The families whose Optimum-exported graphs onnxmt reads (their input and output names proven)."""
+    return sorted(name for name, cls in _REGISTRY.items() if cls.reads_optimum)
 
 
 def supported() -> list[str]:
@@ -41,10 +67,11 @@ class Architecture:
     `decoder(model, buffered)`."""
 
     name = ""
-    tokenizer_kind = ""  # a key of onnxmt.runtime.tokenizer.TOKENIZERS
+    tokenizer_kind = ""  # the manifest's tokenizer.kind: `load_tokenizer` reads it
     tokenizer_files: tuple[str, ...] = ()  # copied into the model directory; export fails without them
     optional_tokenizer_files: tuple[str, ...] = ()  # copied when present
     build_hooks = ""  # module path, e.g. "onnxmt.export.marian"
+    reads_optimum = False  # Optimum's exported graphs of this family load (their names proven by tests)
 
     def for_source(self, source: Path) -> Architecture:
         """The variant of this family that the files in `source` make (NLLB is an m2m_100 with a tokenizer.json)."""
@@ -73,6 +100,10 @@ class Architecture:
 
     def unk_id(self, source: Path) -> int | None:
         return None
+
+    def load_tokenizer(self, directory: Path) -> Any:
+        """This family's tokenizer (tokenization/), from a model directory that holds its files."""
+        raise NotImplementedError
 
     def languages(self, source: Path, default_target: str | None) -> dict[str, Any]:
         """The manifest's `languages` section: `scheme` (a key of schemes.SCHEMES) and what it needs."""

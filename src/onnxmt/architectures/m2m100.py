@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..tokenization import JsonTokenizer, M2M100Tokenizer, MarianTokenizer
 from .base import Architecture, read_json, register
 from .marian import bart_facts
 from .schemes import LanguageTokens
@@ -36,7 +37,6 @@ M2M100_LANGUAGE_CODES = {
 _FLORES_CODE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")  # NLLB's codes: eng_Latn
 
 
-@register("m2m_100")
 class M2M100(Architecture):
     name = "m2m_100"
     tokenizer_kind = "m2m100"
@@ -53,6 +53,10 @@ class M2M100(Architecture):
 
     def unk_id(self, source: Path) -> int | None:
         return read_json(source / "vocab.json").get("<unk>")
+
+    def load_tokenizer(self, directory: Path) -> MarianTokenizer | JsonTokenizer:
+        listed = str(read_json(directory / "tokenizer_config.json").get("language_codes", "m2m100"))
+        return M2M100Tokenizer.from_dir(directory, language_codes=M2M100_LANGUAGE_CODES.get(listed, []))
 
     def language_tokens(self, source: Path) -> dict[str, str]:
         codes = M2M100_LANGUAGE_CODES[read_json(source / "tokenizer_config.json").get("language_codes", "m2m100")]
@@ -86,6 +90,9 @@ class Nllb(M2M100):
     tokenizer_files = ("tokenizer.json", "tokenizer_config.json")
     optional_tokenizer_files = ("special_tokens_map.json",)
 
+    def load_tokenizer(self, directory: Path) -> JsonTokenizer:
+        return JsonTokenizer.from_dir(directory)
+
     def unk_id(self, source: Path) -> int | None:
         vocab = read_json(source / "tokenizer.json").get("model", {}).get("vocab", {})
         return vocab.get("<unk>") if isinstance(vocab, dict) else None
@@ -104,6 +111,9 @@ class Nllb(M2M100):
             added = read_json(source / "tokenizer.json").get("added_tokens", [])
             codes = [t["content"] for t in added if _FLORES_CODE.match(t.get("content", ""))]
         return {code: code for code in codes if code}
+
+
+register("m2m_100", variants=(Nllb,))(M2M100)
 
 
 def _content(token: Any) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..tokenization import MarianTokenizer
 from .base import Architecture, read_json, register
 from .schemes import TargetTokenPrefix
 
@@ -33,7 +34,8 @@ def marian_target_tokens(vocab: Any) -> dict[str, str]:
     return {t[2:-2]: t for t in vocab if t.startswith(">>") and t.endswith("<<")}
 
 
-@register("marian")
+# Every manifest before format 3 is Marian's: they name no tokenizer kind and no language scheme.
+@register("marian", legacy=True)
 class Marian(Architecture):
     name = "marian"
     tokenizer_kind = "marian"
@@ -41,6 +43,10 @@ class Marian(Architecture):
     # target_vocab.json exists only for models with separate source/target vocabularies.
     optional_tokenizer_files = OPTIONAL_TOKENIZER_FILES
     build_hooks = "onnxmt.export.marian"
+    reads_optimum = True  # the opus-mt directories Optimum and onnx-community publish (tests/test_optimum_layout.py)
+
+    def load_tokenizer(self, directory: Path) -> MarianTokenizer:
+        return MarianTokenizer.from_dir(directory)
 
     def facts(self, config: dict[str, Any]) -> dict[str, Any]:
         return bart_facts(config)

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..architectures import get_architecture
+from ..architectures import get_architecture, optimum_architectures
 from ..layout import (
     VARIANT_METHODS,
     canonical_variant,
@@ -103,10 +103,13 @@ def optimum_manifest(directory: Path, sessions: Sessions, options: RuntimeOption
     config = _json(directory / "config.json")
     if not config:
         raise ModelDirError(f"{directory / 'config.json'}: missing; an Optimum directory needs the model's config.json")
-    # Optimum's graphs are read through their input and output names; only Marian's have been proven so far.
-    if config.get("model_type") != "marian":
-        raise ModelDirError(f"{directory}: model_type {config.get('model_type')!r} is not supported; supported: marian")
-    arch = get_architecture("marian").for_source(directory)
+    # Optimum's graphs are read through their input and output names: only the families proven to match load.
+    readable = optimum_architectures()
+    if config.get("model_type") not in readable:
+        raise ModelDirError(
+            f"{directory}: model_type {config.get('model_type')!r} is not supported; supported: {', '.join(readable)}"
+        )
+    arch = get_architecture(config["model_type"]).for_source(directory)
     generation_config = _json(directory / "generation_config.json")
     facts = arch.facts(config)
     tokenizer_files = [n for n in (*arch.tokenizer_files, *arch.optional_tokenizer_files) if (directory / n).is_file()]

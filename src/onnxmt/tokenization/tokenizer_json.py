@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest import ModelDirError
-from .tokenizer import _UNLIMITED, Truncating, _clean_up_tokenization, _read_json_object
+from .base import UNLIMITED, Truncating, clean_up_tokenization, read_json_object
 
-_DEFAULT_MAX_LENGTH = _UNLIMITED  # transformers' when tokenizer_config.json names none
+_DEFAULT_MAX_LENGTH = UNLIMITED  # transformers' when tokenizer_config.json names none
 
 
 class JsonTokenizer(Truncating):
@@ -26,7 +26,7 @@ class JsonTokenizer(Truncating):
         tokenizer.no_truncation()
         tokenizer.no_padding()
         value = config.get("model_max_length", _DEFAULT_MAX_LENGTH)
-        self.model_max_length = _UNLIMITED if value is None else int(value)
+        self.model_max_length = UNLIMITED if value is None else int(value)
         self.truncation_side: str = config.get("truncation_side", "right")
         bpe = type(tokenizer.model).__name__ == "BPE"
         forced = bool(config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"))
@@ -48,7 +48,7 @@ class JsonTokenizer(Truncating):
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as e:  # the Rust side raises its own Exception type
             raise ModelDirError(f"{path}: not a valid tokenizer.json ({e})") from e
-        return cls(tokenizer, _read_json_object(directory / names["config"]))
+        return cls(tokenizer, read_json_object(directory / names["config"]))
 
     def token_id(self, token: str) -> int:
         index = self._tokenizer.token_to_id(token)
@@ -65,7 +65,8 @@ class JsonTokenizer(Truncating):
         suffix: Sequence[int] | None = None,
     ) -> list[int]:
         """Ids of `text` between `prefix` and `suffix` (default: eos), truncated so that all fit in
-        model_max_length. `target_token` is Marian's scheme: refused here."""
+        model_max_length. `target_token` (a language token written before the text) is refused: these models are told
+        their languages by `prefix` and the forced first token."""
         if target_token is not None:
             raise ValueError(f"target token {target_token!r} given, but this model takes no target token in its text")
         ids = self._tokenizer.encode(text, add_special_tokens=False).ids
@@ -77,7 +78,7 @@ class JsonTokenizer(Truncating):
 
     def decode(self, ids: Sequence[int]) -> str:
         text = self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
-        return _clean_up_tokenization(text) if self._clean_up_spaces else text
+        return clean_up_tokenization(text) if self._clean_up_spaces else text
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         return [self.decode(ids) for ids in batch]

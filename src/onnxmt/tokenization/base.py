@@ -1,0 +1,67 @@
+"""What the run side's tokenizers share: transformers' truncation, its clean-up of tokenization spaces, and reading
+the JSON files a tokenizer comes with. Torch-free, as every tokenizer here."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ..manifest import ModelDirError
+
+# transformers stores "no limit" as VERY_LARGE_INTEGER and skips truncation above LARGE_INTEGER.
+UNLIMITED = int(1e30)
+LARGE = int(1e20)
+
+
+class Truncating:
+    """Truncation as transformers' `truncation=True` does it, shared by the run side's tokenizers: they set
+    `model_max_length`, `truncation_side` and `_warned_truncation`."""
+
+    model_max_length: int
+    truncation_side: str
+    _warned_truncation: bool
+
+    def _truncate(self, ids: list[int], specials: int = 1) -> list[int]:
+        # truncation=True keeps model_max_length ids including the special ids added afterwards.
+        excess = len(ids) + specials - self.model_max_length
+        if self.model_max_length > LARGE or self.model_max_length <= 0 or excess <= 0:
+            return ids
+        if not self._warned_truncation:
+            self._warned_truncation = True
+            warnings.warn(
+                f"input of {len(ids) + specials} tokens truncated to model_max_length={self.model_max_length} "
+                "(warned once per tokenizer)",
+                stacklevel=3,
+            )
+        return ids[excess:] if self.truncation_side == "left" else ids[:-excess]
+
+
+def clean_up_tokenization(text: str) -> str:
+    for before, after in (
+        (" .", "."),
+        (" ?", "?"),
+        (" !", "!"),
+        (" ,", ","),
+        (" ' ", "'"),
+        (" n't", "n't"),
+        (" 'm", "'m"),
+        (" 's", "'s"),
+        (" 've", "'ve"),
+        (" 're", "'re"),
+    ):
+        text = text.replace(before, after)
+    return text
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ModelDirError(f"{path}: file not found")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelDirError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ModelDirError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
