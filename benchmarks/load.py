@@ -54,7 +54,7 @@ def sentences(n: int, language: str = "en") -> list[str]:
     path = FLORES / f"devtest.{FLORES_NAMES.get(language, language)}"
     if path.is_file():
         return path.read_text(encoding="utf-8").splitlines()[:n]
-    from onnxmt.export.random_model import generate_corpus
+    from onnxmt.testing import generate_corpus
 
     english, chinese = generate_corpus(0, lines=n)
     return chinese if language.startswith("zh") else english

@@ -18,15 +18,24 @@ from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
-from onnxmt.export.random_m2m100 import NLLB_200_1_3B, NLLB_200_DISTILLED_600M, RandomM2M100Spec
-from onnxmt.export.random_model import OPUS_MT_EN_ZH, RandomMarianSpec, build_vocab, spm_pieces, train_spm
+from onnxmt.testing import (
+    NLLB_200_1_3B,
+    NLLB_200_DISTILLED_600M,
+    OPUS_MT_EN_ZH,
+    M2M100Spec,
+    MarianSpec,
+    NllbSpec,
+    build_random_model,
+)
+from onnxmt.testing.builder import spm_pieces, train_spm
+from onnxmt.testing.marian import build_vocab
 
 REPO = Path(__file__).resolve().parents[1]
 KEY_FILE = ".bench-key"
 OPTIMUM_ENV_SCRIPT = REPO / "tests" / "optimum_env.py"
 TARGET_LANG = "cmn_Hans"
 
-Spec = RandomMarianSpec | RandomM2M100Spec
+Spec = MarianSpec | M2M100Spec
 
 # The random builder trains its source tokenizer on generated word salad, which splits real English into ~2x the
 # tokens opus-mt's tokenizer would: encoder work, and so timings, would be off. The benchmark retrains the source
@@ -36,10 +45,10 @@ SOURCE_PIECES = 8000
 FULL = OPUS_MT_EN_ZH
 # --quick: same code paths, a model small enough that the whole run takes seconds.
 QUICK = replace(
-    RandomMarianSpec(), target_languages=OPUS_MT_EN_ZH.target_languages, vocab_size=9000, max_position_embeddings=256
+    MarianSpec(), target_languages=OPUS_MT_EN_ZH.target_languages, vocab_size=9000, max_position_embeddings=256
 )
 
-NLLB_QUICK = RandomM2M100Spec(nllb=True, d_model=64, ffn_dim=128, max_position_embeddings=256, pieces=2000)
+NLLB_QUICK = NllbSpec(d_model=64, ffn_dim=128, max_position_embeddings=256, pieces=2000)
 
 
 @dataclass(frozen=True)
@@ -117,7 +126,7 @@ def read_lines(path: Path, n: int | None = None) -> list[str]:
     return lines if n is None else lines[:n]
 
 
-def retrain_source_tokenizer(model_dir: Path, spec: RandomMarianSpec, corpus: list[str]) -> None:
+def retrain_source_tokenizer(model_dir: Path, spec: MarianSpec, corpus: list[str]) -> None:
     """Replace source.spm with one trained on `corpus` and lay vocab.json out again (same size, same special ids);
     the weights are random, so which piece gets which id does not matter."""
     source = train_spm(corpus, SOURCE_PIECES)
@@ -129,15 +138,11 @@ def retrain_source_tokenizer(model_dir: Path, spec: RandomMarianSpec, corpus: li
 
 
 def build_hf(out: Path, spec: Spec, corpus: list[str]) -> None:
-    if isinstance(spec, RandomM2M100Spec):
+    if isinstance(spec, M2M100Spec):
         # NLLB's one sentencepiece model, trained on the same real English (its vocabulary padded to the real size).
-        from onnxmt.export.random_m2m100 import build_random_m2m100
-
-        build_random_m2m100(out, spec, corpus)
+        build_random_model(out, spec, corpus)
         return
-    from onnxmt.export.random_model import build_random_marian
-
-    build_random_marian(out, spec)
+    build_random_model(out, spec)
     retrain_source_tokenizer(out, spec, corpus)
 
 
@@ -215,12 +220,11 @@ def prepare(
     """`family` names the cache folder: the spec alone does not tell NLLB-200-1.3B from the 600M model."""
     quick = spec in (QUICK, NLLB_QUICK)
     root = cache / (("quick" if family is MARIAN else "nllb-quick") if quick else family.name)
-    builders = ("random_model.py",) if family is MARIAN else ("random_model.py", "random_m2m100.py")
     hf_key = {
         "spec": asdict(spec),
         "corpus": hashlib.sha256("\n".join(corpus).encode()).hexdigest()[:16],
         "pieces": SOURCE_PIECES,
-        "builder": _hash_files(*(REPO / "src" / "onnxmt" / "export" / name for name in builders)),
+        "builder": _hash_files(REPO / "src" / "onnxmt" / "testing"),
     }
     hf = cached(root / "hf", hf_key, lambda out: build_hf(out, spec, corpus), log)
     onnxmt_key = {

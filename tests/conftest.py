@@ -12,20 +12,20 @@ from typing import Any
 
 import pytest
 
-from onnxmt.export.random_m2m100 import RandomM2M100Spec
-from onnxmt.export.random_model import OPUS_MT_EN_ZH_TARGETS, RandomMarianSpec
+from onnxmt.testing import M2M100Spec, MarianSpec, NllbSpec
+from onnxmt.testing.marian import OPUS_MT_EN_ZH_TARGETS
 
 # init_std and eos_bias chosen by measurement so that outputs have many lengths (assert_varied_outputs): with
 # larger weights a random model loops until the length limit, with a larger eos bias it stops at the first step.
-TINY = RandomMarianSpec(init_std=0.2, eos_bias=2.0)
+TINY = MarianSpec(init_std=0.2, eos_bias=2.0)
 # The multi-target model (opus-mt-en-zh's 13 language tokens) was measured over seeds 0-8 and eos biases 1.5-3.5:
 # with a language token in front, no random draw had most outputs longer than 10 tokens; this one has outputs from
 # 1 token to the limit, which its tests (language tokens, max_new_tokens 16) need. The parity of long outputs is
 # proven on TINY.
 # zh→en, with opus-mt-zh-en's metadata (`zho` → `eng`, one target language): the other direction of TINY_MULTI, for
 # a service with two models.
-TINY_ZH_EN = RandomMarianSpec(init_std=0.2, eos_bias=4.0, seed=3, reverse=True)
-TINY_MULTI = RandomMarianSpec(target_languages=OPUS_MT_EN_ZH_TARGETS, init_std=0.2, eos_bias=3.0, seed=6)
+TINY_ZH_EN = MarianSpec(init_std=0.2, eos_bias=4.0, seed=3, reverse=True)
+TINY_MULTI = MarianSpec(target_languages=OPUS_MT_EN_ZH_TARGETS, init_std=0.2, eos_bias=3.0, seed=6)
 # A tiny model's tied LM head (~45 kB) is far below the size real heads are cut into chunks at (48 MiB, see
 # export/weights.py): cut it anyway (12 chunks in fp32, 3 in int8), so that every test runs the chunked head.
 TINY_HEAD_CHUNK_BYTES = 4 << 10
@@ -67,9 +67,9 @@ def assert_varied_outputs(model_dir: Path, target_token: str | None = None, *, m
 @pytest.fixture(scope="session")
 def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random MarianMT directory (single target language), as transformers saves it."""
-    from onnxmt.export.random_model import build_random_marian
+    from onnxmt.testing import build_random_model
 
-    directory = build_random_marian(tmp_path_factory.mktemp("tiny-hf"), TINY)
+    directory = build_random_model(tmp_path_factory.mktemp("tiny-hf"), TINY)
     assert_varied_outputs(directory)
     return directory
 
@@ -77,9 +77,9 @@ def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_multi_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random multi-target MarianMT directory (`>>cmn_Hans<<`, `>>yue_Hant<<` tokens in the vocab)."""
-    from onnxmt.export.random_model import build_random_marian
+    from onnxmt.testing import build_random_model
 
-    directory = build_random_marian(tmp_path_factory.mktemp("tiny-multi-hf"), TINY_MULTI)
+    directory = build_random_model(tmp_path_factory.mktemp("tiny-multi-hf"), TINY_MULTI)
     for token in (">>cmn_Hans<<", ">>yue_Hant<<"):
         assert_varied_outputs(directory, token, most_long=False)
     return directory
@@ -130,9 +130,9 @@ def tiny_multi_onnx_dir(tiny_multi_hf_dir: Path, tmp_path_factory: pytest.TempPa
 def tiny_zh_en_onnx_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random zh→en model (TINY_ZH_EN) exported by onnxmt. Read-only."""
     from onnxmt.export.exporter import export
-    from onnxmt.export.random_model import build_random_marian
+    from onnxmt.testing import build_random_model
 
-    hf = build_random_marian(tmp_path_factory.mktemp("tiny-zh-en-hf"), TINY_ZH_EN)
+    hf = build_random_model(tmp_path_factory.mktemp("tiny-zh-en-hf"), TINY_ZH_EN)
     out = tmp_path_factory.mktemp("tiny-zh-en-onnx") / "model"
     export(str(hf), out, progress=lambda _: None)
     return out
@@ -240,11 +240,11 @@ def make_transformersjs_variants(path: Path) -> None:
     )
 
 
-# Tiny random M2M100 and NLLB-200 models (export/random_m2m100.py), with the real checkpoints' metadata. M2M100 has
+# Tiny random M2M100 and NLLB-200 models (onnxmt/testing/m2m100.py), with the real checkpoints' metadata. M2M100 has
 # no final_logits_bias: eos is raised through the final layer norm instead. The biases were measured (seed 0,
 # init_std 0.2) so that outputs have many lengths over the target languages the tests use (assert_varied_m2m100).
-TINY_M2M100 = RandomM2M100Spec(eos_bias=4.5)
-TINY_NLLB = RandomM2M100Spec(nllb=True, eos_bias=5.0, seed=6)
+TINY_M2M100 = M2M100Spec(eos_bias=4.5)
+TINY_NLLB = NllbSpec(eos_bias=5.0, seed=6)
 M2M100_PAIRS = ("en", ("zh", "fr"))
 NLLB_PAIRS = ("eng_Latn", ("zho_Hans", "fra_Latn"))
 
@@ -292,18 +292,18 @@ def assert_varied_m2m100(model_dir: Path, source: str, targets: tuple[str, ...])
 
 @pytest.fixture(scope="session")
 def tiny_m2m100_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from onnxmt.export.random_m2m100 import build_random_m2m100
+    from onnxmt.testing import build_random_model
 
-    directory = build_random_m2m100(tmp_path_factory.mktemp("tiny-m2m100-hf"), TINY_M2M100)
+    directory = build_random_model(tmp_path_factory.mktemp("tiny-m2m100-hf"), TINY_M2M100)
     assert_varied_m2m100(directory, M2M100_PAIRS[0], M2M100_PAIRS[1])
     return directory
 
 
 @pytest.fixture(scope="session")
 def tiny_nllb_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from onnxmt.export.random_m2m100 import build_random_m2m100
+    from onnxmt.testing import build_random_model
 
-    directory = build_random_m2m100(tmp_path_factory.mktemp("tiny-nllb-hf"), TINY_NLLB)
+    directory = build_random_model(tmp_path_factory.mktemp("tiny-nllb-hf"), TINY_NLLB)
     assert_varied_m2m100(directory, NLLB_PAIRS[0], NLLB_PAIRS[1])
     return directory
 

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from onnxmt import DecodeOptions, Translator
 from onnxmt.cli import app
-from onnxmt.export.random_model import generate_corpus
 from onnxmt.manifest import MANIFEST_NAME, read_manifest
+from onnxmt.testing import generate_corpus
 from skips import importorskip
 
 runner = CliRunner()

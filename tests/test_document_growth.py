@@ -21,7 +21,7 @@ from onnxmt.documents.inline import place
 from onnxmt.documents.markdown import prepare_markdown
 from onnxmt.documents.segment import Piece, fit
 from onnxmt.documents.subtitles import prepare_subtitles
-from onnxmt.export.random_model import generate_corpus
+from onnxmt.testing import generate_corpus
 
 # Words without sentence or clause punctuation: one long sentence that can only be cut at spaces.
 WORDS = " ".join(generate_corpus(3, lines=40)[0]).translate(str.maketrans("", "", ".?!,"))

@@ -15,7 +15,7 @@ from onnxmt.documents.inline import place
 from onnxmt.documents.markdown import translate_markdown
 from onnxmt.documents.segment import Piece, fit, join
 from onnxmt.documents.subtitles import cues, translate_subtitles
-from onnxmt.export.random_model import generate_corpus
+from onnxmt.testing import generate_corpus
 
 ENGLISH = generate_corpus(3, lines=40)[0]
 

@@ -19,7 +19,7 @@ onnx = importorskip("onnx")
 
 from onnxmt.export.exporter import ExportError, ExportOptions, export  # noqa: E402
 from onnxmt.export.hub import ModelNotFoundError  # noqa: E402
-from onnxmt.export.random_model import OPUS_MT_EN_ZH_TARGETS  # noqa: E402
+from onnxmt.testing.marian import OPUS_MT_EN_ZH_TARGETS  # noqa: E402
 
 
 def test_manifest_lists_every_file_with_its_sha256(tiny_onnx_dir: Path) -> None:

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from onnxmt.export.random_model import OPUS_MT_EN_ZH_TARGETS
 from onnxmt.languages import ModelLanguages, display_name, match, public_codes
+from onnxmt.testing.marian import OPUS_MT_EN_ZH_TARGETS
 
 # opus-mt-en-zh as its tokenizer_config.json and vocab.json describe it.
 EN_ZH = {

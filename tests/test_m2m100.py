@@ -1,5 +1,5 @@
 """M2M100 and NLLB-200 (model_type m2m_100): tokenizers, export and translation, token for token against
-transformers on tiny random models with the real checkpoints' metadata (export/random_m2m100.py)."""
+transformers on tiny random models with the real checkpoints' metadata (onnxmt/testing/m2m100.py)."""
 
 from __future__ import annotations
 
@@ -243,10 +243,10 @@ def test_benchmark_vocabulary_has_the_real_nllb_layout(tmp_path: Path) -> None:
     trained pieces alone (the padding is unreachable)."""
     import transformers
 
-    from onnxmt.export.random_m2m100 import RandomM2M100Spec, build_random_m2m100
+    from onnxmt.testing import NllbSpec, build_random_model
 
-    spec = RandomM2M100Spec(nllb=True, d_model=8, ffn_dim=16, attention_heads=2, pieces=400, vocab_size=256206)
-    directory = build_random_m2m100(tmp_path / "nllb", spec, corpus=list(SENTENCES) * 20)
+    spec = NllbSpec(d_model=8, ffn_dim=16, attention_heads=2, pieces=400, vocab_size=256206)
+    directory = build_random_model(tmp_path / "nllb", spec, corpus=list(SENTENCES) * 20)
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory, src_lang="eng_Latn")
     assert len(tokenizer) == 256204
     assert json.loads((directory / "config.json").read_text())["vocab_size"] == 256206

@@ -17,13 +17,13 @@ import pytest
 from browser import headless_chromium, translation_done
 from onnxmt import DecodeOptions, Translator
 from onnxmt.documents.translate import translate_document
-from onnxmt.export.random_model import generate_corpus
 from onnxmt.runtime.modeldir import load_manifest
 from onnxmt.runtime.translator import Translation
 from onnxmt.serve.batcher import MicroBatcher
 from onnxmt.serve.metrics import Metrics
 from onnxmt.serve.pool import ModelEntry, ModelPool
 from onnxmt.serve.protocol import Languages
+from onnxmt.testing import generate_corpus
 from test_clients import node_modules, run_node  # noqa: F401  (node_modules is a fixture)
 from test_serve import Server, _sample, assert_error, start_server
 

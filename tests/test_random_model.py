@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from onnxmt.export.random_model import (
+from onnxmt.testing.marian import (
     OPUS_MT_EN_ZH_CONFIG_EXTRAS,
     OPUS_MT_EN_ZH_GENERATION_CONFIG,
     OPUS_MT_EN_ZH_TOKENIZER_CONFIG,

@@ -24,10 +24,10 @@ psutil = importorskip("psutil")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from onnxmt.export.random_model import generate_corpus  # noqa: E402
 from onnxmt.scale.rayserve import RayServeOptions, app_builder, application  # noqa: E402
 from onnxmt.serve.app import create_app  # noqa: E402
 from onnxmt.serve.options import ServeOptions  # noqa: E402
+from onnxmt.testing import generate_corpus  # noqa: E402
 
 TEXTS = generate_corpus(11, lines=24)[0]
 OPTIONS = ServeOptions(max_batch_size=8, cache_size=0)  # no cache: every answer is a fresh translation

@@ -26,11 +26,11 @@ import pytest
 from browser import headless_chromium, translation_done
 from onnxmt import DecodeOptions, Translator
 from onnxmt.documents.translate import translate_document
-from onnxmt.export.random_model import generate_corpus
 from onnxmt.runtime.cancel import CancelToken
 from onnxmt.runtime.translator import Translation
 from onnxmt.serve.batcher import BatchStats, ClientGone, MicroBatcher, QueueFull
 from onnxmt.serve.options import ServeOptions
+from onnxmt.testing import generate_corpus
 
 TEXTS = generate_corpus(7, lines=64)[0]
 KEYS = ("key-one", "key-two")

@@ -16,7 +16,7 @@ from onnxmt import DecodeOptions, Translator
 from onnxmt.documents import translate_document, translate_file, translate_string
 from onnxmt.documents.html import parse
 from onnxmt.documents.subtitles import cues
-from onnxmt.export.random_model import generate_corpus
+from onnxmt.testing import generate_corpus
 from test_serve import Server, start_server
 
 KEY = "document-key"

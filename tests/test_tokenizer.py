@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from onnxmt.export.random_model import OPUS_MT_EN_ZH_TARGETS
 from onnxmt.manifest import ModelDirError
+from onnxmt.testing.marian import OPUS_MT_EN_ZH_TARGETS
 from onnxmt.tokenization import MarianTokenizer
 from skips import importorskip, shared_data
 

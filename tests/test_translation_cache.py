@@ -11,11 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from onnxmt import DecodeOptions, Translator
-from onnxmt.export.random_model import generate_corpus
 from onnxmt.runtime.translator import Translation
 from onnxmt.serve.app import create_app
 from onnxmt.serve.cache import TranslationCache, entry_bytes
 from onnxmt.serve.options import ServeOptions
+from onnxmt.testing import generate_corpus
 from test_serve import _sample
 
 TEXTS = generate_corpus(11, lines=32)[0]

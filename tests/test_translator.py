@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from onnxmt import DecodeOptions, ModelDirError, RuntimeOptions, Translation, Translator
-from onnxmt.export.random_model import OPUS_MT_EN_ZH_TARGETS
 from onnxmt.manifest import DECODER_FILE, MANIFEST_NAME, WEIGHTS_FILE
 from onnxmt.runtime.cancel import CancelToken
+from onnxmt.testing.marian import OPUS_MT_EN_ZH_TARGETS
 
 TEXTS = ["Hello world.", "", "The river is long and the mountain is high", "   ", "a", "What is this?"]
 

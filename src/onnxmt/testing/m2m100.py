@@ -1,4 +1,4 @@
-"""Randomly initialised M2M100 and NLLB-200 models with their real tokenizers, built offline.
+"""Random M2M100 and NLLB-200 models with their real tokenizers, built offline.
 
 The metadata is the real checkpoints' (facebook/m2m100_418M, facebook/nllb-200-distilled-600M): config.json and
 generation_config.json with only the sizes changed, tokenizer_config.json and special_tokens_map.json as the hub
@@ -9,18 +9,17 @@ generated corpus, ids laid out like fairseq's dictionary: `<s> <pad> </s> <unk>`
 the pieces, the 202 language codes, `<mask>` last, and two embedding rows past the tokenizer (config vocab_size
 256,206 against 256,204 tokens in the real model).
 
-`RandomM2M100Spec(vocab_size=...)` pads the sentencepiece model with pieces no text produces, so a benchmark model
-has the real vocabulary's size and id layout (`NLLB_200_DISTILLED_600M`).
+`NllbSpec(vocab_size=...)` pads the sentencepiece model with pieces no text produces, so a benchmark model has the
+real vocabulary's size and id layout (`NLLB_200_DISTILLED_600M`).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .random_model import generate_corpus, train_spm
+from .builder import ModelSpec, generate_corpus, spm_pieces, train_spm, write_json
 
 # facebook/m2m100_418M (hub), sizes aside. Its config.json keeps generation keys (early_stopping, num_beams,
 # max_length) from older transformers, as the hub file does.
@@ -73,32 +72,93 @@ NLLB_TOKENIZER_CONFIG: dict[str, Any] = {
     "unk_token": "<unk>",
 }
 _SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "sep_token": "</s>"}
+# Embedding rows the real NLLB-200 checkpoints have past their tokenizer's 256,204 tokens.
+NLLB_UNUSED_ROWS = 2
+_EOS = 2  # fairseq's dictionary: <s> <pad> </s> <unk>
 
 
-@dataclass(frozen=True)
-class RandomM2M100Spec:
-    """A random M2M100 (`nllb=False`) or NLLB-200 (`nllb=True`) model; the defaults are tiny, for tests."""
+@dataclass(frozen=True, kw_only=True)
+class M2M100Spec(ModelSpec):
+    """A random M2M100 model with facebook/m2m100_418M's metadata; the defaults are tiny, for tests."""
 
-    nllb: bool = False
-    d_model: int = 32
-    encoder_layers: int = 2
-    decoder_layers: int = 2
-    attention_heads: int = 4
-    ffn_dim: int = 64
-    max_position_embeddings: int = 64
-    pieces: int = 400
-    init_std: float = 0.2
-    eos_bias: float = 0.0  # added to the eos logit (through the final layer norm's bias), so outputs can end early
-    legacy_behaviour: bool = False  # NLLB only: the source language token after the eos
-    seed: int = 0
-    # The embedding's rows, as the real checkpoint's: the sentencepiece model is padded with unreachable pieces to
-    # reach it. None: as many as the trained pieces need.
-    vocab_size: int | None = None
+    pieces: int = 400  # trained BPE pieces of the one sentencepiece model, shared by source and target
+
+    def write_tokenizer(self, out: Path, corpus: list[str] | None) -> int:
+        if corpus is None:
+            english, chinese = generate_corpus(self.seed)
+            corpus = english + chinese
+        spm_model = train_spm(corpus, self.pieces, model_type="bpe")
+        vocab_size = self._write_tokenizer_files(out, spm_model)
+        if self.vocab_size is not None and self.vocab_size != vocab_size:
+            # Each added piece adds one token whatever the tokenizer: pad by the difference and write the files again.
+            spm_model = pad_spm(spm_model, _spm_size(spm_model) + self.vocab_size - vocab_size)
+            vocab_size = self._write_tokenizer_files(out, spm_model)
+        return vocab_size
+
+    def _write_tokenizer_files(self, out: Path, spm_model: bytes) -> int:
+        """vocab.json, sentencepiece.bpe.model and the configs of M2M100; returns the model's vocab size."""
+        from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+
+        (out / "sentencepiece.bpe.model").write_bytes(spm_model)
+        vocab = {"<s>": 0, "<pad>": 1, "</s>": _EOS, "<unk>": 3}
+        for piece in spm_pieces(spm_model):
+            vocab.setdefault(piece, len(vocab))
+        write_json(out / "vocab.json", vocab)
+        codes = FAIRSEQ_LANGUAGE_CODES["m2m100"]
+        write_json(out / "tokenizer_config.json", M2M100_418M_TOKENIZER_CONFIG)
+        special = {**_SPECIAL, "additional_special_tokens": [f"__{c}__" for c in codes]}
+        write_json(out / "special_tokens_map.json", special)
+        # The embedding covers the vocab, the language tokens and the 8 "madeup words" fairseq pads with.
+        return len(vocab) + len(codes) + 8
+
+    def model(self, vocab_size: int) -> Any:
+        from transformers import M2M100Config, M2M100ForConditionalGeneration
+
+        config = M2M100Config(
+            vocab_size=vocab_size,
+            **self.config_arguments(),
+            activation_function="relu",
+            scale_embedding=True,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=_EOS,
+            decoder_start_token_id=_EOS,
+            encoder_layerdrop=0.0,
+            decoder_layerdrop=0.0,
+        )
+        return M2M100ForConditionalGeneration(config)
+
+    def raise_eos(self, model: Any) -> None:
+        # No final_logits_bias in M2M100: the eos logit is raised through the final layer norm's bias instead,
+        # along the (tied) eos embedding: eos gains exactly eos_bias, other tokens a random fraction of it.
+        eos = model.model.shared.weight[_EOS]
+        model.model.decoder.layer_norm.bias += self.eos_bias * eos / eos.dot(eos)
+
+    def generation_config(self, vocab_size: int) -> dict[str, Any]:
+        return M2M100_418M_GENERATION_CONFIG
+
+    def config_extras(self) -> dict[str, Any]:
+        return M2M100_418M_CONFIG_EXTRAS
+
+
+@dataclass(frozen=True, kw_only=True)
+class NllbSpec(M2M100Spec):
+    """A random NLLB-200 model (an M2M100 with NLLB's tokenizer.json and metadata); the defaults are tiny."""
+
+    legacy_behaviour: bool = False  # the source language token after the eos
+
+    def _write_tokenizer_files(self, out: Path, spm_model: bytes) -> int:
+        return _nllb_tokenizer(out, spm_model, self.legacy_behaviour) + NLLB_UNUSED_ROWS
+
+    def generation_config(self, vocab_size: int) -> dict[str, Any]:
+        return NLLB_GENERATION_CONFIG
+
+    def config_extras(self) -> dict[str, Any]:
+        return NLLB_CONFIG_EXTRAS
 
 
 # facebook/nllb-200-distilled-600M's architecture: the benchmark's model (random weights).
-NLLB_200_DISTILLED_600M = RandomM2M100Spec(
-    nllb=True,
+NLLB_200_DISTILLED_600M = NllbSpec(
     d_model=1024,
     encoder_layers=12,
     decoder_layers=12,
@@ -112,31 +172,6 @@ NLLB_200_DISTILLED_600M = RandomM2M100Spec(
 # facebook/nllb-200-1.3B's (and nllb-200-distilled-1.3B's) architecture: twice the layers, twice the FFN; 5.5 GB in
 # fp32, so its graphs pass protobuf's 2 GB before their weights move to weights.bin.
 NLLB_200_1_3B = replace(NLLB_200_DISTILLED_600M, encoder_layers=24, decoder_layers=24, ffn_dim=8192)
-# Embedding rows the real NLLB-200 checkpoints have past their tokenizer's 256,204 tokens.
-NLLB_UNUSED_ROWS = 2
-
-
-def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
-
-
-def _m2m100_tokenizer(out: Path, spm_model: bytes) -> int:
-    """vocab.json, sentencepiece.bpe.model and the configs of M2M100; returns the model's vocab size."""
-    import sentencepiece as spm
-    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
-
-    (out / "sentencepiece.bpe.model").write_bytes(spm_model)
-    sp = spm.SentencePieceProcessor(model_proto=spm_model)
-    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-    for i in range(sp.get_piece_size()):
-        if not (sp.is_control(i) or sp.is_unknown(i)):
-            vocab.setdefault(sp.id_to_piece(i), len(vocab))
-    _write_json(out / "vocab.json", vocab)
-    codes = FAIRSEQ_LANGUAGE_CODES["m2m100"]
-    _write_json(out / "tokenizer_config.json", M2M100_418M_TOKENIZER_CONFIG)
-    _write_json(out / "special_tokens_map.json", {**_SPECIAL, "additional_special_tokens": [f"__{c}__" for c in codes]})
-    # The embedding covers the vocab, the language tokens and the 8 "madeup words" fairseq pads with.
-    return len(vocab) + len(codes) + 8
 
 
 def pad_spm(spm_model: bytes, pieces: int) -> bytes:
@@ -176,7 +211,7 @@ def _nllb_tokenizer(out: Path, spm_model: bytes, legacy_behaviour: bool) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "sentencepiece.bpe.model").write_bytes(spm_model)
         config = {k: v for k, v in NLLB_TOKENIZER_CONFIG.items() if k != "mask_token"}
-        _write_json(Path(tmp) / "tokenizer_config.json", config)
+        write_json(Path(tmp) / "tokenizer_config.json", config)
         # Given at construction, <mask> would take the first id after the pieces; added afterwards, it is last.
         tokenizer = NllbTokenizer.from_pretrained(
             tmp, extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES), mask_token=None
@@ -187,72 +222,7 @@ def _nllb_tokenizer(out: Path, spm_model: bytes, legacy_behaviour: bool) -> int:
         (out / "tokenizer.json").write_bytes((Path(tmp) / "tokenizer.json").read_bytes())
     (out / "sentencepiece.bpe.model").write_bytes(spm_model)
     config = {**NLLB_TOKENIZER_CONFIG, **({"legacy_behaviour": True} if legacy_behaviour else {})}
-    _write_json(out / "tokenizer_config.json", config)
+    write_json(out / "tokenizer_config.json", config)
     special = {**_SPECIAL, "cls_token": "<s>", "mask_token": _MASK}
-    _write_json(out / "special_tokens_map.json", {**special, "additional_special_tokens": list(FAIRSEQ_LANGUAGE_CODES)})
+    write_json(out / "special_tokens_map.json", {**special, "additional_special_tokens": list(FAIRSEQ_LANGUAGE_CODES)})
     return len(tokenizer)
-
-
-def build_random_m2m100(
-    output_dir: str | Path, spec: RandomM2M100Spec = RandomM2M100Spec(), corpus: list[str] | None = None
-) -> Path:
-    """Write a random M2M100 or NLLB-200 model directory and return its path. The sentencepiece model is trained on
-    `corpus` (default: generated English-like and Chinese-like sentences)."""
-    import torch
-    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration
-
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if corpus is None:
-        english, chinese = generate_corpus(spec.seed)
-        corpus = english + chinese
-    spm_model = train_spm(corpus, spec.pieces, model_type="bpe")
-    write_tokenizer = (
-        (lambda model: _nllb_tokenizer(out, model, spec.legacy_behaviour) + NLLB_UNUSED_ROWS)
-        if spec.nllb
-        else (lambda model: _m2m100_tokenizer(out, model))
-    )
-    vocab_size = write_tokenizer(spm_model)
-    if spec.vocab_size is not None and spec.vocab_size != vocab_size:
-        # Each added piece adds one token whatever the family: pad by the difference and write the files again.
-        spm_model = pad_spm(spm_model, _spm_size(spm_model) + spec.vocab_size - vocab_size)
-        vocab_size = write_tokenizer(spm_model)
-    config = M2M100Config(
-        vocab_size=vocab_size,
-        d_model=spec.d_model,
-        encoder_layers=spec.encoder_layers,
-        decoder_layers=spec.decoder_layers,
-        encoder_attention_heads=spec.attention_heads,
-        decoder_attention_heads=spec.attention_heads,
-        encoder_ffn_dim=spec.ffn_dim,
-        decoder_ffn_dim=spec.ffn_dim,
-        max_position_embeddings=spec.max_position_embeddings,
-        activation_function="relu",
-        scale_embedding=True,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        init_std=spec.init_std,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        encoder_layerdrop=0.0,
-        decoder_layerdrop=0.0,
-    )
-    torch.manual_seed(spec.seed)
-    model = M2M100ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        # No final_logits_bias in M2M100: the eos logit is raised through the final layer norm's bias instead,
-        # along the (tied) eos embedding: eos gains exactly eos_bias, other tokens a random fraction of it.
-        eos = model.model.shared.weight[2]
-        model.model.decoder.layer_norm.bias += spec.eos_bias * eos / eos.dot(eos)
-    generation = NLLB_GENERATION_CONFIG if spec.nllb else M2M100_418M_GENERATION_CONFIG
-    model.generation_config = GenerationConfig(**{**generation, "max_length": spec.max_position_embeddings})
-    model.save_pretrained(out)
-    config_path = out / "config.json"
-    saved = json.loads(config_path.read_text(encoding="utf-8"))
-    extras = NLLB_CONFIG_EXTRAS if spec.nllb else M2M100_418M_CONFIG_EXTRAS
-    saved.update({**extras, "max_length": spec.max_position_embeddings})
-    config_path.write_text(json.dumps(saved, indent=2), encoding="utf-8")
-    return out

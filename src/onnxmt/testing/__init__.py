@@ -1,0 +1,25 @@
+"""Random models built offline for tests, benchmarks and trying onnxmt without weights: one builder
+(`build_random_model`) and one spec per family, each with the real checkpoint's metadata and the random model's
+sizes. A new family adds its `ModelSpec` subclass here.
+
+    from onnxmt.testing import MarianSpec, build_random_model
+    build_random_model("tiny-marian", MarianSpec(target_languages=("cmn_Hans", "yue_Hant")))
+"""
+
+from __future__ import annotations
+
+from .builder import ModelSpec, build_random_model, generate_corpus
+from .m2m100 import NLLB_200_1_3B, NLLB_200_DISTILLED_600M, M2M100Spec, NllbSpec
+from .marian import OPUS_MT_EN_ZH, MarianSpec
+
+__all__ = [
+    "NLLB_200_1_3B",
+    "NLLB_200_DISTILLED_600M",
+    "OPUS_MT_EN_ZH",
+    "M2M100Spec",
+    "MarianSpec",
+    "ModelSpec",
+    "NllbSpec",
+    "build_random_model",
+    "generate_corpus",
+]

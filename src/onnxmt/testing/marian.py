@@ -1,0 +1,140 @@
+"""Random MarianMT models with the metadata of the real Helsinki-NLP/opus-mt-en-zh.
+
+Two unigram sentencepiece models trained on generated text, a shared Marian `vocab.json` laid out as opus-mt's, a
+`MarianConfig`, and opus-mt-en-zh's metadata files (its `tokenizer_config.json` byte for byte, its generation config
+with only the sizes changed, no `special_tokens_map.json`, no `tokenizer.json`), so that what is tested is what
+users load: `MarianTokenizer.from_pretrained(path)` and `MarianMTModel.from_pretrained(path)` load the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .builder import ModelSpec, generate_corpus, spm_pieces, train_spm, write_json
+
+SPECIAL_PIECES = ("</s>", "<unk>")
+
+# The real opus-mt-en-zh metadata (hub snapshot 408d9bc4; tests/test_random_model.py compares these with the files
+# under ../shared/data/opus-mt-en-zh/). Its tokenizer_config.json gives ISO 639-3 languages and no model_max_length.
+OPUS_MT_EN_ZH_TOKENIZER_CONFIG = '{"target_lang": "zho", "source_lang": "eng"}'
+# Helsinki-NLP/opus-mt-zh-en's, for zh→en models. Derived from en-zh's (the same writer, the languages swapped):
+# the hub is unreachable here, so its own file could not be read.
+OPUS_MT_ZH_EN_TOKENIZER_CONFIG = '{"target_lang": "eng", "source_lang": "zho"}'
+# generation_config.json with the ids of opus-mt-en-zh (pad 65000); the random model's own pad id and length limit
+# replace 65000 and 512. renormalize_logits and num_beams 4 make the default decoding a renormalised beam search.
+OPUS_MT_EN_ZH_GENERATION_CONFIG = {
+    "bad_words_ids": [[65000]],
+    "bos_token_id": 0,
+    "decoder_start_token_id": 65000,
+    "eos_token_id": 0,
+    "forced_eos_token_id": 0,
+    "max_length": 512,
+    "num_beams": 4,
+    "pad_token_id": 65000,
+    "renormalize_logits": True,
+}
+# Keys of the real config.json that MarianConfig does not write itself (generation keys kept there by older
+# transformers; max_length is the position count there too).
+OPUS_MT_EN_ZH_CONFIG_EXTRAS = {"bos_token_id": 0, "num_beams": 4, "static_position_embeddings": True}
+# The 13 target-language tokens of opus-mt-en-zh's model card.
+OPUS_MT_EN_ZH_TARGETS = (
+    "cjy_Hans", "cjy_Hant", "cmn", "cmn_Hans", "cmn_Hant", "gan", "lzh", "lzh_Hans", "nan", "wuu", "yue", "yue_Hans",
+    "yue_Hant",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class MarianSpec(ModelSpec):
+    """A random MarianMT model: en→zh with opus-mt-en-zh's metadata, or zh→en (`reverse`) with opus-mt-zh-en's.
+    `vocab_size` larger than the tokenizer's pieces pads vocab.json with dummy tokens. A `corpus` given to the
+    builder trains the source tokenizer; the target tokenizer is always trained on generated sentences."""
+
+    source_pieces: int = 180
+    target_pieces: int = 180
+    target_languages: tuple[str, ...] = ()  # e.g. ("cmn_Hans", "yue_Hant") for a multi-target model
+    init_std: float = 0.3
+    reverse: bool = False  # zh→en (opus-mt-zh-en's metadata): Chinese source pieces, English target pieces
+
+    def write_tokenizer(self, out: Path, corpus: list[str] | None) -> int:
+        english, chinese = generate_corpus(self.seed)
+        source_lines, target_lines = (chinese, english) if self.reverse else (english, chinese)
+        source_spm = train_spm(source_lines if corpus is None else corpus, self.source_pieces)
+        target_spm = train_spm(target_lines, self.target_pieces)
+        (out / "source.spm").write_bytes(source_spm)
+        (out / "target.spm").write_bytes(target_spm)
+        vocab = build_vocab(spm_pieces(source_spm), spm_pieces(target_spm), self.target_languages, self.vocab_size)
+        write_json(out / "vocab.json", vocab)
+        tokenizer_config = OPUS_MT_ZH_EN_TOKENIZER_CONFIG if self.reverse else OPUS_MT_EN_ZH_TOKENIZER_CONFIG
+        (out / "tokenizer_config.json").write_text(tokenizer_config, encoding="utf-8")
+        return len(vocab)
+
+    def model(self, vocab_size: int) -> Any:
+        from transformers import MarianConfig, MarianMTModel
+
+        pad = _pad_id(vocab_size)
+        config = MarianConfig(
+            vocab_size=vocab_size,
+            decoder_vocab_size=vocab_size,
+            **self.config_arguments(),
+            activation_function="swish",
+            scale_embedding=True,
+            share_encoder_decoder_embeddings=True,
+            tie_word_embeddings=True,
+            pad_token_id=pad,
+            eos_token_id=0,
+            bos_token_id=0,
+            decoder_start_token_id=pad,
+            forced_eos_token_id=0,
+        )
+        return MarianMTModel(config)
+
+    def raise_eos(self, model: Any) -> None:
+        model.final_logits_bias[0, 0] += self.eos_bias  # eos is id 0
+
+    def generation_config(self, vocab_size: int) -> dict[str, Any]:
+        pad = _pad_id(vocab_size)
+        ids = {"bad_words_ids": [[pad]], "decoder_start_token_id": pad, "pad_token_id": pad}
+        return {**OPUS_MT_EN_ZH_GENERATION_CONFIG, **ids}
+
+    def config_extras(self) -> dict[str, Any]:
+        return OPUS_MT_EN_ZH_CONFIG_EXTRAS
+
+
+# Helsinki-NLP/opus-mt-en-zh's architecture: the benchmark's model (random weights).
+OPUS_MT_EN_ZH = MarianSpec(
+    d_model=512,
+    encoder_layers=6,
+    decoder_layers=6,
+    attention_heads=8,
+    ffn_dim=2048,
+    max_position_embeddings=512,
+    vocab_size=65001,
+    source_pieces=2000,
+    target_pieces=2000,
+    target_languages=OPUS_MT_EN_ZH_TARGETS,
+    init_std=0.02,
+)
+
+
+def _pad_id(vocab_size: int) -> int:
+    return vocab_size - 1  # <pad> is the last token of opus-mt's vocab (65000 in opus-mt-en-zh)
+
+
+def build_vocab(
+    source_pieces: list[str], target_pieces: list[str], languages: tuple[str, ...], size: int | None
+) -> dict[str, int]:
+    """A shared Marian vocab laid out like opus-mt's: </s>=0, <unk>=1, language tokens, pieces, <pad> last."""
+    tokens = list(SPECIAL_PIECES) + [f">>{lang}<<" for lang in languages]
+    seen = set(tokens)
+    for piece in source_pieces + target_pieces:
+        if piece not in seen:
+            seen.add(piece)
+            tokens.append(piece)
+    if size is not None:
+        if size - 1 < len(tokens):
+            raise ValueError(f"vocab_size {size} is smaller than the {len(tokens) + 1} tokens the tokenizer needs")
+        tokens += [f"<unused{i}>" for i in range(size - 1 - len(tokens))]
+    tokens.append("<pad>")
+    return {token: i for i, token in enumerate(tokens)}
