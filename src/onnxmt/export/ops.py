@@ -9,6 +9,7 @@ so the graphs are built here once and committed under `runtime/ops/`; a test che
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 OPS_DIR = Path(__file__).resolve().parents[1] / "runtime" / "ops"
 
@@ -69,8 +70,32 @@ def chunked_topk() -> bytes:
     def const(name: str, value: list[int]) -> TensorProto:
         return numpy_helper.from_array(np.array(value, dtype=np.int64), name)
 
+    graph = helper.make_graph(
+        _chunked_topk_nodes(),
+        "onnxmt_topk_chunked",
+        [
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["rows", "vocab"]),
+            helper.make_tensor_value_info("k", TensorProto.INT64, [1]),
+            helper.make_tensor_value_info("chunk", TensorProto.INT64, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("values", TensorProto.FLOAT, ["rows", "k"]),
+            helper.make_tensor_value_info("indices", TensorProto.INT64, ["rows", "k"]),
+        ],
+        [const("zero", [0]), const("minus_one", [-1]), const("last", [-1])],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="onnxmt")
+    proto.ir_version = 8
+    return proto.SerializeToString(deterministic=True)
+
+
+def _chunked_topk_nodes() -> list[Any]:
+    """The nodes of `chunked_topk`: chunk maxima, the top k chunks in vocabulary order, the top k of their entries,
+    and those entries' positions in the row."""
+    from onnx import helper
+
     n = helper.make_node
-    nodes = [
+    return [
         n("Concat", ["zero", "minus_one", "chunk"], ["chunked_shape"], axis=0),
         n("Reshape", ["scores", "chunked_shape"], ["chunked"]),  # (rows, m, chunk): a view, no copy
         n("ReduceMax", ["chunked", "last"], ["maxima"], keepdims=0),  # (rows, m)
@@ -91,23 +116,6 @@ def chunked_topk() -> bytes:
         n("Mul", ["chosen_chunks", "chunk"], ["starts"]),
         n("Add", ["starts", "offset"], ["indices"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "onnxmt_topk_chunked",
-        [
-            helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["rows", "vocab"]),
-            helper.make_tensor_value_info("k", TensorProto.INT64, [1]),
-            helper.make_tensor_value_info("chunk", TensorProto.INT64, [1]),
-        ],
-        [
-            helper.make_tensor_value_info("values", TensorProto.FLOAT, ["rows", "k"]),
-            helper.make_tensor_value_info("indices", TensorProto.INT64, ["rows", "k"]),
-        ],
-        [const("zero", [0]), const("minus_one", [-1]), const("last", [-1])],
-    )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="onnxmt")
-    proto.ir_version = 8
-    return proto.SerializeToString(deterministic=True)
 
 
 def write_ops(directory: Path = OPS_DIR) -> list[Path]:

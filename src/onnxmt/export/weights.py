@@ -75,146 +75,227 @@ def store_weights(paths: list[Path], file_name: str) -> bool:
     # the bytes would keep a second copy of every weight (2.4 GB for NLLB-200-600M) for the whole call.
     # Where a key's bytes are read from when they are written: an initializer holding them, or the bytes themselves.
     data: dict[_Key, Any] = {}
-    # Per graph: chunk tensor -> (the whole tensor's key, offset of its rows in it). The chunks point into the whole
-    # tensor, stored however small, even where no initializer holds it any more.
-    slices: list[dict[str, tuple[_Key, int]]] = []
-    for model in models:
-        join_heads(model)  # a directory stored before: cut again below, with today's chunk size
-        transpose_quantized_heads(model)
-        cut = chunk_heads(model)
-        inits = {init.name: init for init in model.graph.initializer}  # with the biases chunk_heads made
-        wholes: dict[str, _Key] = {}
-        for whole in {whole for whole, _ in cut.values()}:
-            raw = inits[whole].raw_data
-            wholes[whole] = _key(inits[whole].data_type, raw)
-            data.setdefault(wholes[whole], raw)  # kept: the cut may leave no initializer holding it
-        rows = {name: (wholes[whole], start) for name, (whole, start) in cut.items()}
-        _drop_unused(model.graph)
-        kept = {init.name for init in model.graph.initializer}
-        slices.append({name: where for name, where in rows.items() if name in kept})
-    holders: dict[_Key, int] = {}  # how many initializers, over all graphs, hold these bytes
-    keys: list[dict[str, _Key]] = []  # per graph: initializer (not a chunk) -> its key
-    for index, model in enumerate(models):
-        keys.append({})
-        for init in model.graph.initializer:
-            if init.name in slices[index]:
-                continue
-            raw = init.raw_data
-            if raw:
-                key = keys[index][init.name] = _key(init.data_type, raw)
-                holders[key] = holders.get(key, 0) + 1
-                data.setdefault(key, init)
-    for rows in slices:
-        for key, _ in rows.values():
-            holders.setdefault(key, 0)
-    wholes_all = {key for rows in slices for key, _ in rows.values()}
-    mapped = [k for k in holders if k[2] >= MAP_MIN_BYTES]
-    shared = [
-        k
-        for k, n in holders.items()
-        if k[2] < MAP_MIN_BYTES and (k in wholes_all or (k[2] >= SHARE_MIN_BYTES and n > 1))
-    ]
+    slices = [_cut_heads(model, data) for model in models]
+    keys, holders = _tensor_keys(models, slices, data)
+    mapped, shared = _placement(holders, slices)
     if not mapped and not shared:
         for model, path in zip(models, paths, strict=True):
             onnx.save(model, str(path))
             side_file(path).unlink(missing_ok=True)
         return False
+    offsets = _write_tensors(paths[0].parent / file_name, mapped, shared, data)
+    data.clear()
+    for model, path, rows, names in zip(models, paths, slices, keys, strict=True):
+        _point_initializers(model, file_name, offsets, rows, names)
+        onnx.save(model, str(path))
+        side_file(path).unlink(missing_ok=True)  # read in above, now in file_name
+    return True
+
+
+def _cut_heads(model: Any, data: dict[_Key, Any]) -> dict[str, tuple[_Key, int]]:
+    """Cut the heads of `model` into chunks again, with today's chunk size (a directory stored before has them cut
+    already), and return its chunk tensors: name -> (the whole tensor's key, offset of its rows in it). The chunks
+    point into the whole tensor, stored however small, even where no initializer holds it any more: its bytes are
+    kept in `data`."""
+    join_heads(model)
+    transpose_quantized_heads(model)
+    cut = chunk_heads(model)
+    inits = {init.name: init for init in model.graph.initializer}  # with the biases chunk_heads made
+    wholes: dict[str, _Key] = {}
+    for whole in {whole for whole, _ in cut.values()}:
+        raw = inits[whole].raw_data
+        wholes[whole] = _key(inits[whole].data_type, raw)
+        data.setdefault(wholes[whole], raw)  # kept: the cut may leave no initializer holding it
+    rows = {name: (wholes[whole], start) for name, (whole, start) in cut.items()}
+    _drop_unused(model.graph)
+    kept = {init.name for init in model.graph.initializer}
+    return {name: where for name, where in rows.items() if name in kept}
+
+
+def _tensor_keys(
+    models: list[Any], slices: list[dict[str, tuple[_Key, int]]], data: dict[_Key, Any]
+) -> tuple[list[dict[str, _Key]], dict[_Key, int]]:
+    """Per graph, each initializer that is not a chunk -> its key; and per key, how many initializers over all
+    graphs hold those bytes (0 for a whole tensor only chunks point into). Each key's first holder goes into
+    `data`."""
+    holders: dict[_Key, int] = {}
+    keys: list[dict[str, _Key]] = []
+    for model, rows in zip(models, slices, strict=True):
+        names: dict[str, _Key] = {}
+        for init in model.graph.initializer:
+            if init.name in rows:
+                continue
+            raw = init.raw_data
+            if raw:
+                key = names[init.name] = _key(init.data_type, raw)
+                holders[key] = holders.get(key, 0) + 1
+                data.setdefault(key, init)
+        keys.append(names)
+    for rows in slices:
+        for key, _ in rows.values():
+            holders.setdefault(key, 0)
+    return keys, holders
+
+
+def _placement(holders: dict[_Key, int], slices: list[dict[str, tuple[_Key, int]]]) -> tuple[list[_Key], list[_Key]]:
+    """The tensors the weights file holds: those memory-mapped (MAP_MIN_BYTES or more, aligned), and the smaller
+    ones stored once for several holders (SHARE_MIN_BYTES or more) or for chunks to point into."""
+    wholes = {key for rows in slices for key, _ in rows.values()}
+    mapped = [k for k in holders if k[2] >= MAP_MIN_BYTES]
+    shared = [
+        k for k, n in holders.items() if k[2] < MAP_MIN_BYTES and (k in wholes or (k[2] >= SHARE_MIN_BYTES and n > 1))
+    ]
+    return mapped, shared
+
+
+def _write_tensors(path: Path, mapped: list[_Key], shared: list[_Key], data: dict[_Key, Any]) -> dict[_Key, int]:
+    """Write the weights file: the mapped tensors largest first at aligned offsets, then the shared ones packed.
+    Returns each tensor's offset."""
 
     def raw_of(key: _Key) -> bytes:
         held = data[key]
         return held if isinstance(held, bytes) else held.raw_data
 
     offsets: dict[_Key, int] = {}
-    with open(paths[0].parent / file_name, "wb") as f:
+    with open(path, "wb") as f:
         for key in sorted(mapped, key=lambda k: -k[2]):
             offsets[key] = f.seek(-(-f.tell() // WEIGHTS_ALIGN) * WEIGHTS_ALIGN)
             f.write(raw_of(key))
         for key in shared:  # packed, unaligned: ONNX Runtime reads these
             offsets[key] = f.tell()
             f.write(raw_of(key))
-    data.clear()
-    for model, path, rows, names in zip(models, paths, slices, keys, strict=True):
-        for init in model.graph.initializer:
-            if init.name in rows:
-                whole_key, start = rows[init.name]
-                _point_to(init, file_name, offsets[whole_key] + start, len(init.raw_data))
-            elif init.name in names and names[init.name] in offsets:
-                key = names[init.name]
-                _point_to(init, file_name, offsets[key], key[2])
-        onnx.save(model, str(path))
-        side_file(path).unlink(missing_ok=True)  # read in above, now in file_name
-    return True
+    return offsets
+
+
+def _point_initializers(
+    model: Any,
+    file_name: str,
+    offsets: dict[_Key, int],
+    rows: dict[str, tuple[_Key, int]],
+    names: dict[str, _Key],
+) -> None:
+    """Point the chunks of `model` at their rows of the whole tensor in `file_name`, and its other initializers
+    whose bytes were written there at those bytes."""
+    for init in model.graph.initializer:
+        if init.name in rows:
+            whole_key, start = rows[init.name]
+            _point_to(init, file_name, offsets[whole_key] + start, len(init.raw_data))
+        elif init.name in names and names[init.name] in offsets:
+            key = names[init.name]
+            _point_to(init, file_name, offsets[key], key[2])
 
 
 def chunk_heads(model: Any, chunk_bytes: int | None = None) -> dict[str, tuple[str, int]]:
     """Cut each `Gemm` with transB=1 on a weight of more than `chunk_bytes` into Gemms over row ranges of
     it, joined by a `Concat` with the original output. Returns the new sliced tensors: name -> (the tensor it is
     rows of, byte offset of its first row in it)."""
-    from onnx import TensorProto, helper, numpy_helper
-
     limit = chunk_bytes or HEAD_CHUNK_BYTES
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
     slices: dict[str, tuple[str, int]] = {}
-
-    def rows_of(tensor: Any, raw: bytes, start: int, stop: int) -> str:
-        name = f"{tensor.name}{_ROWS}{start}-{stop}"
-        if name not in inits:
-            row_bytes = len(raw) // tensor.dims[0]
-            part = TensorProto(name=name, data_type=tensor.data_type, dims=[stop - start, *tensor.dims[1:]])
-            part.raw_data = raw[start * row_bytes : stop * row_bytes]
-            graph.initializer.append(part)
-            inits[name] = part
-            slices[name] = (tensor.name, start * row_bytes)
-        return name
-
     fed = {i.name for i in graph.input}  # initializers a caller may override: left alone
     for node in list(graph.node):
         layout = _head_layout(node)
         weight = inits.get(node.input[layout[0]]) if layout else None
         if layout is None or weight is None or len(weight.dims) != 2 or weight.name in fed:
             continue
-        for i in layout:  # slicing works on raw bytes: tensors held as typed fields are converted first
-            tensor = inits.get(node.input[i])
-            if tensor is not None and not tensor.raw_data and tensor.data_location != TensorProto.EXTERNAL:
-                tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
-        rows, size = weight.dims[0], len(weight.raw_data)
-        count = -(-size // limit)
-        if count < 2 or rows < count:
+        _as_raw(node, layout, inits)  # slicing works on raw bytes
+        rows = weight.dims[0]
+        step = _chunk_rows(rows, len(weight.raw_data), limit)
+        if step is None:
             continue
-        step = -(-rows // count)
-        align_rows = WEIGHTS_ALIGN // math.gcd(WEIGHTS_ALIGN, size // rows)
-        aligned = -(-step // align_rows) * align_rows
-        step = aligned if aligned < rows else step  # aligned chunks can be memory-mapped; tiny heads cannot
         if any(not _per_row(inits.get(node.input[i]), rows) for i in layout[1:]):
             continue  # a companion that is neither one value nor one per row could not be cut with the rows
-        whole_inputs, output, absorbed = list(node.input), node.output[0], []
-        beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0)  # Gemm scales C by beta
-        add = bias_add(graph, node, rows, inits) if len(node.input) == 2 and beta == 1.0 else None
-        if add is not None:  # Gemm adds the bias in its output pass: the chunks cost no extra pass over the logits
-            whole_inputs.append(add[1])
-            layout = (*layout, 2)
-            output, absorbed = add[0].output[0], [add[0]]
-        # protobuf copies raw_data on every read (1 GB for NLLB-200's head): each tensor is read once.
-        raws = {i: inits[whole_inputs[i]].raw_data for i in layout if whole_inputs[i] in inits}
-        heads = []
-        for start in range(0, rows, step):
-            stop = min(rows, start + step)
-            inputs = list(whole_inputs)
-            for i in layout:
-                tensor = inits.get(inputs[i])
-                if tensor is not None and raws.get(i) and tensor.dims and tensor.dims[0] == rows:
-                    inputs[i] = rows_of(tensor, raws[i], start, stop)  # per-row scales, zero points, biases too
-            tag = f"{_ROWS}{start}-{stop}"
-            head = helper.make_node(node.op_type, inputs, [output + tag], name=node.name + tag)
-            head.domain = node.domain
-            head.attribute.extend(node.attribute)
-            heads.append(head)
-        join = helper.make_node("Concat", [h.output[0] for h in heads], [output], name=node.name + _JOIN, axis=1)
-        replace_node(graph, node, [*heads, join])
-        for extra in absorbed:
-            graph.node.remove(extra)
+        _cut_head(graph, node, layout, rows, step, inits, slices)
     return slices
+
+
+def _as_raw(node: Any, layout: tuple[int, ...], inits: dict[str, Any]) -> None:
+    """The head's weight and companions with their values in raw_data (tensors held as typed fields converted)."""
+    from onnx import TensorProto, numpy_helper
+
+    for i in layout:
+        tensor = inits.get(node.input[i])
+        if tensor is not None and not tensor.raw_data and tensor.data_location != TensorProto.EXTERNAL:
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
+
+
+def _chunk_rows(rows: int, size: int, limit: int) -> int | None:
+    """Rows per chunk of a head of `rows` rows and `size` bytes cut into chunks of about `limit` bytes, or None
+    where it stays whole."""
+    count = -(-size // limit)
+    if count < 2 or rows < count:
+        return None
+    step = -(-rows // count)
+    align_rows = WEIGHTS_ALIGN // math.gcd(WEIGHTS_ALIGN, size // rows)
+    aligned = -(-step // align_rows) * align_rows
+    return aligned if aligned < rows else step  # aligned chunks can be memory-mapped; tiny heads cannot
+
+
+def _cut_head(
+    graph: Any,
+    node: Any,
+    layout: tuple[int, ...],
+    rows: int,
+    step: int,
+    inits: dict[str, Any],
+    slices: dict[str, tuple[str, int]],
+) -> None:
+    """Replace the head `node` by Gemms over `step` rows at a time of its weight (and per-row companions), joined
+    by a `Concat`; the chunk tensors it makes are added to `slices`."""
+    from onnx import helper
+
+    whole_inputs, output, absorbed = list(node.input), node.output[0], []
+    beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0)  # Gemm scales C by beta
+    add = bias_add(graph, node, rows, inits) if len(node.input) == 2 and beta == 1.0 else None
+    if add is not None:  # Gemm adds the bias in its output pass: the chunks cost no extra pass over the logits
+        whole_inputs.append(add[1])
+        layout = (*layout, 2)
+        output, absorbed = add[0].output[0], [add[0]]
+    # protobuf copies raw_data on every read (1 GB for NLLB-200's head): each tensor is read once.
+    raws = {i: inits[whole_inputs[i]].raw_data for i in layout if whole_inputs[i] in inits}
+    heads = []
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        inputs = list(whole_inputs)
+        for i in layout:
+            tensor = inits.get(inputs[i])
+            if tensor is not None and raws.get(i) and tensor.dims and tensor.dims[0] == rows:
+                # per-row scales, zero points, biases too
+                inputs[i] = _rows_of(graph, inits, slices, tensor, raws[i], start, stop)
+        tag = f"{_ROWS}{start}-{stop}"
+        head = helper.make_node(node.op_type, inputs, [output + tag], name=node.name + tag)
+        head.domain = node.domain
+        head.attribute.extend(node.attribute)
+        heads.append(head)
+    join = helper.make_node("Concat", [h.output[0] for h in heads], [output], name=node.name + _JOIN, axis=1)
+    replace_node(graph, node, [*heads, join])
+    for extra in absorbed:
+        graph.node.remove(extra)
+
+
+def _rows_of(
+    graph: Any,
+    inits: dict[str, Any],
+    slices: dict[str, tuple[str, int]],
+    tensor: Any,
+    raw: bytes,
+    start: int,
+    stop: int,
+) -> str:
+    """The name of an initializer holding rows start:stop of `tensor` (whose bytes are `raw`), made and recorded
+    in `slices` the first time."""
+    from onnx import TensorProto
+
+    name = f"{tensor.name}{_ROWS}{start}-{stop}"
+    if name not in inits:
+        row_bytes = len(raw) // tensor.dims[0]
+        part = TensorProto(name=name, data_type=tensor.data_type, dims=[stop - start, *tensor.dims[1:]])
+        part.raw_data = raw[start * row_bytes : stop * row_bytes]
+        graph.initializer.append(part)
+        inits[name] = part
+        slices[name] = (tensor.name, start * row_bytes)
+    return name
 
 
 def join_heads(model: Any) -> int:
