@@ -16,7 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .marian import MarianDecoderExport, MarianEncoderExport
+from .marian import MarianDecoderExport, load_eager
+from .marian import encoder as encoder  # the encoder graph is Marian's (module docstring)
 
 
 class M2M100DecoderExport(MarianDecoderExport):
@@ -51,12 +52,7 @@ class M2M100DecoderExport(MarianDecoderExport):
 def load(path: str) -> Any:
     from transformers import M2M100ForConditionalGeneration
 
-    # Eager attention: the exported graph must compute what transformers' reference path computes.
-    return M2M100ForConditionalGeneration.from_pretrained(path, attn_implementation="eager").eval()
-
-
-def encoder(model: Any) -> nn.Module:
-    return MarianEncoderExport(model).eval()
+    return load_eager(M2M100ForConditionalGeneration, path)
 
 
 def decoder(model: Any, buffered: bool = False) -> nn.Module:

@@ -209,8 +209,13 @@ class MarianDecoderExport(nn.Module):
 def load(path: str) -> Any:
     from transformers import MarianMTModel
 
-    # Eager attention: the exported graph must compute what transformers' reference path computes.
-    return MarianMTModel.from_pretrained(path, attn_implementation="eager").eval()
+    return load_eager(MarianMTModel, path)
+
+
+def load_eager(model_class: Any, path: str) -> Any:
+    """`model_class.from_pretrained(path)` in eval mode, with eager attention: the exported graph must compute what
+    transformers' reference path computes."""
+    return model_class.from_pretrained(path, attn_implementation="eager").eval()
 
 
 def encoder(model: Any) -> nn.Module:

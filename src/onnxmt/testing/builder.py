@@ -15,7 +15,7 @@ import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 # Words for the English side; enough variety for a unigram model of a few hundred pieces.
 _WORDS = tuple(
@@ -57,6 +57,8 @@ class ModelSpec(ABC):
     init_std: float = 0.2
     eos_bias: float = 0.0  # added to the eos logit, so short sentences can finish before the length limit
     seed: int = 0
+    # Keys of the real config.json that the transformers config class does not write itself.
+    config_extras: ClassVar[dict[str, Any]] = {}
 
     @abstractmethod
     def write_tokenizer(self, out: Path, corpus: list[str] | None) -> int:
@@ -74,10 +76,6 @@ class ModelSpec(ABC):
     @abstractmethod
     def generation_config(self, vocab_size: int) -> dict[str, Any]:
         """The real checkpoint's generation_config.json with this model's ids (max_length is set by the builder)."""
-
-    @abstractmethod
-    def config_extras(self) -> dict[str, Any]:
-        """Keys of the real config.json that the transformers config class does not write itself."""
 
     def config_arguments(self) -> dict[str, Any]:
         """The config arguments every family spells alike (BART's names): the sizes, the init, no dropout."""
@@ -116,7 +114,7 @@ def build_random_model(output_dir: str | Path, spec: ModelSpec, corpus: list[str
     model.save_pretrained(out)
     config_path = out / "config.json"
     saved = json.loads(config_path.read_text(encoding="utf-8"))
-    saved.update({**spec.config_extras(), **length})
+    saved.update({**spec.config_extras, **length})
     config_path.write_text(json.dumps(saved, indent=2), encoding="utf-8")
     return out
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .builder import ModelSpec, generate_corpus, spm_pieces, train_spm, write_json
 
@@ -82,6 +82,7 @@ class M2M100Spec(ModelSpec):
     """A random M2M100 model with facebook/m2m100_418M's metadata; the defaults are tiny, for tests."""
 
     pieces: int = 400  # trained BPE pieces of the one sentencepiece model, shared by source and target
+    config_extras: ClassVar[dict[str, Any]] = M2M100_418M_CONFIG_EXTRAS
 
     def write_tokenizer(self, out: Path, corpus: list[str] | None) -> int:
         if corpus is None:
@@ -137,15 +138,13 @@ class M2M100Spec(ModelSpec):
     def generation_config(self, vocab_size: int) -> dict[str, Any]:
         return M2M100_418M_GENERATION_CONFIG
 
-    def config_extras(self) -> dict[str, Any]:
-        return M2M100_418M_CONFIG_EXTRAS
-
 
 @dataclass(frozen=True, kw_only=True)
 class NllbSpec(M2M100Spec):
     """A random NLLB-200 model (an M2M100 with NLLB's tokenizer.json and metadata); the defaults are tiny."""
 
     legacy_behaviour: bool = False  # the source language token after the eos
+    config_extras: ClassVar[dict[str, Any]] = NLLB_CONFIG_EXTRAS
 
     def _write_tokenizer_files(self, out: Path, spm_model: bytes) -> int:
         return _nllb_tokenizer(out, spm_model, self.legacy_behaviour) + NLLB_UNUSED_ROWS
@@ -153,22 +152,12 @@ class NllbSpec(M2M100Spec):
     def generation_config(self, vocab_size: int) -> dict[str, Any]:
         return NLLB_GENERATION_CONFIG
 
-    def config_extras(self) -> dict[str, Any]:
-        return NLLB_CONFIG_EXTRAS
-
 
 # facebook/nllb-200-distilled-600M's architecture: the benchmark's model (random weights).
 NLLB_200_DISTILLED_600M = NllbSpec(
-    d_model=1024,
-    encoder_layers=12,
-    decoder_layers=12,
-    attention_heads=16,
-    ffn_dim=4096,
-    max_position_embeddings=1024,
-    pieces=8000,
-    init_std=0.02,
-    vocab_size=256206,
-)
+    d_model=1024, encoder_layers=12, decoder_layers=12, attention_heads=16, ffn_dim=4096, max_position_embeddings=1024,
+    pieces=8000, init_std=0.02, vocab_size=256206,
+)  # fmt: skip
 # facebook/nllb-200-1.3B's (and nllb-200-distilled-1.3B's) architecture: twice the layers, twice the FFN; 5.5 GB in
 # fp32, so its graphs pass protobuf's 2 GB before their weights move to weights.bin.
 NLLB_200_1_3B = replace(NLLB_200_DISTILLED_600M, encoder_layers=24, decoder_layers=24, ffn_dim=8192)

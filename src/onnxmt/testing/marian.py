@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .builder import ModelSpec, generate_corpus, spm_pieces, train_spm, write_json
 
@@ -56,6 +56,7 @@ class MarianSpec(ModelSpec):
     target_languages: tuple[str, ...] = ()  # e.g. ("cmn_Hans", "yue_Hant") for a multi-target model
     init_std: float = 0.3
     reverse: bool = False  # zh→en (opus-mt-zh-en's metadata): Chinese source pieces, English target pieces
+    config_extras: ClassVar[dict[str, Any]] = OPUS_MT_EN_ZH_CONFIG_EXTRAS
 
     def write_tokenizer(self, out: Path, corpus: list[str] | None) -> int:
         english, chinese = generate_corpus(self.seed)
@@ -98,24 +99,12 @@ class MarianSpec(ModelSpec):
         ids = {"bad_words_ids": [[pad]], "decoder_start_token_id": pad, "pad_token_id": pad}
         return {**OPUS_MT_EN_ZH_GENERATION_CONFIG, **ids}
 
-    def config_extras(self) -> dict[str, Any]:
-        return OPUS_MT_EN_ZH_CONFIG_EXTRAS
-
 
 # Helsinki-NLP/opus-mt-en-zh's architecture: the benchmark's model (random weights).
 OPUS_MT_EN_ZH = MarianSpec(
-    d_model=512,
-    encoder_layers=6,
-    decoder_layers=6,
-    attention_heads=8,
-    ffn_dim=2048,
-    max_position_embeddings=512,
-    vocab_size=65001,
-    source_pieces=2000,
-    target_pieces=2000,
-    target_languages=OPUS_MT_EN_ZH_TARGETS,
-    init_std=0.02,
-)
+    d_model=512, encoder_layers=6, decoder_layers=6, attention_heads=8, ffn_dim=2048, max_position_embeddings=512,
+    vocab_size=65001, source_pieces=2000, target_pieces=2000, target_languages=OPUS_MT_EN_ZH_TARGETS, init_std=0.02,
+)  # fmt: skip
 
 
 def _pad_id(vocab_size: int) -> int:
