@@ -19,7 +19,7 @@ from pathlib import Path
 
 from machine import describe
 from onnxmt import DecodeOptions, RuntimeOptions, Translator
-from onnxmt.documents import translate_document
+from onnxmt.documents import translate_document, translate_stream
 
 
 def document(flores: Path, n: int, per_paragraph: int) -> str:
@@ -32,7 +32,7 @@ def timed_stream(translator: Translator, text: str, **overrides: object) -> dict
     started = time.perf_counter()
     first = None
     pieces = []
-    for piece in translator.translate_stream(text, **overrides):
+    for piece in translate_stream(translator, text, **overrides):
         if first is None and piece.strip():
             first = time.perf_counter() - started
         pieces.append(piece)

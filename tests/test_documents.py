@@ -93,17 +93,17 @@ def test_a_document_is_one_translate_call_with_its_paragraphs_kept(translator: T
     paragraphs = [" ".join(ENGLISH[i : i + 3]) for i in range(0, 12, 3)]
     text = "\n\n".join(paragraphs) + "\n"
     calls: list[list[str]] = []
-    translate = translator.translate
+    translate = translator.translate_prepared
 
-    def counted(texts, **kw):  # type: ignore[no-untyped-def]
-        calls.append(list(texts))
-        return translate(texts, **kw)
+    def counted(prepared, **kw):  # type: ignore[no-untyped-def]
+        calls.append([p.text for p in prepared])
+        return translate(prepared, **kw)
 
-    translator.translate = counted  # type: ignore[method-assign]
+    translator.translate_prepared = counted  # type: ignore[method-assign]
     try:
         out = translate_document(translator, text)
     finally:
-        del translator.translate
+        del translator.translate_prepared
     assert len(calls) == 1 and calls[0] == sentences(text)
     assert out.endswith("\n") and out.count("\n") == text.count("\n")
     assert len(out.split("\n\n")) == 4 and all(p.strip() for p in out.split("\n\n"))
@@ -117,12 +117,12 @@ def test_a_3000_token_paragraph_is_translated_whole(translator: Translator) -> N
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the tokenizer warns when it truncates
         calls: list[list[str]] = []
-        translate = translator.translate
-        translator.translate = lambda texts, **kw: calls.append(list(texts)) or translate(texts, **kw)  # type: ignore[method-assign]
+        translate = translator.translate_prepared
+        translator.translate_prepared = lambda ps, **kw: calls.append([p.text for p in ps]) or translate(ps, **kw)  # type: ignore[method-assign]
         try:
             out = translate_document(translator, words, max_new_tokens=2)
         finally:
-            del translator.translate
+            del translator.translate_prepared
     limit = translator.tokenizer.model_max_length
     assert len(calls[0]) > 3000 // limit
     assert all(len(counter.encode(s)) <= limit for s in calls[0])

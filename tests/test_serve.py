@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,11 @@ import pytest
 
 from browser import headless_chromium, translation_done
 from onnxmt import DecodeOptions, Translator
+from onnxmt.architectures import Prompt
 from onnxmt.documents.translate import translate_document
 from onnxmt.runtime.cancel import CancelToken
-from onnxmt.runtime.translator import Translation
+from onnxmt.runtime.decoding import Settings
+from onnxmt.runtime.translator import Prepared, Translation
 from onnxmt.serve.batcher import BatchStats, ClientGone, MicroBatcher, QueueFull
 from onnxmt.serve.options import ServeOptions
 from onnxmt.testing import generate_corpus
@@ -541,8 +543,19 @@ def test_cli_defaults_are_serve_options_defaults() -> None:
 # --- in process: the batcher, and start-up ---------------------------------------------------------------------
 
 
-def _echo(texts: list[str], options: DecodeOptions, tokens: object = None) -> list[Translation]:
-    return [Translation(f"{options.beams}:{text}", [1], 0.0) for text in texts]
+SETTINGS = Settings(
+    num_beams=1, max_length=8, min_length=0, length_penalty=1.0, early_stopping=False, num_return_sequences=1,
+    decoder_start=9, eos_ids=(0,), pad=9,
+)  # fmt: skip
+
+
+def _prepared(texts: list[str], beams: int = 1) -> list[Prepared]:
+    """Texts as `Translator.prepare` gives them, for a fake translate function."""
+    return [Prepared(text, (1, 0), Prompt(), replace(SETTINGS, num_beams=beams)) for text in texts]
+
+
+def _echo(prepared: list[Prepared]) -> list[Translation]:
+    return [Translation(f"{p.settings.num_beams}:{p.text}", [1], 0.0) for p in prepared]
 
 
 def test_batcher_reports_the_decoder_batches_the_translator_ran() -> None:
@@ -550,17 +563,17 @@ def test_batcher_reports_the_decoder_batches_the_translator_ran() -> None:
     seen: list[BatchStats] = []
 
     def translate(
-        texts: list[str], options: DecodeOptions, tokens: list[CancelToken], on_batch: Callable[[int], None]
+        prepared: list[Prepared], tokens: list[CancelToken], on_batch: Callable[[int], None]
     ) -> list[Translation]:
         for size in (3, 1, 2):
             on_batch(size)
-        return _echo(texts, options)
+        return _echo(prepared)
 
     async def main() -> None:
         with ThreadPoolExecutor(1) as executor:
             batcher = MicroBatcher(translate, executor, max_batch_size=8, window=0, max_queue=10, on_batch=seen.append)
             batcher.start()
-            await batcher.translate(list("abcdef"), DecodeOptions(), timeout=10)
+            await batcher.translate(_prepared(list("abcdef")), timeout=10)
             await batcher.stop()
 
     asyncio.run(main())
@@ -568,42 +581,38 @@ def test_batcher_reports_the_decoder_batches_the_translator_ran() -> None:
 
 
 def test_batcher_batches_but_never_mixes_settings() -> None:
-    calls: list[tuple[list[str], DecodeOptions]] = []
+    calls: list[tuple[list[str], int]] = []
 
-    def translate(
-        texts: list[str], options: DecodeOptions, tokens: list[CancelToken], on_batch: object
-    ) -> list[Translation]:
-        calls.append((texts, options))
+    def translate(prepared: list[Prepared], tokens: list[CancelToken], on_batch: object) -> list[Translation]:
+        texts = [p.text for p in prepared]
+        calls.append((texts, prepared[0].settings.num_beams))
         time.sleep(0.01)
-        return _echo(texts, options)
+        return _echo(prepared)
 
     async def main() -> list[list[Translation]]:
         with ThreadPoolExecutor(1) as executor:
             batcher = MicroBatcher(translate, executor, max_batch_size=4, window=0.02, max_queue=100)
             batcher.start()
-            settings = [DecodeOptions(beams=1), DecodeOptions(beams=2)]
             results = await asyncio.gather(
-                *(batcher.translate([f"{i}"], settings[i % 2], timeout=10) for i in range(20))
+                *(batcher.translate(_prepared([f"{i}"], beams=1 + i % 2), timeout=10) for i in range(20))
             )
             await batcher.stop()
             return results
 
     results = asyncio.run(main())
-    assert results == [_echo([f"{i}"], DecodeOptions(beams=1 + i % 2)) for i in range(20)]
-    for texts, options in calls:
+    assert results == [_echo(_prepared([f"{i}"], beams=1 + i % 2)) for i in range(20)]
+    for texts, beams in calls:
         assert len(texts) <= 4
-        assert all(1 + int(text) % 2 == options.beams for text in texts)
+        assert all(1 + int(text) % 2 == beams for text in texts)
     assert max(len(texts) for texts, _ in calls) > 1
 
 
 def _gated(gate: threading.Event) -> Callable[..., list[Translation]]:
     """A translate function for MicroBatcher that holds the inference thread until `gate` is set."""
 
-    def blocked(
-        texts: list[str], options: DecodeOptions, tokens: list[CancelToken], on_batch: object
-    ) -> list[Translation]:
+    def blocked(prepared: list[Prepared], tokens: list[CancelToken], on_batch: object) -> list[Translation]:
         gate.wait(30)
-        return _echo(texts, options)
+        return _echo(prepared)
 
     return blocked
 
@@ -616,19 +625,19 @@ def test_batcher_queue_full_and_timeout() -> None:
         with ThreadPoolExecutor(1) as executor:
             batcher = MicroBatcher(blocked, executor, max_batch_size=1, window=0, max_queue=1)
             batcher.start()
-            running = asyncio.create_task(batcher.translate(["a"], DecodeOptions(), None))
+            running = asyncio.create_task(batcher.translate(_prepared(["a"]), None))
             await asyncio.sleep(0.1)
-            waiting = asyncio.create_task(batcher.translate(["b"], DecodeOptions(), 0.2))
+            waiting = asyncio.create_task(batcher.translate(_prepared(["b"]), 0.2))
             await asyncio.sleep(0.01)
             with pytest.raises(QueueFull):
-                await batcher.translate(["c"], DecodeOptions(), None)
+                await batcher.translate(_prepared(["c"]), None)
             with pytest.raises(asyncio.TimeoutError):
                 await waiting
             assert batcher.depth == 0  # the request that timed out gave its place back
-            queued = asyncio.create_task(batcher.translate(["d"], DecodeOptions(), None))
+            queued = asyncio.create_task(batcher.translate(_prepared(["d"]), None))
             gate.set()
-            assert await running == _echo(["a"], DecodeOptions())
-            assert await queued == _echo(["d"], DecodeOptions())
+            assert await running == _echo(_prepared(["a"]))
+            assert await queued == _echo(_prepared(["d"]))
             await batcher.stop()
 
     asyncio.run(main())
@@ -638,15 +647,14 @@ def test_batcher_cancels_the_work_of_requests_that_are_gone() -> None:
     # A fake decoder that works in 10 ms steps until its texts' tokens are all set, as the decoding loop does.
     ran: list[list[str]] = []
 
-    def stepping(
-        texts: list[str], options: DecodeOptions, tokens: list[CancelToken], on_batch: object
-    ) -> list[Translation]:
+    def stepping(prepared: list[Prepared], tokens: list[CancelToken], on_batch: object) -> list[Translation]:
+        texts = [p.text for p in prepared]
         ran.append(texts)
         for _ in range(1 if texts == ["small"] else 500):
             if all(t.cancelled for t in tokens):
                 return [Translation("", [], 0.0, cancelled=True) for _ in texts]
             time.sleep(0.01)
-        return _echo(texts, options)
+        return _echo(prepared)
 
     async def main() -> None:
         with ThreadPoolExecutor(1) as executor:
@@ -654,9 +662,9 @@ def test_batcher_cancels_the_work_of_requests_that_are_gone() -> None:
             batcher.start()
             loop = asyncio.get_running_loop()
             # Timed out while running: the work stops, and the next request runs at once.
-            heavy = asyncio.create_task(batcher.translate(["heavy"], DecodeOptions(), 0.3))
+            heavy = asyncio.create_task(batcher.translate(_prepared(["heavy"]), 0.3))
             await asyncio.sleep(0.05)
-            queued = asyncio.create_task(batcher.translate(["queued"], DecodeOptions(), 0.1))
+            queued = asyncio.create_task(batcher.translate(_prepared(["queued"]), 0.1))
             with pytest.raises(asyncio.TimeoutError):
                 await heavy
             with pytest.raises(asyncio.TimeoutError):
@@ -668,12 +676,12 @@ def test_batcher_cancels_the_work_of_requests_that_are_gone() -> None:
                 await gate.wait()
 
             # The client disconnects: ClientGone, and the work stops too.
-            left = asyncio.create_task(batcher.translate(["left"], DecodeOptions(), 60, disconnected=disconnected))
+            left = asyncio.create_task(batcher.translate(_prepared(["left"]), 60, disconnected=disconnected))
             await asyncio.sleep(0.1)
             gate.set()
             with pytest.raises(ClientGone):
                 await left
-            assert await batcher.translate(["small"], DecodeOptions(), 1) == _echo(["small"], DecodeOptions())
+            assert await batcher.translate(_prepared(["small"]), 1) == _echo(_prepared(["small"]))
             assert loop.time() - start < 6  # each cancelled request would have held the thread 5 s
             await batcher.stop()
 
@@ -700,16 +708,14 @@ def test_batcher_does_not_spin_on_a_request_that_left_but_is_still_queued() -> N
             batcher = MicroBatcher(blocked, executor, max_batch_size=1, window=0, max_queue=10)
             batcher.start()
             loop = asyncio.get_running_loop()
-            running = asyncio.create_task(batcher.translate(["a"], DecodeOptions(), None))
+            running = asyncio.create_task(batcher.translate(_prepared(["a"]), None))
             await asyncio.sleep(0.05)
-            queued = asyncio.create_task(
-                batcher.translate(["b"], DecodeOptions(beams=2), 0.2, disconnected=slow_to_stop)
-            )
+            queued = asyncio.create_task(batcher.translate(_prepared(["b"], beams=2), 0.2, disconnected=slow_to_stop))
             loop.call_later(0.4, release.set)  # the running batch ends while "b" is still cleaning up
             first = await running
             with pytest.raises(asyncio.TimeoutError):
                 await queued
-            after = await batcher.translate(["c"], DecodeOptions(), 5)
+            after = await batcher.translate(_prepared(["c"]), 5)
             await batcher.stop()
             return first, after
 
@@ -719,7 +725,7 @@ def test_batcher_does_not_spin_on_a_request_that_left_but_is_still_queued() -> N
     thread.start()
     thread.join(20)
     assert not thread.is_alive(), "the batch loop spun on the request that had left"
-    assert outcome == [(_echo(["a"], DecodeOptions()), _echo(["c"], DecodeOptions()))]
+    assert outcome == [(_echo(_prepared(["a"])), _echo(_prepared(["c"])))]
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""`Translator.translate_stream` (onnxmt.documents.stream): what it streams joins to the non-streamed translation."""
+"""`onnxmt.documents.translate_stream`: what it streams joins to the non-streamed translation."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from onnxmt import DecodeOptions, Translator
-from onnxmt.documents import translate_document
+from onnxmt.documents import translate_document, translate_stream
 from onnxmt.documents.translate import layout
-from onnxmt.export.random_model import generate_corpus
+from onnxmt.testing import generate_corpus
 
 ENGLISH = generate_corpus(5, lines=24)[0]
 DOCUMENT = "\n\n".join(" ".join(ENGLISH[i : i + 4]) for i in range(0, 24, 4)) + "\n"
@@ -26,7 +26,7 @@ def translator(tiny_onnx_dir: Path) -> Translator:
     "overrides", [{"beams": 1}, {"beams": 1, "batch_size": 3}, {"beams": 1, "batch_size": 1, "min_new_tokens": 5}]
 )
 def test_greedy_stream_equals_the_translation(translator: Translator, overrides: dict) -> None:
-    pieces = list(translator.translate_stream(DOCUMENT, **overrides))
+    pieces = list(translate_stream(translator, DOCUMENT, **overrides))
     assert "".join(pieces) == translate_document(translator, DOCUMENT, **overrides)
     assert all(pieces)
     if overrides.get("batch_size") == 1:  # token by token: sentences of 5 tokens or more come in several pieces
@@ -34,7 +34,7 @@ def test_greedy_stream_equals_the_translation(translator: Translator, overrides:
 
 
 def test_beam_stream_equals_the_translation_sentence_by_sentence(translator: Translator) -> None:
-    pieces = list(translator.translate_stream(DOCUMENT, beams=3, batch_size=4))
+    pieces = list(translate_stream(translator, DOCUMENT, beams=3, batch_size=4))
     assert "".join(pieces) == translate_document(translator, DOCUMENT, beams=3)
     # One piece a sentence (the separators between them aside).
     sentences = [p.text for p in layout(translator, DOCUMENT) if p.translate]
@@ -44,10 +44,10 @@ def test_beam_stream_equals_the_translation_sentence_by_sentence(translator: Tra
 
 def test_one_sentence_streams_its_tokens(translator: Translator) -> None:
     text = ENGLISH[0]
-    pieces = list(translator.translate_stream(text, beams=1, min_new_tokens=10))
+    pieces = list(translate_stream(translator, text, beams=1, min_new_tokens=10))
     assert "".join(pieces) == translator.translate([text], beams=1, min_new_tokens=10)[0].text
     assert len([p for p in pieces if p]) >= 3
-    assert list(translator.translate_stream("")) == [] and "".join(translator.translate_stream("  \n")) == "  \n"
+    assert list(translate_stream(translator, "")) == [] and "".join(translate_stream(translator, "  \n")) == "  \n"
 
 
 def test_the_first_words_come_before_the_rest_are_done(translator: Translator) -> None:
@@ -60,7 +60,7 @@ def test_the_first_words_come_before_the_rest_are_done(translator: Translator) -
     translator.graphs.step = slow  # type: ignore[method-assign]
     try:
         started = time.monotonic()
-        stream = translator.translate_stream(DOCUMENT, beams=1, min_new_tokens=11, batch_size=4)
+        stream = translate_stream(translator, DOCUMENT, beams=1, min_new_tokens=11, batch_size=4)
         first = next(p for p in stream if p.strip())
         first_at = time.monotonic() - started
         rest = "".join(stream)
@@ -82,7 +82,7 @@ def test_a_stream_closed_early_stops_its_batch(translator: Translator) -> None:
 
     translator.graphs.step = counted  # type: ignore[method-assign]
     try:
-        stream = translator.translate_stream(" ".join(ENGLISH[:4]), beams=1, max_new_tokens=60, min_new_tokens=60)
+        stream = translate_stream(translator, " ".join(ENGLISH[:4]), beams=1, max_new_tokens=60, min_new_tokens=60)
         next(p for p in stream if p.strip())
         stream.close()  # type: ignore[attr-defined]
     finally:
@@ -92,6 +92,6 @@ def test_a_stream_closed_early_stops_its_batch(translator: Translator) -> None:
 
 def test_stream_errors(translator: Translator) -> None:
     with pytest.raises(TypeError, match="text must be a string"):
-        translator.translate_stream(["a list"])  # type: ignore[arg-type]
+        translate_stream(translator, ["a list"])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="beams must be at least 1"):
-        translator.translate_stream("hi", beams=0)
+        translate_stream(translator, "hi", beams=0)

@@ -1,17 +1,20 @@
-"""The translation cache (serve/cache.py): an LRU of translations by (model, decoding options, text), per text; in the
-service, cached answers equal uncached ones and /metrics counts hits and misses."""
+"""The translation cache (serve/cache.py): an LRU of translations by (model, prepared text), per text; in the service,
+cached answers equal uncached ones and /metrics counts hits and misses."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from onnxmt import DecodeOptions, Translator
-from onnxmt.runtime.translator import Translation
+from onnxmt.architectures import Prompt
+from onnxmt.runtime.decoding import Settings
+from onnxmt.runtime.translator import Prepared, Translation
 from onnxmt.serve.app import create_app
 from onnxmt.serve.cache import TranslationCache, entry_bytes
 from onnxmt.serve.options import ServeOptions
@@ -19,7 +22,15 @@ from onnxmt.testing import generate_corpus
 from test_serve import _sample
 
 TEXTS = generate_corpus(11, lines=32)[0]
-OPTIONS = DecodeOptions(target_lang="cmn_Hans")
+SETTINGS = Settings(
+    num_beams=4, max_length=20, min_length=0, length_penalty=1.0, early_stopping=False, num_return_sequences=1,
+    decoder_start=9, eos_ids=(0,), pad=9,
+)  # fmt: skip
+HANS = Prompt(text=">>cmn_Hans<< ")
+
+
+def _key(text: str, prompt: Prompt = HANS, settings: Settings = SETTINGS, model: str = "m") -> tuple[str, Prepared]:
+    return model, Prepared(text, (len(text), 0), prompt, settings)
 
 
 def _t(text: str, cancelled: bool = False) -> Translation:
@@ -28,30 +39,31 @@ def _t(text: str, cancelled: bool = False) -> Translation:
 
 def test_least_recently_used_is_dropped() -> None:
     cache = TranslationCache(2)
-    cache.put(("m", OPTIONS, "a"), _t("A"))
-    cache.put(("m", OPTIONS, "b"), _t("B"))
-    assert cache.get(("m", OPTIONS, "a")) == _t("A")  # a is now the most recently used
-    cache.put(("m", OPTIONS, "c"), _t("C"))
-    assert len(cache) == 2 and cache.get(("m", OPTIONS, "b")) is None
-    assert cache.get(("m", OPTIONS, "a")) == _t("A") and cache.get(("m", OPTIONS, "c")) == _t("C")
+    cache.put(_key("a"), _t("A"))
+    cache.put(_key("b"), _t("B"))
+    assert cache.get(_key("a")) == _t("A")  # a is now the most recently used
+    cache.put(_key("c"), _t("C"))
+    assert len(cache) == 2 and cache.get(_key("b")) is None
+    assert cache.get(_key("a")) == _t("A") and cache.get(_key("c")) == _t("C")
 
 
-def test_the_key_is_model_options_and_text() -> None:
+def test_the_key_is_model_prompt_settings_and_text() -> None:
     cache = TranslationCache(10)
-    cache.put(("m", OPTIONS, "a"), _t("A"))
-    assert cache.get(("other", OPTIONS, "a")) is None
-    assert cache.get(("m", OPTIONS.merged(target_lang="cmn_Hant"), "a")) is None
-    assert cache.get(("m", OPTIONS.merged(beams=2), "a")) is None
-    assert cache.get(("m", DecodeOptions(target_lang="cmn_Hans"), "a")) == _t("A")  # equal options, equal key
+    cache.put(_key("a"), _t("A"))
+    assert cache.get(_key("a", model="other")) is None
+    assert cache.get(_key("a", prompt=Prompt(text=">>cmn_Hant<< "))) is None
+    assert cache.get(_key("a", settings=replace(SETTINGS, num_beams=2))) is None
+    assert cache.get(_key("b")) is None
+    assert cache.get(_key("a", prompt=Prompt(text=">>cmn_Hans<< "))) == _t("A")  # equal prepared text, equal key
 
 
 def test_size_zero_is_off_and_cancelled_work_is_never_kept() -> None:
     off = TranslationCache(0)
-    off.put(("m", OPTIONS, "a"), _t("A"))
-    assert len(off) == 0 and off.get(("m", OPTIONS, "a")) is None
+    off.put(_key("a"), _t("A"))
+    assert len(off) == 0 and off.get(_key("a")) is None
     cache = TranslationCache(10)
-    cache.put(("m", OPTIONS, "a"), _t("", cancelled=True))
-    assert cache.get(("m", OPTIONS, "a")) is None
+    cache.put(_key("a"), _t("", cancelled=True))
+    assert cache.get(_key("a")) is None
     with pytest.raises(ValueError, match="must not be negative"):
         TranslationCache(-1)
 
@@ -63,15 +75,15 @@ def test_bytes_are_bounded_whatever_the_entry_count() -> None:
     cache = TranslationCache(10_000, limit)
     text = "x" * 100_000
     for i in range(200):
-        cache.put(("m", OPTIONS, f"{i}{text}"), _t(text))
+        cache.put(_key(f"{i}{text}"), _t(text))
     assert cache.bytes <= limit < 200 * 2 * len(text)
     assert 15 <= len(cache) <= limit // (2 * len(text))  # each entry holds ~200 KB: about 20 fit
-    assert cache.get(("m", OPTIONS, f"199{text}")) is not None and cache.get(("m", OPTIONS, f"0{text}")) is None
+    assert cache.get(_key(f"199{text}")) is not None and cache.get(_key(f"0{text}")) is None
     assert cache.bytes == sum(entry_bytes(k, t) for k, (t, _) in cache._entries.items())
-    cache.put(("m", OPTIONS, "199" + text), _t("short"))  # replaced: its old bytes are given back
+    cache.put(_key("199" + text), _t("short"))  # replaced: its old bytes are given back
     assert cache.bytes == sum(entry_bytes(k, t) for k, (t, _) in cache._entries.items())
     alone = TranslationCache(10, 1000)
-    alone.put(("m", OPTIONS, text), _t(text))  # larger than the whole cache: not kept, nothing pushed out
+    alone.put(_key(text), _t(text))  # larger than the whole cache: not kept, nothing pushed out
     assert len(alone) == 0 and alone.bytes == 0
 
 

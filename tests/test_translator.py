@@ -150,7 +150,7 @@ def test_target_language(tiny_multi_onnx_dir: Path, translator: Translator) -> N
     with pytest.raises(ValueError, match=r"unknown target language 'fra'; valid: zh \(cmn_Hans\), zt \(cmn_Hant\), "):
         multi.translate(["Hello"], target_lang="fra")
     with pytest.raises(ValueError, match="unknown target language"):
-        Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(target_lang="fra"))
+        multi.prepare(["Hello"], target_lang="fra")
     with pytest.raises(ValueError, match="single target language"):
         translator.translate(["Hello"], target_lang="yue_Hant")
     assert translator.target_token("zh") is None  # the single-target model's own language

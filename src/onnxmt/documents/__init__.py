@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .files import format_of, translate_file, translate_string
 from .segment import Piece, split_sentences
+from .stream import translate_stream
 from .translate import translate_document, translate_texts
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "split_sentences",
     "translate_document",
     "translate_file",
+    "translate_stream",
     "translate_string",
     "translate_texts",
 ]

@@ -22,7 +22,9 @@ class DocumentLimits:
     member may expand (uncompressed / compressed bytes; Word's own XML compresses 5-20x). max_xml_elements: XML
     elements in a .docx, all parts together. max_texts: paragraphs, cues or blocks of text in one document.
     max_sentences: sentences to translate in one document. max_sentence_chars: characters of one sentence, before
-    a sentence too long for the model is cut (the service uses its max_chars, as for a /translate text)."""
+    a sentence too long for the model is cut (the service uses its max_chars, as for a /translate text).
+    max_tokens: source tokens of all the document's sentences (None: no bound; the service uses its
+    max_document_cost, which a document costs at least)."""
 
     max_unpacked_bytes: int = 64 << 20
     max_ratio: float = 200.0
@@ -30,6 +32,7 @@ class DocumentLimits:
     max_texts: int = 50_000
     max_sentences: int = 50_000
     max_sentence_chars: int = 50_000
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_unpacked_bytes", "max_xml_elements", "max_texts", "max_sentences", "max_sentence_chars"):
@@ -57,6 +60,13 @@ class DocumentLimits:
                     f"sentence {i + 1} of the document has {len(sentence)} characters; the limit is "
                     f"{self.max_sentence_chars} (max_chars)"
                 )
+
+    def check_tokens(self, count: int) -> None:
+        if self.max_tokens is not None and count > self.max_tokens:
+            raise DocumentTooLarge(
+                f"the document's sentences have over {self.max_tokens} source tokens; the limit is "
+                f"{self.max_tokens} (max_document_cost)"
+            )
 
 
 DEFAULT_LIMITS = DocumentLimits()

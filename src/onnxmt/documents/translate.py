@@ -8,6 +8,7 @@ documents in a worker process (serve/workers.py) with the same functions.
 from __future__ import annotations
 
 import copy
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 PROGRESS_CHUNK = 256
 Progress = Callable[[int, int], None]  # (sentences done, sentences in all)
 Count = Callable[[str], int]
+Encode = Callable[[str], tuple[int, ...]]
 # Lines `translate_lines` reads ahead: enough to sort into full batches of similar length.
 LINES_WINDOW_BATCHES = 8
 
@@ -43,13 +45,21 @@ class Counting:
     prompt: Prompt
     lang: str
 
-    def counter(self, tokenizer: Any | None = None) -> Count:
-        """Source tokens of a sentence under the prompt, never truncated (truncation would hide what is too
-        long). `tokenizer`: the model's, when it is at hand; else loaded from the directory once per process."""
+    def encoder(self, tokenizer: Any | None = None) -> Encode:
+        """Source ids of a sentence under the prompt, never truncated (truncation would hide what is too long);
+        each distinct text tokenized once. `tokenizer`: the model's, when it is at hand; else loaded from the
+        directory once per process."""
         counter = copy.copy(tokenizer) if tokenizer is not None else _tokenizer(self.directory, self.tokenizer_kind)
         counter.model_max_length = 0
         prompt = self.prompt
-        return lambda text: len(counter.encode(prompt.text + text, prefix=prompt.prefix, suffix=prompt.suffix))
+        seen: dict[str, tuple[int, ...]] = {}
+
+        def encode(text: str) -> tuple[int, ...]:
+            if text not in seen:
+                seen[text] = tuple(counter.encode(prompt.text + text, prefix=prompt.prefix, suffix=prompt.suffix))
+            return seen[text]
+
+        return encode
 
 
 @lru_cache(maxsize=8)
@@ -62,11 +72,16 @@ def _tokenizer(directory: str, kind: str | None) -> Any:
 @dataclass(frozen=True)
 class Plan:
     """`layouts`: each text of the document as sentences and what is kept between them; `sentences`: those to
-    translate, in order; `tokens`: each sentence's source tokens (what it costs, with the decoding settings)."""
+    translate, in order; `ids`: each sentence's source ids under the prompt, made while cutting it (what it
+    costs, with the decoding settings; `Translator.prepare` takes them, so no sentence is tokenized twice)."""
 
     layouts: list[list[Piece]]
     sentences: list[str]
-    tokens: list[int]
+    ids: list[array[int]]
+
+    @property
+    def tokens(self) -> list[int]:
+        return [len(ids) for ids in self.ids]
 
 
 def plan_texts(
@@ -79,8 +94,8 @@ def plan_texts(
     """`texts` cut into sentences that each fit the model (`by_lines`: into lines, see `split_lines`);
     DocumentTooLarge past `limits`."""
     limits.check_texts(len(texts))
-    count = counting.counter(tokenizer)
-    fits = _surely_fits(count, counting.limit)
+    encode = counting.encoder(tokenizer)
+    fits = _surely_fits(lambda text: len(encode(text)), counting.limit)
     if by_lines:
         split = [split_lines(text, fits, counting.limit, counting.lang) for text in texts]
     else:
@@ -89,7 +104,12 @@ def plan_texts(
     layouts = [fit(pieces, fits, counting.limit) for pieces in split]
     sentences = [p.text for pieces in layouts for p in pieces if p.translate]
     limits.check_sentences(sentences)
-    return Plan(layouts, sentences, [count(s) for s in sentences])
+    ids, total = [], 0
+    for sentence in sentences:
+        ids.append(array("i", encode(sentence)))  # 4 bytes a token, in the worker and in the service alike
+        total += len(ids[-1])
+        limits.check_tokens(total)
+    return Plan(layouts, sentences, ids)
 
 
 def _surely_fits(count: Count, limit: int) -> Count:
@@ -152,26 +172,30 @@ def segmenter_lang(translator: Translator) -> str:
         return code
 
 
-def counting(translator: Translator, target_lang: str | None = None, source_lang: str | None = None) -> Counting:
+def counting(translator: Translator, source_lang: str | None = None, target_lang: str | None = None) -> Counting:
     """How `translator` counts a sentence from `source_lang` into `target_lang` (None: its defaults); ValueError
     for a language it does not translate."""
-    decoding = translator.decoding
-    prompt = translator.prompt(
-        source_lang if source_lang is not None else decoding.source_lang,
-        target_lang if target_lang is not None else decoding.target_lang,
-    )
     return Counting(
         str(translator.directory),
         translator.manifest.tokenizer.get("kind"),
         translator.tokenizer.model_max_length,
-        prompt,
+        translator.prompt(source_lang, target_lang),
         segmenter_lang(translator),
     )
 
 
-def layout(translator: Translator, text: str, target_lang: str | None = None) -> list[Piece]:
+def plan_document(
+    translator: Translator, text: str, source_lang: str | None = None, target_lang: str | None = None
+) -> Plan:
     """`text` cut into the sentences the model will see: each fits the model's source positions."""
-    return plan_texts([text], counting(translator, target_lang), tokenizer=translator.tokenizer).layouts[0]
+    return plan_texts([text], counting(translator, source_lang, target_lang), tokenizer=translator.tokenizer)
+
+
+def layout(
+    translator: Translator, text: str, source_lang: str | None = None, target_lang: str | None = None
+) -> list[Piece]:
+    """`text` as its sentences and what is kept between them (`plan_document`'s layout)."""
+    return plan_document(translator, text, source_lang, target_lang).layouts[0]
 
 
 def translate_texts(
@@ -180,23 +204,27 @@ def translate_texts(
     progress: Progress | None = None,
     limits: DocumentLimits = DEFAULT_LIMITS,
     by_lines: bool = False,
+    *,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
     **overrides: Any,
 ) -> list[str]:
     """Each of `texts` translated sentence by sentence (`by_lines`: line by line, plain text's rule: see
-    `split_lines`), its whitespace and line breaks kept. Keyword arguments override the translator's
-    DecodeOptions, as in `Translator.translate`. DocumentTooLarge past `limits`."""
-    where = counting(translator, overrides.get("target_lang"), overrides.get("source_lang"))
+    `split_lines`), its whitespace and line breaks kept. Keyword arguments as `Translator.translate`'s.
+    DocumentTooLarge past `limits`."""
+    where = counting(translator, source_lang, target_lang)
     plan = plan_texts(texts, where, limits, tokenizer=translator.tokenizer, by_lines=by_lines)
-    sentences = plan.sentences
+    languages = {"source_lang": source_lang, "target_lang": target_lang}
+    prepared = translator.prepare(plan.sentences, ids=plan.ids, **languages, **overrides)
+    batching = {k: overrides[k] for k in ("batch_size", "max_batch_cost") if k in overrides}
     if progress is None:
-        translated = [t.text for t in translator.translate(sentences, **overrides)]
-    else:
-        translated = []
-        progress(0, len(sentences))
-        for start in range(0, len(sentences), PROGRESS_CHUNK):
-            chunk = sentences[start : start + PROGRESS_CHUNK]
-            translated += [t.text for t in translator.translate(chunk, **overrides)]
-            progress(len(translated), len(sentences))
+        return join_texts(plan.layouts, [t.text for t in translator.translate_prepared(prepared, **batching)])
+    translated: list[str] = []
+    progress(0, len(prepared))
+    for start in range(0, len(prepared), PROGRESS_CHUNK):
+        chunk = prepared[start : start + PROGRESS_CHUNK]
+        translated += [t.text for t in translator.translate_prepared(chunk, **batching)]
+        progress(len(translated), len(prepared))
     return join_texts(plan.layouts, translated)
 
 
@@ -210,17 +238,26 @@ def join_texts(layouts: Sequence[Sequence[Piece]], translated: Sequence[str]) ->
     return out
 
 
-def translate_lines(translator: Translator, texts: Iterable[str], **overrides: Any) -> Iterator[str]:
+def translate_lines(
+    translator: Translator,
+    texts: Iterable[str],
+    *,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+    **overrides: Any,
+) -> Iterator[str]:
     """Plain text, the one rule of the CLI, `translate-corpus`, `/translate` and `/translate_file` for .txt: each
     line of each text one text for the model, a line too long for it cut into sentences (`split_lines`); read
     lazily, in order, in windows of many batches."""
-    options = translator.decoding.merged(**overrides)
+    options = translator.decoding.merged(batch_size=overrides.get("batch_size"))
     window = max(1, options.batch_size) * LINES_WINDOW_BATCHES
     iterator = iter(texts)
+    languages = {"source_lang": source_lang, "target_lang": target_lang}
     while chunk := list(islice(iterator, window)):
-        yield from translate_texts(translator, chunk, None, DEFAULT_LIMITS, by_lines=True, **overrides)
+        yield from translate_texts(translator, chunk, None, DEFAULT_LIMITS, by_lines=True, **languages, **overrides)
 
 
 def translate_document(translator: Translator, text: str, **overrides: Any) -> str:
-    """One text (a paragraph, a page, a whole file) translated sentence by sentence."""
+    """One text (a paragraph, a page, a whole file) translated sentence by sentence; keyword arguments as
+    `Translator.translate`'s."""
     return translate_texts(translator, [text], **overrides)[0]

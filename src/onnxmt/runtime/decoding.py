@@ -8,7 +8,7 @@ there. The model's work is behind `Graphs` (graphs.py): `encode` once per batch,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,8 +25,9 @@ DEFAULT_MAX_NEW_TOKENS = 20  # transformers' GenerationConfig default max_length
 
 # Polled once per step: (batch,) bool, True for the rows whose request is gone (timed out, client disconnected).
 Cancelled = Callable[[], np.ndarray]
-# Told after each greedy step: the batch rows that took a token, and the tokens (streams of translated text).
-OnStep = Callable[[np.ndarray, np.ndarray], None]
+# `decode`: after each greedy step, the batch rows that took a token and the tokens (streams of translated text);
+# in the end, the hypotheses of every row.
+Steps = Generator[tuple[np.ndarray, np.ndarray], None, "list[list[Hypothesis]]"]
 
 
 @dataclass(frozen=True)
@@ -276,17 +277,17 @@ def decode(
     attention_mask: np.ndarray,
     s: Settings,
     cancelled: Cancelled | None = None,
-    on_step: OnStep | None = None,
     forced_bos: np.ndarray | None = None,
-) -> list[list[Hypothesis]]:
-    """Translate one padded batch: (batch, src_len) ids and mask in, `num_return_sequences` hypotheses per row.
-    Rows that `cancelled` marks leave the batch at the next step. Greedy search tells `on_step` each step's tokens
-    (beam search cannot: its best hypothesis is known only at the end). `forced_bos`: (batch,) first output token
-    of each row (its target language), overriding the model's forced_bos_token_id."""
+) -> Steps:
+    """Translate one padded batch, step by step: (batch, src_len) ids and mask in; yields, after every greedy step,
+    the batch rows that took a token and those tokens (beam search yields nothing: its best hypothesis is known
+    only at the end); returns `num_return_sequences` hypotheses per row. Rows that `cancelled` marks leave the
+    batch at the next step. `forced_bos`: (batch,) first output token of each row (its target language),
+    overriding the model's forced_bos_token_id."""
     cache = graphs.encode(input_ids, attention_mask, max_positions=s.max_length - 1)  # the decoder's inputs
     if s.num_beams == 1:
         processors = build_processors(s, None, forced_bos)
-        return [[h] for h in greedy_search(graphs, cache, s, processors, cancelled, on_step)]
+        return [[h] for h in (yield from greedy_search(graphs, cache, s, processors, cancelled))]
     return beam_search(graphs, cache, s, build_processors(s, graphs.ops.log_softmax_inplace, forced_bos), cancelled)
 
 
@@ -300,8 +301,7 @@ def greedy_search(
     s: Settings,
     processors: list[LogitsProcessor],
     cancelled: Cancelled | None = None,
-    on_step: OnStep | None = None,
-) -> list[Hypothesis]:
+) -> Generator[tuple[np.ndarray, np.ndarray], None, list[Hypothesis]]:
     batch = cache.sentences
     sequences = np.full((batch, s.max_length), s.pad, dtype=np.int64)  # (batch, max_length)
     sequences[:, 0] = s.decoder_start
@@ -320,8 +320,7 @@ def greedy_search(
         log_probs = graphs.ops.log_softmax_inplace(logits)  # the logits are not needed any more
         totals[active] += np.take_along_axis(log_probs, chosen[:, None], axis=1)[:, 0]
         sequences[active, cur_len] = chosen
-        if on_step is not None:
-            on_step(active, chosen)
+        yield active, chosen  # (active,) rows and the token each took
         # Rows that produced eos, or reached the length limit, are done; so are rows nobody waits for any more.
         done = np.isin(chosen, eos) | (cur_len + 1 >= s.max_length)
         dropped = cancelled()[active] & ~done

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
@@ -14,7 +14,7 @@ import numpy as np
 from ..architectures import LanguageScheme, Prompt, scheme_for
 from ..manifest import Manifest, ModelDirError, verify_files
 from .cancel import CancelToken
-from .decoding import Settings, decode, resolve_settings
+from .decoding import Hypothesis, Settings, decode, resolve_settings
 from .graphs import Graphs, open_graphs
 from .modeldir import load_manifest
 from .options import DecodeOptions, RuntimeOptions
@@ -34,6 +34,33 @@ class Translation:
     score: float
     alternatives: tuple[Translation, ...] = field(default=())
     cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A text made ready for the decoder, once (`Translator.prepare`): its source ids under its language pair's
+    prompt (none for a text with nothing to translate), the prompt (its forced first token among it) and the
+    resolved decoding settings. Hashable: the service's cache keys on it."""
+
+    text: str
+    ids: tuple[int, ...]
+    prompt: Prompt
+    settings: Settings
+
+    @property
+    def cost(self) -> int:
+        """What translating it may cost, in tokens x beams (see `Translator.cost`)."""
+        return text_cost(len(self.ids), self.settings) if self.ids else 0
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing `Translator.generate` tells about the text at `index`: a new token (`token`), or its translation,
+    done (`translation`)."""
+
+    index: int
+    token: int | None
+    translation: Translation | None
 
 
 class Translator:
@@ -77,8 +104,6 @@ class Translator:
                 hashes.result()
         self.runtime = runtime
         self.decoding = decoding
-        if decoding.target_lang is not None or decoding.source_lang is not None:
-            self.prompt(decoding.source_lang, decoding.target_lang)  # fail at construction, not at the first request
 
     @property
     def target_languages(self) -> list[str]:
@@ -107,6 +132,45 @@ class Translator:
         """The source ids of `text` under `prompt`: the one path every caller (validate, eval, serve) encodes by."""
         return self.tokenizer.encode(prompt.text + text, prefix=prompt.prefix, suffix=prompt.suffix)
 
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of generated ids, special tokens skipped (what `Translation.text` holds)."""
+        return str(self.tokenizer.decode(token_ids))
+
+    def prepare(
+        self,
+        texts: Sequence[str],
+        *,
+        source_lang: str | Sequence[str | None] | None = None,
+        target_lang: str | Sequence[str | None] | None = None,
+        ids: Sequence[Sequence[int] | None] | None = None,
+        **overrides: Any,
+    ) -> list[Prepared]:
+        """`texts` made ready for the decoder, each once: checked, its language pair resolved, tokenized, its
+        settings and cost known. What `translate` does first; the service prepares a request once and carries
+        the result through its cost check, cache and batcher. Arguments as `translate`'s; `ids`: each text's source
+        ids under its prompt where the caller already has them (a document's sentences, counted when it was cut),
+        which are then not tokenized again. ValueError naming the valid choices for a bad option or language."""
+        _check_texts(texts)
+        options = self.decoding.merged(**overrides)
+        settings = resolve_settings(self.manifest, options)
+        prompts = self._prompts(len(texts), source_lang, target_lang)
+        if ids is not None and len(ids) != len(texts):
+            raise ValueError(f"ids holds {len(ids)} lists for {len(texts)} texts")
+        prepared = []
+        seen: dict[tuple[str, Prompt], tuple[int, ...]] = {}  # a text sent twice is tokenized once
+        for i, (text, prompt) in enumerate(zip(texts, prompts, strict=True)):
+            given = None if ids is None else ids[i]
+            if not text.strip():
+                source: tuple[int, ...] = ()
+            elif given is not None:
+                source = tuple(given)
+            elif (text, prompt) in seen:
+                source = seen[text, prompt]
+            else:
+                source = seen[text, prompt] = tuple(self.encode(text, prompt))
+            prepared.append(Prepared(text, source, prompt, settings))
+        return prepared
+
     def translate(
         self,
         texts: Sequence[str],
@@ -122,119 +186,148 @@ class Translator:
         the input is kept.
 
         `source_lang`, `target_lang`: one code for all texts, or one per text (a batch may mix them; models told
-        the source language by a token, as NLLB and M2M100, use it, others check it). None: the translator's
-        DecodeOptions, then the model's defaults.
+        the source language by a token, as NLLB and M2M100, use it, others check it). None: the model's defaults.
 
         `cancel`: one token for all texts, or one per text. Once a text's token is set, the text leaves its decoder
         batch at the next step (or is never started) and comes back with `cancelled=True`. `on_batch(n)` is called
         with the size of each decoder batch as it starts (the service's batch metrics)."""
-        _check_texts(texts)
-        options = self.decoding.merged(**overrides)
-        prompts = self._prompts(len(texts), options, source_lang, target_lang)
-        return self._translate_list(list(texts), options, _tokens(cancel, len(texts)), prompts, on_batch)
+        batching = self._batching(overrides)
+        prepared = self.prepare(texts, source_lang=source_lang, target_lang=target_lang, **overrides)
+        return self.translate_prepared(prepared, cancel=cancel, on_batch=on_batch, **batching)
 
-    def cost(self, texts: Sequence[str], **overrides: Any) -> int:
+    def translate_prepared(
+        self,
+        prepared: Sequence[Prepared],
+        *,
+        cancel: CancelToken | Sequence[CancelToken | None] | None = None,
+        on_batch: Callable[[int], None] | None = None,
+        batch_size: int | None = None,
+        max_batch_cost: int | None = None,
+    ) -> list[Translation]:
+        """The translations of texts `prepare` made ready, in their order (see `translate`)."""
+        results: list[Translation | None] = [None] * len(prepared)
+        for event in self.generate(
+            prepared, cancel=cancel, on_batch=on_batch, batch_size=batch_size, max_batch_cost=max_batch_cost
+        ):
+            if event.translation is not None:
+                results[event.index] = event.translation
+        return [r for r in results if r is not None]
+
+    def cost(
+        self,
+        texts: Sequence[str],
+        *,
+        source_lang: str | Sequence[str | None] | None = None,
+        target_lang: str | Sequence[str | None] | None = None,
+        **overrides: Any,
+    ) -> int:
         """What translating `texts` may cost, in tokens x beams: the sum over texts of (source tokens + most new
         tokens) x beams. Decoder memory grows with it (the attention caches); the service budgets by it."""
-        _check_texts(texts)
-        options = self.decoding.merged(**overrides)
-        settings = resolve_settings(self.manifest, options)
-        prompt = self.prompt(options.source_lang, options.target_lang)
-        return sum(text_cost(len(self.encode(t, prompt)), settings) for t in texts if t.strip())
+        prepared = self.prepare(texts, source_lang=source_lang, target_lang=target_lang, **overrides)
+        return sum(p.cost for p in prepared)
 
     def _prompts(
         self,
         n: int,
-        options: DecodeOptions,
         source_lang: str | Sequence[str | None] | None,
         target_lang: str | Sequence[str | None] | None,
     ) -> list[Prompt]:
         """One prompt per text; a pair of codes is resolved once however many texts share it."""
-        sources = _per_text(source_lang, n, "source_lang", options.source_lang)
-        targets = _per_text(target_lang, n, "target_lang", options.target_lang)
+        sources = _per_text(source_lang, n, "source_lang")
+        targets = _per_text(target_lang, n, "target_lang")
         resolved: dict[tuple[str | None, str | None], Prompt] = {}
         for pair in zip(sources, targets, strict=True):
             if pair not in resolved:
                 resolved[pair] = self.prompt(*pair)
         return [resolved[pair] for pair in zip(sources, targets, strict=True)]
 
-    def translate_iter(self, texts: Iterable[str], **overrides: Any) -> Iterator[Translation]:
-        """Streaming variant: reads `texts` lazily, yields translations in input order."""
-        options = self.decoding.merged(**overrides)
-        iterator = iter(texts)
-        window = max(1, options.batch_size) * STREAM_WINDOW_BATCHES
-        while chunk := list(islice(iterator, window)):
-            _check_texts(chunk)
-            yield from self._translate_list(chunk, options, None, self._prompts(len(chunk), options, None, None))
-
-    def translate_stream(self, text: str, **overrides: Any) -> Iterator[str]:
-        """One text (a sentence or a whole document) translated as a stream of pieces of text: token by token with
-        greedy search, sentence by sentence with beam search. The pieces join to what
-        `onnxmt.documents.translate_document` returns (sentences split, whitespace and line breaks kept)."""
-        from ..documents.stream import stream_document
-
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a string, got {type(text).__name__}")
-        return stream_document(self, text, **overrides)
-
-    def _translate_list(
+    def translate_iter(
         self,
-        texts: list[str],
-        options: DecodeOptions,
-        tokens: list[CancelToken | None] | None,
-        prompts: list[Prompt],
+        texts: Iterable[str],
+        *,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+        **overrides: Any,
+    ) -> Iterator[Translation]:
+        """Streaming variant: reads `texts` lazily, yields translations in input order."""
+        window = self._batching(overrides)["batch_size"] * STREAM_WINDOW_BATCHES
+        iterator = iter(texts)
+        while chunk := list(islice(iterator, window)):
+            yield from self.translate(chunk, source_lang=source_lang, target_lang=target_lang, **overrides)
+
+    def generate(
+        self,
+        prepared: Sequence[Prepared],
+        *,
+        cancel: CancelToken | Sequence[CancelToken | None] | None = None,
         on_batch: Callable[[int], None] | None = None,
-    ) -> list[Translation]:
-        if options.batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {options.batch_size}")
-        settings = resolve_settings(self.manifest, options)
-        tokens = tokens or [None] * len(texts)
-        results: list[Translation | None] = [None] * len(texts)
-        encoded = {i: self.encode(t, prompts[i]) for i, t in enumerate(texts) if t.strip()}
-        for i, text in enumerate(texts):
-            if not text.strip():
-                results[i] = Translation(text="", token_ids=[], score=0.0)
-        # Sorting by length keeps padding, and so wasted work, small.
-        order = sorted(encoded, key=lambda i: len(encoded[i]))
-        for batch in _batches(order, [text_cost(len(encoded[i]), settings) for i in order], options):
+        batch_size: int | None = None,
+        max_batch_cost: int | None = None,
+        in_order: bool = False,
+    ) -> Generator[Event, None, None]:
+        """The decoding of prepared texts, step by step: an `Event` with each new token of a text (greedy search;
+        beam search knows its best hypothesis only at the end) and one with its `Translation` when it is done.
+        Texts run in decoder batches of at most `batch_size` texts and `max_batch_cost` tokens x beams (default:
+        this translator's DecodeOptions), sorted by length so that padding stays small, or, `in_order`, of
+        consecutive texts with the first alone, so that the first text comes soonest (streams). Closing the
+        iterator stops the batch running at its next step."""
+        tokens = _tokens(cancel, len(prepared)) or [None] * len(prepared)
+        todo = []
+        for i, item in enumerate(prepared):
+            if not item.ids:
+                yield Event(i, None, Translation(text="", token_ids=[], score=0.0))
+            else:
+                todo.append(i)
+        batching = self._batching({"batch_size": batch_size, "max_batch_cost": max_batch_cost})
+        for batch in _batches(prepared, todo, in_order=in_order, **batching):
             # Texts cancelled before their batch starts are never encoded.
             for i in [i for i in batch if _is_cancelled(tokens[i])]:
-                results[i] = Translation(text="", token_ids=[], score=0.0, cancelled=True)
-            batch = [i for i in batch if results[i] is None]
+                yield Event(i, None, Translation(text="", token_ids=[], score=0.0, cancelled=True))
+            batch = [i for i in batch if not _is_cancelled(tokens[i])]
             if batch:
                 if on_batch is not None:
                     on_batch(len(batch))
-                ids, batch_tokens = [encoded[i] for i in batch], [tokens[i] for i in batch]
-                forced = [prompts[i].forced_bos for i in batch]
-                for i, hyps in zip(batch, self._decode_batch(ids, settings, batch_tokens, forced), strict=True):
-                    results[i] = hyps
-        return [r for r in results if r is not None]
+                yield from self._decode_batch([prepared[i] for i in batch], batch, [tokens[i] for i in batch])
+
+    def _batching(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """The decoder batches' limits for a call: its overrides, else this translator's DecodeOptions."""
+        options = self.decoding.merged(
+            batch_size=overrides.get("batch_size"), max_batch_cost=overrides.get("max_batch_cost")
+        )
+        if options.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {options.batch_size}")
+        return {"batch_size": options.batch_size, "max_batch_cost": options.max_batch_cost}
 
     def _decode_batch(
-        self,
-        ids: list[list[int]],
-        settings: Settings,
-        tokens: list[CancelToken | None],
-        forced: Sequence[int | None] = (),
-    ) -> list[Translation]:
-        input_ids, mask = pad_batch(ids, self.manifest.tokens["pad"])
+        self, batch: list[Prepared], indices: list[int], tokens: list[CancelToken | None]
+    ) -> Iterator[Event]:
+        settings = batch[0].settings
+        input_ids, mask = pad_batch([p.ids for p in batch], self.manifest.tokens["pad"])
         cancelled = None
         if any(t is not None for t in tokens):
             cancelled = lambda: np.array([_is_cancelled(t) for t in tokens])  # noqa: E731
-        forced_bos = _forced_bos(forced, settings)
-        out = []
-        for hyps in decode(self.graphs, input_ids, mask, settings, cancelled, forced_bos=forced_bos):
-            first, *rest = (Translation(self.tokenizer.decode(h.tokens), h.tokens, h.score) for h in hyps)
-            out.append(Translation(first.text, first.token_ids, first.score, tuple(rest), hyps[0].cancelled))
-        return out
+        forced_bos = _forced_bos([p.prompt.forced_bos for p in batch], settings)
+        steps = decode(self.graphs, input_ids, mask, settings, cancelled, forced_bos=forced_bos)
+        try:
+            while True:
+                rows, chosen = next(steps)
+                for row, token in zip(rows.tolist(), chosen.tolist(), strict=True):
+                    yield Event(indices[row], token, None)
+        except StopIteration as done:
+            hypotheses: list[list[Hypothesis]] = done.value
+        finally:
+            steps.close()  # the consumer has gone: the batch stops here
+        for i, hyps in zip(indices, hypotheses, strict=True):
+            first, *rest = (Translation(self.detokenize(h.tokens), h.tokens, h.score) for h in hyps)
+            yield Event(i, None, Translation(first.text, first.token_ids, first.score, tuple(rest), hyps[0].cancelled))
 
 
-def _per_text(value: str | Sequence[str | None] | None, n: int, name: str, default: str | None) -> list[str | None]:
+def _per_text(value: str | Sequence[str | None] | None, n: int, name: str) -> list[str | None]:
     if value is None or isinstance(value, str):
-        return [default if value is None else value] * n
+        return [value] * n
     if len(value) != n:
         raise ValueError(f"{name} holds {len(value)} codes for {n} texts; give one code, or one per text")
-    return [default if v is None else v for v in value]
+    return list(value)
 
 
 def _forced_bos(forced: Sequence[int | None], settings: Settings) -> np.ndarray | None:
@@ -248,7 +341,7 @@ def _forced_bos(forced: Sequence[int | None], settings: Settings) -> np.ndarray 
     return np.array([fallback if f is None else f for f in forced], dtype=np.int64)
 
 
-def _tokens(cancel: CancelToken | Sequence[CancelToken] | None, n: int) -> list[CancelToken | None] | None:
+def _tokens(cancel: CancelToken | Sequence[CancelToken | None] | None, n: int) -> list[CancelToken | None] | None:
     if cancel is None or isinstance(cancel, CancelToken):
         return None if cancel is None else [cancel] * n
     if len(cancel) != n:
@@ -265,14 +358,23 @@ def text_cost(source_tokens: int, settings: Settings) -> int:
     return (source_tokens + settings.max_length - 1) * settings.num_beams
 
 
-def _batches(order: list[int], costs: list[int], options: DecodeOptions) -> Iterator[list[int]]:
-    """`order` cut into decoder batches of at most `batch_size` texts and `max_batch_cost` tokens x beams (a text
-    above the budget alone gets a batch of its own)."""
+def _batches(
+    prepared: Sequence[Prepared], todo: list[int], *, batch_size: int, max_batch_cost: int | None, in_order: bool
+) -> Iterator[list[int]]:
+    """The texts `todo` cut into decoder batches of one setting, at most `batch_size` texts and `max_batch_cost`
+    tokens x beams (a text above the budget alone gets a batch of its own): sorted by length, or `in_order` (the
+    first text alone)."""
+    if not in_order:
+        # Sorting by length keeps padding, and so wasted work, small; texts of one setting together.
+        settings = list(dict.fromkeys(prepared[i].settings for i in todo))
+        todo = sorted(todo, key=lambda i: (settings.index(prepared[i].settings), len(prepared[i].ids)))
     batch: list[int] = []
     total = 0
-    budget = options.max_batch_cost
-    for i, cost in zip(order, costs, strict=True):
-        if batch and (len(batch) == options.batch_size or (budget is not None and total + cost > budget)):
+    for i in todo:
+        cost = prepared[i].cost
+        full = len(batch) == batch_size or (in_order and len(batch) == 1 and batch[0] == todo[0])
+        over = max_batch_cost is not None and total + cost > max_batch_cost
+        if batch and (full or over or prepared[batch[0]].settings != prepared[i].settings):
             yield batch
             batch, total = [], 0
         batch.append(i)
@@ -281,7 +383,7 @@ def _batches(order: list[int], costs: list[int], options: DecodeOptions) -> Iter
         yield batch
 
 
-def pad_batch(ids: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+def pad_batch(ids: Sequence[Sequence[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
     """Token id lists as one right-padded (rows, longest) batch and its attention mask (1 for real tokens)."""
     width = max(len(x) for x in ids)
     input_ids = np.full((len(ids), width), pad, dtype=np.int64)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .options import DecodeOptions, RuntimeOptions
+from .options import RuntimeOptions
 from .translator import Translator
 
 # Short and long English sentences (the lengths real traffic has); the model's own language only matters for BLEU.
@@ -58,9 +58,9 @@ def tune(
     """Measure every setting on `texts`, `rounds` times interleaved; the medians, one result per setting.
     `source_lang`, `target_lang`: as `Translator.translate`'s (a model without a default target, such as NLLB-200,
     needs `target_lang`; with the output length forced, which one hardly changes the work)."""
-    languages = DecodeOptions(source_lang=source_lang, target_lang=target_lang)
-    translators = [Translator(model_dir, options, languages) for options in settings]
+    translators = [Translator(model_dir, options) for options in settings]
     forced: dict[str, Any] = {"beams": 1, "max_new_tokens": tokens, "min_new_tokens": tokens}
+    forced.update(source_lang=source_lang, target_lang=target_lang)
     batch = list(texts) * max(1, -(-batch_size // len(texts)))
     latencies: list[list[float]] = [[] for _ in settings]
     speeds: list[list[float]] = [[] for _ in settings]

@@ -1,10 +1,11 @@
 """Micro-batching: requests that arrive together share one decoder batch.
 
-Requests queue in arrival order. The batch loop takes the oldest request, waits until it is `window` seconds old
-or enough texts with the same decoding settings are queued, and hands those requests' texts to the translator as
-one call on the single inference thread; the event loop stays free to accept and reject requests meanwhile.
-Requests whose settings differ (beams, max new tokens, target language...) are never mixed: a batch runs one
-`DecodeOptions`, and the others wait for their own batch, in order.
+Requests queue in arrival order, their texts prepared (`Translator.prepare`: tokenized, settings resolved). The
+batch loop takes the oldest request, waits until it is `window` seconds old or enough texts with the same decoding
+settings are queued, and hands those requests' texts to the translator as one call on the single inference
+thread; the event loop stays free to accept and reject requests meanwhile. Requests whose settings differ (beams,
+max new tokens...) are never mixed: a batch runs one `Settings`, and the others wait for their own batch, in
+order. Target languages may mix: each text carries its own forced first token.
 
 Work stops when its request is gone: each request carries a `CancelToken` with its deadline, set as well when the
 request ends any other way (its client disconnected, the handler was cancelled). A queued request that is gone
@@ -24,14 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.cancel import CancelToken
-from ..runtime.options import DecodeOptions
-from ..runtime.translator import Translation
+from ..runtime.decoding import Settings
+from ..runtime.translator import Prepared, Translation
 
 log = logging.getLogger("onnxmt.serve")
 
-# The translator call the batcher runs on the inference thread: texts, settings, one cancel token per text and a
-# callback told each decoder batch's size in, translations out.
-TranslateFn = Callable[[list[str], DecodeOptions, list[CancelToken], Callable[[int], None]], list[Translation]]
+# The translator call the batcher runs on the inference thread: prepared texts of one setting, one cancel token per
+# text and a callback told each decoder batch's size in, translations out.
+TranslateFn = Callable[[list[Prepared], list[CancelToken], Callable[[int], None]], list[Translation]]
 
 
 class QueueFull(Exception):
@@ -44,12 +45,12 @@ class ClientGone(Exception):
 
 @dataclass(eq=False)
 class _Job:
-    texts: list[str]
-    options: DecodeOptions
+    texts: list[Prepared]
+    settings: Settings
     arrived: float
     future: asyncio.Future[list[Translation]] = field(repr=False)
     token: CancelToken = field(default_factory=CancelToken, repr=False)
-    cost: int = 0  # tokens x beams (Translator.cost)
+    cost: int = 0  # tokens x beams (Prepared.cost, summed)
 
 
 @dataclass
@@ -113,21 +114,23 @@ class MicroBatcher:
 
     async def translate(
         self,
-        texts: list[str],
-        options: DecodeOptions,
+        texts: list[Prepared],
         timeout: float | None,
         *,
-        cost: int = 0,
         disconnected: Callable[[], Awaitable[object]] | None = None,
     ) -> list[Translation]:
-        """Queue `texts` and wait for their translations; QueueFull at once when the queue is full,
-        TimeoutError after `timeout` seconds, ClientGone as soon as `disconnected()` returns. In every case but
-        success the request's work is cancelled: dropped from the queue, or stopped at the next decoder step."""
+        """Queue `texts` (prepared, of one setting) and wait for their translations; QueueFull at once when the
+        queue is full, TimeoutError after `timeout` seconds, ClientGone as soon as `disconnected()` returns. In every
+        case but success the request's work is cancelled: dropped from the queue, or stopped at the next decoder
+        step."""
         if len(self._pending) >= self.max_queue:
             raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)")
         loop = asyncio.get_running_loop()
         token = CancelToken(None if timeout is None else time.monotonic() + timeout)
-        job = _Job(texts, options, loop.time(), loop.create_future(), token, cost)
+        settings = texts[0].settings
+        if any(t.settings != settings for t in texts):
+            raise ValueError("a request's texts are prepared with one setting")
+        job = _Job(texts, settings, loop.time(), loop.create_future(), token, sum(t.cost for t in texts))
         self._pending.append(job)
         self._on_queue(len(self._pending))
         self._wakeup.set()
@@ -161,7 +164,7 @@ class MicroBatcher:
             head = self._pending[0]
             if not await self._collect(head):
                 continue  # the oldest request timed out or was cancelled while waiting: start over
-            jobs = self._take(head.options)
+            jobs = self._take(head.settings)
             self._on_queue(len(self._pending))
             if jobs:
                 await self._run(jobs)
@@ -170,7 +173,7 @@ class MicroBatcher:
         """Wait until `head` is `window` old or a full batch of its settings is queued; False if `head` left."""
         loop = asyncio.get_running_loop()
         deadline = head.arrived + self.window
-        while self._queued_texts(head.options) < self.max_batch_size and loop.time() < deadline:
+        while self._queued_texts(head.settings) < self.max_batch_size and loop.time() < deadline:
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), deadline - loop.time())
@@ -180,10 +183,10 @@ class MicroBatcher:
                 return False
         return True
 
-    def _queued_texts(self, options: DecodeOptions) -> int:
-        return sum(len(job.texts) for job in self._pending if job.options == options)
+    def _queued_texts(self, settings: Settings) -> int:
+        return sum(len(job.texts) for job in self._pending if job.settings == settings)
 
-    def _take(self, options: DecodeOptions) -> list[_Job]:
+    def _take(self, settings: Settings) -> list[_Job]:
         """Remove and return the oldest requests with these settings, up to a full batch in texts and in cost (at
         least one request, however many texts it has: the translator splits it into decoder batches)."""
         taken: list[_Job] = []
@@ -195,7 +198,7 @@ class MicroBatcher:
                 # that finds it at the head takes nothing and spins without yielding to that clean-up.
                 self._pending.remove(job)
                 continue
-            if job.options != options:
+            if job.settings != settings:
                 continue
             if taken and count + len(job.texts) > self.max_batch_size:
                 break
@@ -215,8 +218,7 @@ class MicroBatcher:
         self._running = jobs
         sizes: list[int] = []  # the decoder batches the translator ran: cut by batch size and by cost
         try:
-            options = jobs[0].options
-            results = await loop.run_in_executor(self._executor, self._translate, texts, options, tokens, sizes.append)
+            results = await loop.run_in_executor(self._executor, self._translate, texts, tokens, sizes.append)
         except Exception as e:
             await self._run_alone(jobs, e)
             return

@@ -1,10 +1,11 @@
-"""The translation cache: translations already made, kept by (model, decoding options, text), least recently used
-dropped first. LibreTranslate has one (`--translation-cache`) because its users send the same texts again (page
+"""The translation cache: translations already made, kept by (model, prepared text), least recently used dropped
+first. LibreTranslate has one (`--translation-cache`) because its users send the same texts again (page
 titles, menu items, the same sentence from many clients).
 
-Per text, not per request: a request of 16 texts of which 10 are cached sends 6 to the decoder. The decoding
-options include the target language token, the beams, the length limits and the number of alternatives, so a
-cached answer is the answer the same request would get uncached. Used on the event loop only: no lock.
+Per text, not per request: a request of 16 texts of which 10 are cached sends 6 to the decoder. A prepared text
+(`Translator.prepare`) holds its source ids, its language prompt and its resolved decoding settings (beams, length
+limits, number of alternatives), so a cached answer is the answer the same request would get uncached. Used on
+the event loop only: no lock.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 
-from ..runtime.options import DecodeOptions
-from ..runtime.translator import Translation
+from ..runtime.translator import Prepared, Translation
 
-CacheKey = tuple[str, DecodeOptions, str]  # model name, decoding options (target_lang among them), text
+CacheKey = tuple[str, Prepared]  # model name, the text prepared for it
 
 
 # What an entry holds beyond its strings and ids: the key tuple, the Translation, the OrderedDict's node.
@@ -23,9 +23,10 @@ ENTRY_OVERHEAD = 400
 
 
 def entry_bytes(key: CacheKey, translation: Translation) -> int:
-    """About what an entry keeps alive: the text and its translations (str sizes as Python stores them), their
-    token id lists, and the containers (the DecodeOptions are shared by many entries: not counted)."""
-    total = ENTRY_OVERHEAD + sys.getsizeof(key[2])
+    """About what an entry keeps alive: the text and its source ids, its translations (str sizes as Python stores
+    them), their token id lists, and the containers (the settings and prompt are shared by many entries: not
+    counted)."""
+    total = ENTRY_OVERHEAD + sys.getsizeof(key[1].text) + sys.getsizeof(key[1].ids)
     for hypothesis in (translation, *translation.alternatives):
         total += sys.getsizeof(hypothesis.text) + sys.getsizeof(hypothesis.token_ids) + 32 * len(hypothesis.token_ids)
     return total

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -86,8 +86,8 @@ async def translate_document(
     --max-request-cost each, so other clients' requests take turns with them; written again in a worker."""
     request, plan, cost, detected = await _plan(service, request, kind, document, disconnected)
     translated: list[str] = []
-    for chunk in _chunks(service, plan, cost):
-        answer = await service.translate(replace(request, texts=chunk, batch=True), disconnected)
+    for chunk, ids in _chunks(service, plan, cost):
+        answer = await service.translate(replace(request, texts=chunk, batch=True), disconnected, ids)
         translated += answer["translatedText"]
     texts = join_texts(plan.layouts, translated)
     if kind == prepare.TEXTS:
@@ -124,22 +124,24 @@ async def _plan(
 
 def _chunks(
     service: Service, plan: Plan, cost: Cost, first: int | None = None, size: int | None = None
-) -> Iterator[list[str]]:
-    """The plan's sentences as consecutive requests, each under --max-request-cost and of at most `size` texts
-    (default and at most: --max-texts); the first of at most `first`."""
+) -> Iterator[tuple[list[str], list[Sequence[int]]]]:
+    """The plan's sentences (and their source ids) as consecutive requests, each under --max-request-cost and of at
+    most `size` texts (default and at most: --max-texts); the first of at most `first`."""
     limit = service.options.max_request_cost or None
     size = min(size or service.options.max_texts, service.options.max_texts)
     chunk: list[str] = []
+    ids: list[Sequence[int]] = []
     total = 0
     most = first or size
-    for sentence, tokens in zip(plan.sentences, plan.tokens, strict=True):
-        if chunk and (len(chunk) >= most or (limit is not None and total + cost(tokens) > limit)):
-            yield chunk
-            chunk, total, most = [], 0, size
+    for sentence, source in zip(plan.sentences, plan.ids, strict=True):
+        if chunk and (len(chunk) >= most or (limit is not None and total + cost(len(source)) > limit)):
+            yield chunk, ids
+            chunk, ids, total, most = [], [], 0, size
         chunk.append(sentence)
-        total += cost(tokens)
+        ids.append(source)
+        total += cost(len(source))
     if chunk:
-        yield chunk
+        yield chunk, ids
 
 
 async def translate_html_request(service: Service, request: TranslateRequest, disconnected: Disconnected) -> Any:
@@ -285,8 +287,8 @@ async def translate_stream(request: Request) -> Response:
 
 async def _sentences(service: Service, request: TranslateRequest, plan: Plan, cost: Cost) -> AsyncIterator[str]:
     """Each sentence's translation, in order: the first alone (soonest), then in chunks of one decoder batch."""
-    for chunk in _chunks(service, plan, cost, first=1, size=service.options.max_batch_size):
-        answer = await service.translate(replace(request, texts=chunk, batch=True))
+    for chunk, ids in _chunks(service, plan, cost, first=1, size=service.options.max_batch_size):
+        answer = await service.translate(replace(request, texts=chunk, batch=True), ids=ids)
         for text in answer["translatedText"]:
             yield text
 

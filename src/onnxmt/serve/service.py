@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from ..models import is_model_dir, model_dirs_in
 from ..runtime.cancel import CancelToken
 from ..runtime.modeldir import load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
-from ..runtime.translator import Translation, Translator, resolve_settings, text_cost
+from ..runtime.translator import Prepared, Translation, Translator, resolve_settings, text_cost
 from .batcher import ClientGone, MicroBatcher, QueueFull
 from .cache import TranslationCache
 from .catalog import Catalog, Leg
@@ -202,10 +201,14 @@ class Service:
         return self.catalog, self.pool
 
     async def translate(
-        self, request: TranslateRequest, disconnected: Callable[[], Awaitable[object]] | None = None
+        self,
+        request: TranslateRequest,
+        disconnected: Callable[[], Awaitable[object]] | None = None,
+        ids: Sequence[Sequence[int]] | None = None,
     ) -> dict[str, Any]:
         """Answer a checked /translate request in LibreTranslate's shape. `disconnected()` returns when the client
-        has gone: the request's work is then cancelled."""
+        has gone: the request's work is then cancelled. `ids`: the texts' source ids for the model that reads
+        them first, where the caller has them (a document's sentences, counted when it was cut)."""
         catalog, _ = self.require_ready()
         detected, source = await self._source(catalog, request)
         route = catalog.route(source, request.target)
@@ -217,7 +220,8 @@ class Service:
             alternatives = request.alternatives if last else 0
             # The second leg of a pivot reads the pivot language, not the request's source.
             read = source if i == 0 else route.pivot
-            results = await self._leg(leg, texts, request, alternatives, disconnected, read)
+            given = ids if i == 0 else None
+            results = await self._leg(leg, texts, request, alternatives, disconnected, read, given)
             texts = [r.text for r in results]
         return _answer(request, results, detected, route.pivot)
 
@@ -232,9 +236,12 @@ class Service:
         catalog, pool = self.require_ready()
         leg = catalog.route(request.source, request.target).legs[0]
         async with pool.use(leg.entry) as (translator, _):
-            options = self._decode_options(translator, leg.target_lang, request, 0, request.source)
-            settings = resolve_settings(translator.manifest, options)
-            where = counting(translator, options.target_lang, options.source_lang)
+            try:
+                languages = self._languages(translator, leg, request.source)
+                settings = resolve_settings(translator.manifest, self._decoding(translator, request, 0))
+                where = counting(translator, **languages)
+            except ValueError as e:
+                raise ApiError(400, str(e)) from e
         return where, partial(text_cost, settings=settings)
 
     async def _source(self, catalog: Catalog, request: TranslateRequest) -> tuple[Detected | None, str | None]:
@@ -271,45 +278,63 @@ class Service:
         alternatives: int,
         disconnected: Callable[[], Awaitable[object]] | None,
         source: str | None,
+        ids: Sequence[Sequence[int]] | None = None,
     ) -> list[Translation]:
-        """`texts` translated by one model: from the cache where it has them, the others through its batcher.
-        `source`: the language this model reads (the request's, or the pivot's)."""
+        """`texts` translated by one model: prepared once (tokenized, checked, costed), then from the cache where
+        it has them, the others through its batcher. `source`: the language this model reads (the request's, or
+        the pivot's)."""
         _, pool = self.require_ready()
         entry = leg.entry
         async with pool.use(entry) as (translator, batcher):
-            options = self._decode_options(translator, leg.target_lang, request, alternatives, source)
-            if not texts:
+            prepared = await self._prepare(translator, leg, texts, request, alternatives, source, ids)
+            if not prepared:
                 return []
-            cost = await self._check_cost(translator, texts, options)
+            self._check_cost(prepared)
             if not self.cache.size:
-                return await self._queue(batcher, texts, options, cost, disconnected)
-            keys = [(entry.name, options, text) for text in texts]
-            found = [self.cache.get(key) for key in keys]
-            missing = list(dict.fromkeys(text for text, hit in zip(texts, found, strict=True) if hit is None))
-            hits = sum(hit is not None for hit in found)
-            self.metrics.observe_cache(entry.name, hits, len(texts) - hits, len(self.cache))
-            made: dict[str, Translation] = {}
+                return await self._queue(batcher, prepared, disconnected)
+            found = [self.cache.get((entry.name, p)) for p in prepared]
+            missing = list(dict.fromkeys(p for p, hit in zip(prepared, found, strict=True) if hit is None))
+            hits = len(prepared) - sum(hit is None for hit in found)
+            self.metrics.observe_cache(entry.name, hits, len(prepared) - hits, len(self.cache))
+            made: dict[Prepared, Translation] = {}
             if missing:
-                if len(missing) < len(texts):
-                    cost = await asyncio.to_thread(translator.cost, missing, **asdict(options))
-                done = await self._queue(batcher, missing, options, cost, disconnected)
-                made = dict(zip(missing, done, strict=True))
-                for text, translation in made.items():
-                    self.cache.put((entry.name, options, text), translation)
+                made = dict(zip(missing, await self._queue(batcher, missing, disconnected), strict=True))
+                for p, translation in made.items():
+                    self.cache.put((entry.name, p), translation)
                 self.metrics.cache_entries.set(len(self.cache))
-            return [hit if hit is not None else made[text] for text, hit in zip(texts, found, strict=True)]
+            return [hit if hit is not None else made[p] for p, hit in zip(prepared, found, strict=True)]
+
+    async def _prepare(
+        self,
+        translator: Translator,
+        leg: Leg,
+        texts: list[str],
+        request: TranslateRequest,
+        alternatives: int,
+        source: str | None,
+        ids: Sequence[Sequence[int]] | None,
+    ) -> list[Prepared]:
+        """The request's texts prepared for this model, once: a bad option or language is a 400 before anything
+        is queued. Tokenizing is done off the event loop (64 texts of 5,000 characters take a second) and off the
+        inference thread."""
+        try:
+            languages = self._languages(translator, leg, source)
+            options = self._decoding(translator, request, alternatives)
+            translator.prompt(**languages)  # checked even when there is no text
+            overrides = {k: v for k, v in vars(options).items() if v is not None}
+            return await asyncio.to_thread(translator.prepare, texts, ids=ids, **languages, **overrides)
+        except ValueError as e:
+            raise ApiError(400, str(e)) from e
 
     async def _queue(
         self,
         batcher: MicroBatcher,
-        texts: list[str],
-        options: DecodeOptions,
-        cost: int,
+        prepared: list[Prepared],
         disconnected: Callable[[], Awaitable[object]] | None,
     ) -> list[Translation]:
         timeout = self.options.timeout or None
         try:
-            return await batcher.translate(texts, options, timeout, cost=cost, disconnected=disconnected)
+            return await batcher.translate(prepared, timeout, disconnected=disconnected)
         except QueueFull as e:
             raise ApiError(503, f"server busy: {e}; retry later", RETRY_AFTER) from e
         except ClientGone as e:
@@ -327,50 +352,34 @@ class Service:
         assert self.detector is not None
         return await asyncio.to_thread(self.detector.detect, text)
 
-    def _decode_options(
-        self,
-        translator: Translator,
-        target_lang: str | None,
-        request: TranslateRequest,
-        alternatives: int,
-        source: str | None,
-    ) -> DecodeOptions:
-        """The request's decoding settings, checked before queueing so a bad value is a 400, not a failed batch."""
+    @staticmethod
+    def _languages(translator: Translator, leg: Leg, source: str | None) -> dict[str, str | None]:
+        """The language pair this model is told: models told their source by a token (NLLB, M2M100) take the
+        request's ("auto": the model's default); ValueError for one it does not read."""
+        return {"source_lang": translator.source_code(source), "target_lang": leg.target_lang}
+
+    def _decoding(self, translator: Translator, request: TranslateRequest, alternatives: int) -> DecodeOptions:
+        """The request's decoding settings over the service's."""
         beams = request.beams
         returned = alternatives + 1
         if alternatives:
             # LibreTranslate's alternatives are the runner-up beams: widen the beam when it is too narrow.
             default_beams = self.decoding.beams or translator.manifest.generation.get("num_beams") or 1
             beams = max(beams or default_beams, returned)
-        options = self.decoding.merged(
-            beams=beams,
-            max_new_tokens=request.max_new_tokens,
-            target_lang=target_lang,
-            num_return_sequences=returned,
-        )
-        try:
-            # Models told their source by a token (NLLB, M2M100) take the request's; "auto" is the model's default.
-            options = options.merged(source_lang=translator.source_code(source))
-            resolve_settings(translator.manifest, options)
-            translator.prompt(options.source_lang, options.target_lang)
-        except ValueError as e:
-            raise ApiError(400, str(e)) from e
-        return options
+        return self.decoding.merged(beams=beams, max_new_tokens=request.max_new_tokens, num_return_sequences=returned)
 
-    async def _check_cost(self, translator: Translator, texts: list[str], options: DecodeOptions) -> int:
-        """The request's cost in tokens x beams; ApiError 413 above --max-request-cost. Tokenizing is done off the
-        event loop (64 texts of 5,000 characters take a second) and off the inference thread."""
-        cost = await asyncio.to_thread(translator.cost, texts, **asdict(options))
+    def _check_cost(self, prepared: list[Prepared]) -> None:
+        """ApiError 413 when the request's cost in tokens x beams is above --max-request-cost."""
+        cost = sum(p.cost for p in prepared)
         limit = self.options.max_request_cost
         if limit and cost > limit:
-            settings = resolve_settings(translator.manifest, options)
+            settings = prepared[0].settings
             raise ApiError(
                 413,
                 f"request too large: it costs {cost} tokens x beams ((source tokens + {settings.max_length - 1} "
-                f"new tokens) x {settings.num_beams} beams, over {len(texts)} texts); the limit is {limit} "
+                f"new tokens) x {settings.num_beams} beams, over {len(prepared)} texts); the limit is {limit} "
                 "(max_request_cost): send fewer or shorter texts, fewer beams or a lower max_new_tokens",
             )
-        return cost
 
     def info(self) -> dict[str, Any]:
         catalog, pool = self.require_ready()
@@ -427,15 +436,11 @@ class Service:
 
 
 def _translate(
-    entry: ModelEntry,
-    texts: list[str],
-    options: DecodeOptions,
-    tokens: list[CancelToken],
-    on_batch: Callable[[int], None],
+    entry: ModelEntry, prepared: list[Prepared], tokens: list[CancelToken], on_batch: Callable[[int], None]
 ) -> list[Translation]:
     """Runs on the inference thread, in the model's batcher."""
     assert entry.translator is not None
-    return entry.translator.translate(texts, cancel=tokens, on_batch=on_batch, **asdict(options))
+    return entry.translator.translate_prepared(prepared, cancel=tokens, on_batch=on_batch)
 
 
 def _holds_models(path: Path) -> bool:
