@@ -11,6 +11,7 @@ import pytest
 
 from conftest import M2M100_PAIRS, NLLB_PAIRS, hf_language_id, hf_m2m100
 from onnxmt.manifest import read_manifest
+from onnxmt.runtime.options import DecodeOptions, RuntimeOptions
 from onnxmt.runtime.translator import Translator
 from sentences import SENTENCES
 from skips import importorskip
@@ -193,7 +194,9 @@ def test_validate_quantize_eval_and_inspect_work_on_nllb(
     from onnxmt.export.validate import ValidateOptions, validate
 
     texts = SENTENCES[:6]
-    options = ValidateOptions(beams=4, source_lang="eng_Latn", target_lang="fra_Latn", threads=1)
+    options = ValidateOptions(
+        DecodeOptions(beams=4, batch_size=1), RuntimeOptions(threads=1), source_lang="eng_Latn", target_lang="fra_Latn"
+    )
     report = validate(tiny_nllb_onnx_dir, str(tiny_nllb_hf_dir), texts, options)
     assert report.tokenizer_identical == report.greedy_identical == report.beam_identical == len(texts)
     assert report.max_abs_logit_diff < 1e-4
@@ -206,7 +209,8 @@ def test_validate_quantize_eval_and_inspect_work_on_nllb(
     src, ref = tmp_path / "test.eng_Latn", tmp_path / "test.fra_Latn"
     src.write_text("\n".join(texts) + "\n", encoding="utf-8")
     ref.write_text("\n".join(texts) + "\n", encoding="utf-8")
-    fast = EvalOptions(max_new_tokens=6, latency_sentences=1, batch_size=2, threads=1, target_lang="fra_Latn")
+    decoding, runtime = DecodeOptions(max_new_tokens=6, batch_size=2), RuntimeOptions(threads=1)
+    fast = EvalOptions(decoding=decoding, latency_sentences=1, runtime=runtime, target_lang="fra_Latn")
     rows = evaluate([tiny_nllb_onnx_dir], src, ref, fast, reference=str(tiny_nllb_hf_dir)).rows
     assert [r.kind for r in rows] == ["onnx", "pytorch"] and rows[0].hypotheses == rows[1].hypotheses
 

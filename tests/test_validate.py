@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from onnxmt.cli import app
 from onnxmt.manifest import DECODER_FILE, describe_files, read_manifest
+from onnxmt.runtime.options import DecodeOptions, RuntimeOptions
 from skips import importorskip
 
 importorskip("torch")
@@ -28,7 +29,7 @@ from onnxmt.export.validate import (  # noqa: E402
 
 # Two short and two long sentences; one thread, so that the shared CI cores are not oversubscribed.
 TEXTS = [*SHORT_SENTENCES[:2], *LONG_SENTENCES[:2]]
-OPTIONS = ValidateOptions(max_new_tokens=24, threads=1)
+OPTIONS = ValidateOptions(DecodeOptions(max_new_tokens=24, batch_size=1), RuntimeOptions(threads=1))
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:input of .* truncated")
 

@@ -21,6 +21,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .options import check, option, restore
+from .runtime.invariance import InvarianceOptions
+from .runtime.options import DecodeOptions, RuntimeOptions
+
 # The languages sacrebleu must segment into characters ("zh" tokenisation) before counting n-grams.
 CHINESE = {"zh", "zho", "cmn", "yue", "wuu", "lzh", "chinese"}
 
@@ -40,23 +44,21 @@ COLUMNS = (
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """limit: first N sentence pairs. beams, max_new_tokens: decoding (None: the model's defaults).
-    batch_size: the batch of the throughput (and quality) pass. latency_sentences: how many sentences are timed
-    one at a time. tokenize: sacrebleu tokenizer (None: "zh" for Chinese targets, else "13a"). batch_check: translate
-    the first `batch_sample` sentences alone and in shuffled batches and count those that agree (None: only for
-    dynamic int8 directories, whose activation scales can depend on the batch; runtime/invariance.py)."""
+    """decoding: None takes each model's defaults; batch_size is the batch of the throughput (and quality) pass.
+    runtime: threads is torch's too, for a PyTorch reference. invariance: the batch check (runtime/invariance.py).
+    source_lang, target_lang: the language pair, as `Translator.translate` takes it."""
 
-    limit: int | None = None
-    beams: int | None = None
-    max_new_tokens: int | None = None
-    batch_size: int = 16
-    latency_sentences: int = 20
-    threads: int | None = None
-    target_lang: str | None = None
-    tokenize: str | None = None
-    batch_check: bool | None = None
-    batch_sample: int = 32
+    limit: int | None = option(None, help="Use the first N sentence pairs.")
+    decoding: DecodeOptions = DecodeOptions()
+    latency_sentences: int = option(20, help="Sentences timed one at a time (batch 1).", min=0)
+    runtime: RuntimeOptions = RuntimeOptions()
+    tokenize: str | None = option(None, help="sacrebleu tokenizer (default: zh for Chinese targets, else 13a).")
+    invariance: InvarianceOptions = InvarianceOptions()
     source_lang: str | None = None
+    target_lang: str | None = None
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ class EvalReport:
     machine: dict[str, Any]
 
     def to_markdown(self) -> str:
-        header = [c.replace("batch N", f"batch {self.options.batch_size}") for c in COLUMNS]
+        header = [c.replace("batch N", f"batch {self.options.decoding.batch_size}") for c in COLUMNS]
         lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
         lines += ["| " + " | ".join(row.cells()) + " |" for row in self.rows]
         notes = (
@@ -115,7 +117,8 @@ class EvalReport:
         )
         if any(row.batch_invariance for row in self.rows):
             notes += (
-                f" Batch-invariant: sentences of the first {self.options.batch_sample} whose tokens are the same "
+                f" Batch-invariant: sentences of the first {self.options.invariance.batch_sample} whose tokens are "
+                "the same "
                 "translated alone and in shuffled batches of 8 (measured for dynamic int8, whose activation scales "
                 "are computed over the whole batch, or on request)."
             )
@@ -285,33 +288,27 @@ def _size_on_disk(directory: Path) -> int:
 
 class _OnnxModel:
     def __init__(self, model: str, options: EvalOptions) -> None:
-        from .runtime.options import DecodeOptions, RuntimeOptions
         from .runtime.translator import Translator
 
+        decoding = options.decoding
         self.translator = Translator(
-            model,
-            RuntimeOptions(threads=options.threads),
-            DecodeOptions(
-                beams=options.beams,
-                max_new_tokens=options.max_new_tokens,
-                target_lang=options.target_lang,
-                source_lang=options.source_lang,
-            ),
+            model, options.runtime, DecodeOptions(beams=decoding.beams, max_new_tokens=decoding.max_new_tokens)
         )
+        self.languages: dict[str, Any] = {"source_lang": options.source_lang, "target_lang": options.target_lang}
         self.size = _size_on_disk(Path(model))
         quantization = self.translator.manifest.quantization
         self.quantization = quantization.get("method", "?") if quantization else "fp32"
 
     def translate(self, texts: list[str], batch_size: int) -> list[str]:
-        return [t.text for t in self.translator.translate(texts, batch_size=batch_size)]
+        return [t.text for t in self.translator.translate(texts, batch_size=batch_size, **self.languages)]
 
     def batch_invariance(self, texts: list[str], options: EvalOptions) -> dict[str, Any] | None:
-        from .runtime.invariance import activation_scales, batch_invariance
+        from .runtime.invariance import batch_invariance
 
-        wanted = options.batch_check
-        if not (wanted or (wanted is None and activation_scales(self.translator.manifest))):
+        if not options.invariance.wanted(self.translator.manifest):
             return None
-        return batch_invariance(self.translator, texts, sample=options.batch_sample).to_dict()
+        sample = options.invariance.batch_sample
+        return batch_invariance(self.translator, texts, sample=sample, **self.languages).to_dict()
 
 
 class _PytorchModel:
@@ -326,14 +323,14 @@ class _PytorchModel:
         from .architectures import get_architecture
         from .export.hub import resolve_model
 
-        if options.threads:
-            torch.set_num_threads(options.threads)
+        if options.runtime.threads:
+            torch.set_num_threads(options.runtime.threads)
         source, _ = resolve_model(model)
         config = json.loads((source / "config.json").read_text(encoding="utf-8"))
         self.torch = torch
         self.model = get_architecture(config.get("model_type")).load(str(source))
         self.tokenizer = AutoTokenizer.from_pretrained(str(source))
-        settings = {"num_beams": options.beams, "max_new_tokens": options.max_new_tokens}
+        settings = {"num_beams": options.decoding.beams, "max_new_tokens": options.decoding.max_new_tokens}
         self.generate_kwargs = {k: v for k, v in settings.items() if v is not None}  # None: the model's default
         self.prefix = prompt.get("text", "")
         if prompt.get("source") is not None and hasattr(self.tokenizer, "src_lang"):
@@ -369,7 +366,7 @@ def _emit(message: dict[str, Any]) -> None:
 
 
 def run_worker(job: dict[str, Any]) -> dict[str, Any]:
-    options = EvalOptions(**job["options"])
+    options = restore(EvalOptions, job["options"])
     texts = Path(job["src_file"]).read_text(encoding="utf-8").splitlines()
     timed = texts[: options.latency_sentences]
     total = len(timed) + len(texts)
@@ -389,9 +386,10 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
         _emit({"progress": [i + 1, total]})
     hypotheses: list[str] = []
     t0 = time.perf_counter()
-    chunk = options.batch_size * 4  # long enough to sort into full batches, short enough to report progress
+    batch_size = options.decoding.batch_size
+    chunk = batch_size * 4  # long enough to sort into full batches, short enough to report progress
     for begin in range(0, len(texts), chunk):
-        hypotheses += model.translate(texts[begin : begin + chunk], options.batch_size)
+        hypotheses += model.translate(texts[begin : begin + chunk], batch_size)
         _emit({"progress": [len(timed) + len(hypotheses), total]})
     elapsed = time.perf_counter() - t0
     check = model.batch_invariance(texts, options) if isinstance(model, _OnnxModel) else None

@@ -27,6 +27,7 @@ from ..manifest import (
     describe_files,
     generation_defaults,
 )
+from ..options import option
 from .graphs import cache_names, export_decoder, export_encoder, graph_spec
 from .hub import resolve_model
 from .weights import store_weights
@@ -41,14 +42,19 @@ class ExportError(ValueError):
 
 @dataclass(frozen=True)
 class ExportOptions:
-    opset: int = 17
-    revision: str | None = None
-    force: bool = False
-    default_target: str | None = None  # e.g. "cmn_Hans" for multi-target models
-    check: bool = True
-    # The decoder's self-attention cache as a buffer the runtime writes in place (the cache is held once), instead of
-    # taken and returned grown by a Concat in the graph (marian.py; docs/performance.md).
-    buffered_cache: bool = True
+    opset: int = option(17, help="ONNX opset.")
+    revision: str | None = option(None, help="Hub revision (branch, tag or commit).")
+    force: bool = option(False, help="Replace a non-empty OUTPUT_DIR.", flags=("--force",))
+    default_target: str | None = option(None, help="Default target language of a multi-target model, e.g. cmn_Hans.")
+    check: bool = option(True, help="Compare the ONNX graphs with PyTorch after export.")
+    # marian.py builds both.
+    buffered_cache: bool = option(
+        True,
+        help="Decoder self-attention cache as a buffer the runtime writes in place (the default: the cache is held "
+        "once), or taken and returned grown by a Concat in the graph, as directories exported before this default "
+        "have it (docs/performance.md).",
+        flags=("--cache-buffer/--cache-concat",),
+    )
 
 
 @dataclass(frozen=True)

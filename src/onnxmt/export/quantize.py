@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest import WEIGHTS_FILE, Manifest, describe_files, read_manifest, verify_files
+from ..options import option
 from .weights import bias_add, join_heads, replace_node, save_graph, store_weights, too_large, twin_transpose
 
 PARTS = ("encoder", "decoder", "all")
@@ -47,21 +48,26 @@ class QuantizeError(ValueError):
 
 @dataclass(frozen=True)
 class QuantizeOptions:
-    """parts: which graphs to quantize. op_types: the weight-carrying operators to quantize (Gather: the
-    embeddings, int8 rows with a scale each; Gemm: the LM head). exclude: node names kept in
-    float ("lm_head": the tied LM head). int4: weight-only 4-bit (MatMulNBits, GatherBlockQuantized) instead of
-    dynamic int8. per_channel: int8 scales per output column rather than per matrix. per_row_scales: int8
-    activations quantized with a scale per row (per token) instead of one per tensor, so that a sentence's output
-    does not depend on what it is batched with (export/row_scales.py)."""
+    """How `quantize` works. Of the op_types, Gather quantizes the embeddings (int8 rows with a scale each) and Gemm
+    the LM head; per_row_scales is export/row_scales.py."""
 
-    parts: str = "all"
-    op_types: tuple[str, ...] = OP_TYPES
-    exclude: tuple[str, ...] = ()
-    per_channel: bool = True
-    per_row_scales: bool = False
-    int4: bool = False
-    block_size: int = 32  # int4 only: weights per scale
-    force: bool = False
+    parts: str = option("all", help="Graphs to quantize: encoder, decoder or all.")
+    op_types: tuple[str, ...] = option(OP_TYPES, help="Operators to quantize, comma-separated.")
+    exclude: tuple[str, ...] = option(
+        (), help="Node to keep in float (lm_head: the tied LM head); repeat, or separate with commas.", repeat=True
+    )
+    per_channel: bool = option(True, help="int8 scales per output channel (else per tensor).")
+    per_row_scales: bool = option(
+        False,
+        help="int8 activations with a scale per row (token), not per batch tensor: a sentence's output no longer "
+        "depends on what it is batched with (docs/serve.md).",
+        flags=("--per-row-scales",),
+    )
+    int4: bool = option(
+        False, help="Weight-only int4 (MatMulNBits, GatherBlockQuantized) instead of dynamic int8.", flags=("--int4",)
+    )
+    block_size: int = option(32, help="int4: weights per scale (a power of two, at least 16).")
+    force: bool = option(False, help="Replace a non-empty OUTPUT_DIR.", flags=("--force",))
 
 
 @dataclass(frozen=True)

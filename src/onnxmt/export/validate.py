@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..architectures import Prompt
-from ..runtime.invariance import SAMPLE, activation_scales, batch_invariance
+from ..runtime.invariance import InvarianceOptions, batch_invariance
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.translator import Translator
 
@@ -64,20 +64,16 @@ DEFAULT_CORPUS = SHORT_SENTENCES + LONG_SENTENCES
 
 @dataclass(frozen=True)
 class ValidateOptions:
-    """beams: the beam size of the beam-search pass (None: the model's num_beams). max_new_tokens: None keeps
-    the model's generation limit. batch_size: sentences per batch, on both sides. threads: intra-op threads of
-    ONNX Runtime and torch (None: their defaults). batch_check: also translate up to `batch_sample` sentences
-    alone and in shuffled batches and report how many agree (None: only for dynamic int8 directories, whose
-    activation scales can depend on the batch; runtime/invariance.py)."""
+    """decoding: beams is the beam size of the beam-search pass (a greedy pass runs too), max_new_tokens None keeps
+    the model's generation limit, batch_size the sentences per batch on both sides. runtime: threads is that of
+    ONNX Runtime and torch. invariance: the batch check (runtime/invariance.py). source_lang, target_lang: the
+    language pair, as `Translator.translate` takes it."""
 
-    beams: int | None = None
-    max_new_tokens: int | None = None
-    batch_size: int = 1
-    target_lang: str | None = None
-    threads: int | None = None
-    batch_check: bool | None = None
+    decoding: DecodeOptions = DecodeOptions(batch_size=1)
+    runtime: RuntimeOptions = RuntimeOptions()
+    invariance: InvarianceOptions = InvarianceOptions()
     source_lang: str | None = None
-    batch_sample: int = SAMPLE
+    target_lang: str | None = None
 
 
 @dataclass(frozen=True)
@@ -284,10 +280,9 @@ def validate(
     advance: Callable[[int], None] = lambda n: None,
 ) -> ValidationReport:
     """Compare `model_dir` with `reference` on `texts`. `advance(n)` reports progress: 3 units per sentence."""
-    decoding = DecodeOptions(target_lang=options.target_lang, source_lang=options.source_lang)
-    translator = Translator(model_dir, RuntimeOptions(threads=options.threads), decoding)
-    ref = _Reference(reference, options.threads)
-    beams = options.beams or int(translator.manifest.generation.get("num_beams") or 1)
+    translator = Translator(model_dir, options.runtime)
+    ref = _Reference(reference, options.runtime.threads)
+    beams = options.decoding.beams or int(translator.manifest.generation.get("num_beams") or 1)
     token = (translator.prompt(options.source_lang, options.target_lang), translator.source_code(options.source_lang))
     texts = list(texts)
     outputs: dict[str, tuple[list[list[int]], list[list[int]]]] = {}
@@ -315,13 +310,12 @@ def validate(
         total_abs, count = total_abs + float(diff.sum()), count + diff.size
         advance(1)
     report.mean_abs_logit_diff = total_abs / count if count else 0.0
-    check = options.batch_check
-    if check or (check is None and activation_scales(translator.manifest)):
+    if options.invariance.wanted(translator.manifest):
         report.batch_invariance = {}
+        pair: dict[str, Any] = {"source_lang": options.source_lang, "target_lang": options.target_lang}
+        sample, max_new_tokens = options.invariance.batch_sample, options.decoding.max_new_tokens
         for search, b in (("greedy", 1), ("beam", beams)):
-            result = batch_invariance(
-                translator, texts, beams=b, max_new_tokens=options.max_new_tokens, sample=options.batch_sample
-            )
+            result = batch_invariance(translator, texts, beams=b, max_new_tokens=max_new_tokens, sample=sample, **pair)
             report.batch_invariance[search] = {**result.to_dict(), "description": result.describe()}
     return report
 
@@ -369,12 +363,18 @@ def _generate_both(
     """(reference outputs, onnx outputs) for every text, in batches of the same sentences on both sides."""
     ref_out: list[list[int]] = []
     onnx_out: list[list[int]] = []
-    for start in range(0, len(texts), options.batch_size):
-        batch = texts[start : start + options.batch_size]
-        limit = {"max_new_tokens": options.max_new_tokens} if options.max_new_tokens else {}
+    size, max_new_tokens = options.decoding.batch_size, options.decoding.max_new_tokens
+    for start in range(0, len(texts), size):
+        batch = texts[start : start + size]
+        limit = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}
         ref_out += ref.generate(ref.encode(batch, *token), token[0], num_beams=beams, **limit)
         results = translator.translate(
-            batch, beams=beams, max_new_tokens=options.max_new_tokens, batch_size=options.batch_size
+            batch,
+            source_lang=options.source_lang,
+            target_lang=options.target_lang,
+            beams=beams,
+            max_new_tokens=max_new_tokens,
+            batch_size=size,
         )
         onnx_out += [r.token_ids for r in results]
         advance(len(batch))

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..manifest import Manifest
+from ..options import check, option
 from .translator import Translator, resolve_settings
 
 SAMPLE = 32  # sentences: ~5 s at batch 1 for opus-mt's architecture in int8 on 2 cores, greedy
@@ -27,6 +28,28 @@ def activation_scales(manifest: Manifest) -> str | None:
     if quantization.get("method") != "dynamic int8":
         return None
     return str(quantization.get("activation_scales") or "per tensor")
+
+
+@dataclass(frozen=True)
+class InvarianceOptions:
+    """Whether `validate` and `eval` run the check, and on how many sentences."""
+
+    batch_check: bool | None = option(
+        None,
+        help="Also translate a sample alone and in shuffled batches and report how many sentences agree (default: "
+        "only for dynamic int8, whose activation scales depend on the batch).",
+        flags=("--batch-check/--no-batch-check",),
+    )
+    batch_sample: int = option(
+        SAMPLE, help=f"Sentences the batch check translates (alone, then in batches of {BATCH_SIZE}).", min=1
+    )
+
+    def __post_init__(self) -> None:
+        check(self)
+
+    def wanted(self, manifest: Manifest) -> bool:
+        """Asked for, or not refused and the directory is dynamic int8."""
+        return bool(self.batch_check or (self.batch_check is None and activation_scales(manifest)))
 
 
 @dataclass(frozen=True)
@@ -64,13 +87,21 @@ def batch_invariance(
     sample: int = SAMPLE,
     batch_size: int = BATCH_SIZE,
     seed: int = 0,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
 ) -> BatchInvariance:
     """Translate up to `sample` non-empty `texts` one at a time and in shuffled batches of `batch_size` (each
-    sorted by length inside, as `translate` does); count the sentences whose tokens are the same both ways."""
+    sorted by length inside, as `translate` does); count the sentences whose tokens are the same both ways. The
+    language pair: `Translator.translate`'s."""
     if sample < 1 or batch_size < 2:
         raise ValueError(f"sample must be at least 1 and batch_size at least 2, got {sample} and {batch_size}")
     chosen = [t for t in texts if t.strip()][:sample]
-    options: dict[str, Any] = {"beams": beams, "max_new_tokens": max_new_tokens}
+    options: dict[str, Any] = {
+        "beams": beams,
+        "max_new_tokens": max_new_tokens,
+        "source_lang": source_lang,
+        "target_lang": target_lang,
+    }
     alone = [translator.translate([t], batch_size=1, **options)[0].token_ids for t in chosen]
     order = list(range(len(chosen)))
     random.Random(seed).shuffle(order)

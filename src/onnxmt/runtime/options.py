@@ -6,26 +6,29 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ..layout import canonical_variant
+from ..options import check, option
 
 
 @dataclass(frozen=True)
 class RuntimeOptions:
-    """How ONNX Runtime runs the graphs.
+    """How ONNX Runtime runs the graphs."""
 
-    threads: intra-op threads per session (None: one per core). spinning: let idle ORT threads busy-wait; off by
-    default because on small machines the spinning threads steal the cores the work needs (measured 38-50% slower
-    at batch 1 on 2 cores). verify: check every file's sha256 against the manifest when loading. variant: which
-    graphs of an Optimum or Transformers.js directory to load (fp32, quantized or q8, int8, uint8, q4, bnb4, fp16,
-    q4f16); None takes fp32 if present, else the first complete one of layout.DEFAULT_VARIANT_ORDER.
-    """
-
-    threads: int | None = None
-    spinning: bool = False
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)
-    verify: bool = True
-    variant: str | None = None
+    threads: int | None = option(None, help="ONNX Runtime intra-op threads (default: all cores).")
+    # Off by default because on small machines the spinning threads steal the cores the work needs (measured
+    # 38-50% slower at batch 1 on 2 cores); `onnxmt tune` measures it.
+    spinning: bool = option(False, help="Let idle ONNX Runtime threads busy-wait for work.")
+    providers: tuple[str, ...] = option(("CPUExecutionProvider",), help="ONNX Runtime execution providers.")
+    verify: bool = option(True, help="Check every file's sha256 against the manifest when loading.")
+    # None: fp32 if present, else the first complete one of layout.DEFAULT_VARIANT_ORDER.
+    variant: str | None = option(
+        None,
+        help="Graphs of an Optimum/Transformers.js directory to load: fp32, quantized (q8), int8, uint8, q4, bnb4, "
+        "fp16, q4f16 (default: fp32 if present, else the first of those present).",
+        env=True,
+    )
 
     def __post_init__(self) -> None:
+        check(self)
         if self.variant is not None:
             canonical_variant(self.variant)  # ValueError naming the valid ones, before anything is loaded
 
@@ -33,33 +36,42 @@ class RuntimeOptions:
 @dataclass(frozen=True)
 class DecodeOptions:
     """Decoding settings. None means: take the model's generation default from the manifest (as transformers does).
+    A text's language pair is not a decoding setting: it is given with the texts (`Translator.translate`'s
+    `source_lang` and `target_lang`)."""
 
-    beams: 1 is greedy search. max_new_tokens takes precedence over max_length (which counts the decoder start
-    token, as in transformers). min_new_tokens = max_new_tokens forces an exact output length (benchmarks).
-    target_lang: a target language of a multi-target model ("cmn_Hans", "zho_Hans"), or its token (">>cmn_Hans<<").
-    source_lang: the source language of a model told it by a token (NLLB's "eng_Latn", M2M100's "en"); None: the
-    model's default source (transformers' tokenizer default).
-    renormalize_logits: log-softmax the beam scores again after the logits processors (the model's
-    generation_config decides by default; opus-mt models set it). max_batch_cost: most tokens x beams per decoder
-    batch (source tokens + max new tokens, times beams, summed over its texts; None: no budget), which bounds the
-    decoder's memory; batches are cut at `batch_size` texts or this budget, whichever comes first.
-    """
+    beams: int | None = option(None, help="Beam size (1 is greedy; default: the model's).", min=1)
+    max_new_tokens: int | None = option(None, help="Most tokens to generate per text.", min=1)
+    max_length: int | None = option(
+        None, help="Most tokens of an output, the decoder start token counted (transformers'); max_new_tokens wins."
+    )
+    min_new_tokens: int | None = option(
+        None, help="Fewest tokens to generate per text; = max_new_tokens: an exact output length (benchmarks)."
+    )
+    min_length: int | None = option(None, help="Fewest tokens of an output, the decoder start token counted.")
+    length_penalty: float | None = option(
+        None, help="Beam search: the exponent of the length a hypothesis's log-probability is divided by."
+    )
+    early_stopping: bool | str | None = option(
+        None, help='Beam search: True stops at num_beams finished hypotheses; False and "never" as in transformers.'
+    )
+    no_repeat_ngram_size: int | None = option(None, help="No n-gram of this size is generated twice (0: any may).")
+    repetition_penalty: float | None = option(
+        None, help="Penalty on the logits of tokens already generated, as transformers applies it (1.0: none)."
+    )
+    renormalize_logits: bool | None = option(
+        None, help="Log-softmax the beam scores again after the logits processors (opus-mt models set it)."
+    )
+    num_return_sequences: int = option(1, help="Translations returned per text, best first (at most beams).")
+    batch_size: int = option(16, help="Texts per decoder batch.", min=1)
+    # Which bounds the decoder's memory: batches are cut at `batch_size` texts or this budget, whichever comes first.
+    max_batch_cost: int | None = option(
+        None,
+        help="Most tokens x beams per decoder batch (source tokens + max new tokens, times beams, summed over its "
+        "texts; default: no budget).",
+    )
 
-    beams: int | None = None
-    max_new_tokens: int | None = None
-    max_length: int | None = None
-    min_new_tokens: int | None = None
-    min_length: int | None = None
-    length_penalty: float | None = None
-    early_stopping: bool | str | None = None
-    no_repeat_ngram_size: int | None = None
-    repetition_penalty: float | None = None
-    renormalize_logits: bool | None = None
-    num_return_sequences: int = 1
-    batch_size: int = 16
-    target_lang: str | None = None
-    max_batch_cost: int | None = None
-    source_lang: str | None = None
+    def __post_init__(self) -> None:
+        check(self)
 
     def merged(self, **overrides: Any) -> DecodeOptions:
         """A copy with the non-None overrides applied; unknown names raise TypeError."""

@@ -16,11 +16,12 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..documents.translate import translate_lines
+from ..options import check, option
 from ..runtime.options import DecodeOptions, RuntimeOptions
 
 if TYPE_CHECKING:
@@ -45,21 +46,24 @@ def _import_ray() -> Any:
 
 @dataclass(frozen=True)
 class CorpusJob:
-    """What `translate_corpus` does. field: the JSONL field or Parquet column to translate (text files: each line);
-    output_field: where JSONL and Parquet rows get their translation; workers: actors, each with one Translator;
-    threads: ONNX Runtime threads per actor (None: the cluster's CPUs divided by the workers, at least 1);
-    block_rows: rows per block, the unit of progress and of resuming."""
+    """What `translate_corpus` does. field: in a text file, each line. runtime: threads is per actor (None: the
+    cluster's CPUs divided by the workers, at least 1). source_lang, target_lang: the language pair, as
+    `Translator.translate` takes it."""
 
     input: Path
     output: Path
     model_dir: Path
     decoding: DecodeOptions = DecodeOptions()
-    field: str = "text"
-    output_field: str = "translation"
-    workers: int = 1
-    threads: int | None = None
-    block_rows: int = 1000
-    work_dir: Path | None = None
+    field: str = option("text", help="JSONL field or Parquet column to translate.")
+    output_field: str = option("translation", help="JSONL field or Parquet column for the translation.")
+    workers: int = option(1, help="Ray actors, each with one Translator.", min=1)
+    runtime: RuntimeOptions = RuntimeOptions()
+    block_rows: int = option(1000, help="Rows per block: the unit of progress and of resuming.", min=1)
+    work_dir: Path | None = option(
+        None, help="Blocks and finished parts (default: OUTPUT.onnxmt-work beside the output)."
+    )
+    source_lang: str | None = None
+    target_lang: str | None = None
 
     def __post_init__(self) -> None:
         for path, role in ((self.input, "input"), (self.output, "output")):
@@ -67,8 +71,7 @@ class CorpusJob:
                 raise ValueError(f"{role} {path} has no known format; name it *.txt, *.jsonl or *.parquet")
         if FORMATS[self.input.suffix.lower()] != FORMATS[self.output.suffix.lower()]:
             raise ValueError(f"output {self.output} must have the input's format ({self.input.suffix})")
-        if self.workers < 1 or self.block_rows < 1:
-            raise ValueError("workers and block_rows must be at least 1")
+        check(self)
 
     @property
     def format(self) -> str:
@@ -181,11 +184,18 @@ class TranslateBatch:
     """The callable class `map_batches` runs on each actor: one Translator, loaded once per actor."""
 
     def __init__(
-        self, model_dir: str, runtime: dict[str, Any], decoding: dict[str, Any], column: str, output_column: str
+        self,
+        model_dir: str,
+        runtime: dict[str, Any],
+        decoding: dict[str, Any],
+        languages: dict[str, str | None],
+        column: str,
+        output_column: str,
     ) -> None:
         from ..runtime.translator import Translator
 
         self.translator = Translator(model_dir, RuntimeOptions(**runtime), DecodeOptions(**decoding))
+        self.languages = languages
         self.column, self.output_column = column, output_column
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -193,7 +203,7 @@ class TranslateBatch:
 
         texts = [str(t) if t is not None else "" for t in batch[self.column]]
         # Plain text's one rule (documents/translate.py), as `onnxmt translate` and the service apply it.
-        translations = list(translate_lines(self.translator, texts))
+        translations = list(translate_lines(self.translator, texts, **self.languages))
         return {**batch, self.output_column: np.array(translations, dtype=object)}
 
 
@@ -204,22 +214,25 @@ def translate_dataset(
     column: str = "text",
     output_column: str = "translation",
     workers: int = 1,
-    threads: int | None = None,
+    runtime: RuntimeOptions = RuntimeOptions(),
     decoding: DecodeOptions = DecodeOptions(),
+    source_lang: str | None = None,
+    target_lang: str | None = None,
     rows_per_call: int | None = None,
 ) -> ray.data.Dataset:
-    """`dataset` with `output_column` added: the translation of `column`, by `workers` actors holding one
-    Translator each (`threads` ONNX Runtime threads and as many Ray CPUs per actor; None: the cluster's CPUs
-    divided by the workers). Lazy, as Ray Data is: nothing runs until the dataset is consumed."""
+    """`dataset` with `output_column` added: the translation of `column` (from `source_lang` into `target_lang`,
+    None: the model's defaults), by `workers` actors holding one Translator each (`runtime.threads` ONNX Runtime
+    threads and as many Ray CPUs per actor; None: the cluster's CPUs divided by the workers). Lazy, as Ray Data
+    is: nothing runs until the dataset is consumed."""
     ray = _import_ray()
-    threads = threads or threads_per_worker(workers, ray.cluster_resources().get("CPU", os.cpu_count() or 1))
-    runtime = asdict(RuntimeOptions(threads=threads))
+    threads = runtime.threads or threads_per_worker(workers, ray.cluster_resources().get("CPU", os.cpu_count() or 1))
     return dataset.map_batches(
         TranslateBatch,
         fn_constructor_kwargs={
             "model_dir": str(Path(model_dir).resolve()),
-            "runtime": runtime,
+            "runtime": asdict(replace(runtime, threads=threads)),
             "decoding": asdict(decoding),
+            "languages": {"source_lang": source_lang, "target_lang": target_lang},
             "column": column,
             "output_column": output_column,
         },
@@ -268,7 +281,7 @@ def translate_corpus(
     if started_here:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        threads = job.threads or threads_per_worker(job.workers, ray.cluster_resources().get("CPU", 1))
+        threads = job.runtime.threads or threads_per_worker(job.workers, ray.cluster_resources().get("CPU", 1))
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # the caller shows progress by block
         # The staged blocks go to the actors straight from the driver (`from_arrow`), a window at a time: read
@@ -282,8 +295,10 @@ def translate_corpus(
                 column=job.field,
                 output_column=job.output_field,
                 workers=job.workers,
-                threads=threads,
+                runtime=replace(job.runtime, threads=threads),
                 decoding=job.decoding,
+                source_lang=job.source_lang,
+                target_lang=job.target_lang,
             )
             buffers: dict[int, list[pa.Table]] = {}
             for batch in translated.iter_batches(batch_size=None, batch_format="pyarrow"):

@@ -27,8 +27,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..options import check, option, split_list
 from ..runtime.options import DecodeOptions, RuntimeOptions
-from ..serve.options import ServeOptions, split_list
+from ..serve.options import ServeOptions
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -41,33 +42,28 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RayServeOptions:
-    """How the deployment scales. replicas: a fixed number of replicas; min_replicas / max_replicas: autoscaling
-    bounds instead (either one set turns autoscaling on; `replicas` is then the initial number), scaled on
-    ongoing requests per replica against target_ongoing_requests (default: max_batch_size, a full batch).
-    cpus_per_replica: Ray CPUs each replica reserves, and its ONNX Runtime threads unless `--threads` says
-    otherwise. max_ongoing_requests: requests Ray sends a replica at once (default: two batches, so the next batch
-    is queued while one runs); more wait in Ray's router. name / route_prefix: the Serve application's."""
+    """How the deployment scales: a fixed number of replicas, or autoscaling between min_replicas and max_replicas
+    (either one set turns it on; `replicas` is then the initial number), on ongoing requests per replica against
+    target_ongoing_requests."""
 
-    replicas: int = 1
-    min_replicas: int | None = None
-    max_replicas: int | None = None
-    cpus_per_replica: float = 1.0
-    max_ongoing_requests: int | None = None
-    target_ongoing_requests: float | None = None
-    name: str = "onnxmt"
-    route_prefix: str = "/"
+    replicas: int = option(1, help="With --ray: replicas (the initial number when autoscaling).", min=1)
+    min_replicas: int | None = option(None, help="With --ray: autoscale, down to this many.", min=0)
+    max_replicas: int | None = option(None, help="With --ray: autoscale, up to this many.")
+    cpus_per_replica: float = option(1.0, help="With --ray: CPUs per replica (its threads unless --threads).", above=0)
+    # Two batches by default, so the next batch is queued while one runs; more wait in Ray's router.
+    max_ongoing_requests: int | None = option(
+        None, help="Requests Ray sends a replica at once (default: 2 x max_batch_size).", min=1
+    )
+    target_ongoing_requests: float | None = option(
+        None, help="Autoscaling: ongoing requests per replica to aim at (default: max_batch_size, a full batch)."
+    )
+    name: str = option("onnxmt", help="The Serve application's name.")
+    route_prefix: str = option("/", help="The Serve application's route prefix.")
 
     def __post_init__(self) -> None:
-        if self.replicas < 1:
-            raise ValueError(f"replicas must be at least 1, got {self.replicas}")
-        if self.min_replicas is not None and self.min_replicas < 0:
-            raise ValueError(f"min_replicas must not be negative, got {self.min_replicas}")
+        check(self)
         if self.max_replicas is not None and self.max_replicas < max(1, self.min_replicas or 0):
             raise ValueError(f"max_replicas must be at least 1 and min_replicas, got {self.max_replicas}")
-        if not self.cpus_per_replica > 0:
-            raise ValueError(f"cpus_per_replica must be positive, got {self.cpus_per_replica}")
-        if self.max_ongoing_requests is not None and self.max_ongoing_requests < 1:
-            raise ValueError(f"max_ongoing_requests must be at least 1, got {self.max_ongoing_requests}")
 
     @property
     def autoscaling(self) -> bool:

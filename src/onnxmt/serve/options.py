@@ -6,130 +6,108 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..documents.limits import DocumentLimits
+from ..options import check, option
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """How the service listens, batches and limits.
+    """How the service listens, batches and limits; each field's help says what it does (`onnxmt serve --help`).
+    Two limits of 0 mean none: max_request_cost and max_batch_cost (tokens x beams: Translator.cost's source
+    tokens + max new tokens, times beams, summed over the texts)."""
 
-    max_batch_size: most texts per decoder batch. batch_window_ms: how long the first request of a batch waits for
-    others to join it; a short window trades a little latency at low load for much throughput at high load.
-    max_queue: requests waiting for the decoder beyond the running batch; one more gets 503 with Retry-After,
-    so memory and latency stay bounded under overload. timeout: seconds a request may wait and run (0: no limit).
-    max_chars / max_texts / max_body_bytes / max_beams: per-request limits. api_keys: when non-empty, /translate
-    needs one of them as `api_key`; protect_all: every endpoint but /health and /ready does. cors_origins: origins
-    allowed to call the API from a browser ("*" for any). max_request_cost: most tokens x beams one request may cost
-    (Translator.cost: source tokens + max new tokens, times beams, summed over its texts); more gets 413.
-    max_batch_cost: most tokens x beams per decoder batch, which bounds the decoder's memory (0: no limit, for both).
-    Slow clients: request_timeout: seconds a connection may take to send a whole request (headers and body),
-    counted from the moment the connection opened or, on a kept-alive connection, from the request's first byte;
-    then it is answered 408 and closed. keep_alive_timeout:
-    seconds an idle keep-alive connection is kept. max_connections: open connections; one more is answered 503
-    and closed at once, and requests beyond it in flight get 503 (uvicorn's limit_concurrency).
-    Several models (serve/pool.py): max_loaded_models: most models loaded at once; max_loaded_mb: most megabytes
-    of model files loaded at once (0: no limit, for both); the least recently used are unloaded to make room.
-    pivot: a language (`en`) to translate through when no model translates a pair directly (None: never).
-    cache_size: translations kept in the translation cache, per text (0: no cache); cache_mb: most megabytes they
-    take (texts, translations, token ids), the least recently used dropped first.
-    Documents (/translate_file, format html, /translate/stream; docs/documents.md): max_document_cost: most tokens x
-    beams one document may cost in all (413 above it; it is translated in requests under max_request_cost each).
-    max_document_sentences, max_document_texts: sentences and blocks of text (paragraphs, cues, cells) per document;
-    max_document_unpacked_mb, max_document_ratio, max_document_xml_elements: a .docx's size after decompression, the
-    most a zip member may expand, its XML nodes. A document's sentences are limited to max_chars, as texts are.
-    Documents are read and written in document_workers processes of document_worker_mb of address space each (0:
-    no limit), each step within `timeout`; max_document_queue documents may wait for one (more get 503).
-    Translated files: max_stored_mb megabytes of them kept (the oldest removed first), each keep_files_seconds.
-    public_url: the service's address as clients reach it (https://translate.example.com), for translatedFileUrl;
-    None: the request's own. forwarded_allow_ips: proxies whose X-Forwarded-For/-Proto headers are trusted
-    (comma-separated addresses, "*" for any; None: none).
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 5000  # LibreTranslate's default port, so clients' defaults work
-    max_batch_size: int = 16
-    batch_window_ms: float = 10.0
-    max_queue: int = 256
-    timeout: float = 60.0
-    max_chars: int = 5000
-    max_texts: int = 64
-    max_body_bytes: int = 1 << 20
-    max_beams: int = 8
-    max_request_cost: int = 65536
-    max_batch_cost: int = 65536
-    api_keys: tuple[str, ...] = ()
-    protect_all: bool = False
-    cors_origins: tuple[str, ...] = ()
-    request_timeout: float = 30.0
-    keep_alive_timeout: float = 5.0
-    max_connections: int = 1000
-    log_level: str = "info"
-    access_log: bool = True
-    max_loaded_models: int = 0
-    max_loaded_mb: float = 0.0
-    pivot: str | None = None
-    cache_size: int = 10000
-    cache_mb: float = 64.0
-    max_document_cost: int = 1 << 22
-    max_document_sentences: int = 50_000
-    max_document_texts: int = 50_000
-    max_document_unpacked_mb: float = 64.0
-    max_document_ratio: float = 200.0
-    max_document_xml_elements: int = 500_000
-    document_workers: int = 1
-    document_worker_mb: int = 4096
-    max_document_queue: int = 16
-    max_stored_mb: float = 256.0
-    keep_files_seconds: float = 3600.0
-    public_url: str | None = None
-    forwarded_allow_ips: str | None = None
+    host: str = option("127.0.0.1", help="Address to listen on.")
+    port: int = option(5000, help="Port to listen on.", min=0, max=65535)  # LibreTranslate's, so clients' defaults work
+    max_batch_size: int = option(16, help="Most texts per decoder batch.", min=1)
+    # A short window trades a little latency at low load for much throughput at high load.
+    batch_window_ms: float = option(10.0, help="How long a request waits for others to batch with.", min=0)
+    # Beyond the running batch; so memory and latency stay bounded under overload.
+    max_queue: int = option(256, help="Requests that may wait; more get 503 + Retry-After.", min=1)
+    timeout: float = option(60.0, help="Seconds a request may wait and run (0: no limit).", min=0)
+    max_chars: int = option(5000, help="Most characters per text.", min=1)
+    max_texts: int = option(64, help="Most texts per request.", min=1)
+    max_body_bytes: int = option(1 << 20, help="Largest request body; larger get 413.", min=1)
+    max_beams: int = option(8, help="Largest beam a request may ask for.", min=1)
+    max_request_cost: int = option(
+        65536,
+        help="Most tokens x beams per request ((source + max new tokens) x beams, summed); more get 413 (0: none).",
+        min=0,
+    )
+    max_batch_cost: int = option(65536, help="Most tokens x beams per decoder batch: bounds memory (0: none).", min=0)
+    api_keys: tuple[str, ...] = option((), help="Comma-separated API keys; when set, /translate needs one.")
+    protect_all: bool = option(False, help="Every endpoint but /health and /ready needs a key too.")
+    cors_origins: tuple[str, ...] = option((), help="Comma-separated origins allowed from browsers, or *.")
+    # Slow clients. Counted from the moment the connection opened or, on a kept-alive connection, from the
+    # request's first byte; the connection is then answered 408 and closed.
+    request_timeout: float = option(30.0, help="Seconds a client may take to send a whole request; then 408.", above=0)
+    keep_alive_timeout: float = option(5.0, help="Seconds an idle keep-alive connection is kept.", above=0)
+    # Requests beyond it in flight get 503 too (uvicorn's limit_concurrency).
+    max_connections: int = option(1000, help="Open connections; more are answered 503 and closed.", min=1)
+    log_level: str = option("info", help="debug, info, warning or error.", choices=LOG_LEVELS, parse=str.lower)
+    access_log: bool = option(True, help="Log every request.")
+    # Several models (serve/pool.py).
+    max_loaded_models: int = option(
+        0,
+        help="Most models loaded at once; the least recently used is unloaded to load another (0: no limit).",
+        min=0,
+    )
+    max_loaded_mb: float = option(
+        0.0,
+        help="Most megabytes of model files loaded at once, least recently used unloaded first (0: no limit).",
+        min=0,
+    )
+    pivot: str | None = option(
+        None,
+        help="Translate through this language (e.g. en) when no model translates a pair directly; the answer "
+        'says so ("pivot": "en").',
+    )
+    # The translation cache: per text; its bytes count texts, translations and token ids.
+    cache_size: int = option(10000, help="Translations kept in the translation cache (0: no cache).", min=0)
+    cache_mb: float = option(
+        64.0, help="Most megabytes the translation cache takes; least recently used dropped first (0: no limit).", min=0
+    )
+    # Documents (/translate_file, format html, /translate/stream; docs/documents.md). A document is translated in
+    # requests under max_request_cost each, its sentences limited to max_chars as texts are.
+    max_document_cost: int = option(
+        1 << 22, help="Most tokens x beams one document (file, html, stream) may cost in all; more get 413.", min=1
+    )
+    max_document_sentences: int = option(50_000, help="Most sentences per document; more get 413.", min=1)
+    max_document_texts: int = option(
+        50_000, help="Most blocks of text (paragraphs, cues, cells) per document; more get 413.", min=1
+    )
+    max_document_unpacked_mb: float = option(64.0, help="Most megabytes a .docx may expand to; more get 413.", above=0)
+    max_document_ratio: float = option(  # DocumentLimits checks it (at least 1)
+        200.0, help="Most a .docx's zip member may expand (uncompressed / compressed); more get 413."
+    )
+    max_document_xml_elements: int = option(
+        500_000, help="Most XML nodes (elements, attributes, comments) in a .docx; more get 413.", min=1
+    )
+    # Each step of a document in a worker runs within `timeout`.
+    document_workers: int = option(1, help="Processes that read and write documents, each one at a time.", min=1)
+    document_worker_mb: int = option(
+        4096,
+        help="Address space of a document worker, in MB; a document needing more gets 413 (0: no limit).",
+        min=0,
+    )
+    max_document_queue: int = option(
+        16, help="Documents that may wait for a worker; more get 503 + Retry-After.", min=1
+    )
+    max_stored_mb: float = option(
+        256.0, help="Most megabytes of translated files kept for download; the oldest go first.", above=0
+    )
+    keep_files_seconds: float = option(3600.0, help="Seconds a translated file is kept for download.", above=0)
+    public_url: str | None = option(  # e.g. https://translate.example.com
+        None, help="The service's address as clients reach it, for translatedFileUrl (default: the request's)."
+    )
+    forwarded_allow_ips: str | None = option(
+        None, help='Proxies whose X-Forwarded-For/-Proto are trusted: addresses, comma-separated, or "*".'
+    )
 
     def __post_init__(self) -> None:
-        positive = (
-            "max_batch_size",
-            "max_queue",
-            "max_chars",
-            "max_texts",
-            "max_body_bytes",
-            "max_beams",
-            "max_connections",
-            "max_document_cost",
-            "max_document_sentences",
-            "max_document_texts",
-            "max_document_xml_elements",
-            "document_workers",
-            "max_document_queue",
-        )
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        non_negative = ("batch_window_ms", "timeout", "max_request_cost", "max_batch_cost")
-        for name in (
-            *non_negative,
-            "max_loaded_models",
-            "max_loaded_mb",
-            "cache_size",
-            "cache_mb",
-            "document_worker_mb",
-        ):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
-        for name in (
-            "request_timeout",
-            "keep_alive_timeout",
-            "max_document_unpacked_mb",
-            "max_stored_mb",
-            "keep_files_seconds",
-        ):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        check(self)
         if self.protect_all and not self.api_keys:
             raise ValueError("protect_all needs api_keys: without a key there is nothing to protect with")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be 0..65535, got {self.port}")
-        if self.log_level not in LOG_LEVELS:
-            raise ValueError(f"unknown log level {self.log_level!r}; valid: {', '.join(LOG_LEVELS)}")
         if self.public_url is not None and not self.public_url.startswith(("http://", "https://")):
             raise ValueError(f"public_url must start with http:// or https://, got {self.public_url!r}")
         self.document_limits()  # its own checks (max_document_ratio at least 1)
@@ -142,9 +120,5 @@ class ServeOptions:
             max_texts=self.max_document_texts,
             max_sentences=self.max_document_sentences,
             max_sentence_chars=self.max_chars,
+            max_tokens=self.max_document_cost,
         )
-
-
-def split_list(value: str | None) -> tuple[str, ...]:
-    """`"a, b,,c"` -> `("a", "b", "c")`: how list settings (API keys, CORS origins) arrive from the environment."""
-    return tuple(item.strip() for item in (value or "").split(",") if item.strip())

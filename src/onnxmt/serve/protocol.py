@@ -13,6 +13,8 @@ from typing import Any
 
 from ..languages import AUTO, ModelLanguages, display_name, listing_order
 from ..manifest import Manifest
+from ..options import spec
+from ..runtime.options import DecodeOptions
 from .options import ServeOptions
 
 FORM_INTEGER = re.compile(r"[+-]?[0-9]{1,18}", re.ASCII)
@@ -63,7 +65,7 @@ def parse_translate(data: Mapping[str, Any], limits: ServeOptions, *, form: bool
     if text_format not in ("text", "html"):
         raise ApiError(400, f"Invalid request: format {text_format!r} is not supported; valid: text, html")
     alternatives = _integer(data, "alternatives", form, low=0) or 0
-    beams = _integer(data, "beams", form, low=1)
+    beams = _decoding(data, "beams", form)
     if beams is not None and beams > limits.max_beams:
         raise ApiError(400, f"Invalid request: beams {beams} exceeds the limit of {limits.max_beams}")
     if alternatives + 1 > limits.max_beams:
@@ -78,7 +80,7 @@ def parse_translate(data: Mapping[str, Any], limits: ServeOptions, *, form: bool
         api_key=_string(data, "api_key"),
         alternatives=alternatives,
         beams=beams,
-        max_new_tokens=_integer(data, "max_new_tokens", form, low=1),
+        max_new_tokens=_decoding(data, "max_new_tokens", form),
         format=text_format,
     )
 
@@ -115,7 +117,12 @@ def _string(data: Mapping[str, Any], name: str) -> str | None:
     raise ApiError(400, f"Invalid request: {name} must be a string, got {_type_name(value)}")
 
 
-def _integer(data: Mapping[str, Any], name: str, form: bool, low: int) -> int | None:
+def _decoding(data: Mapping[str, Any], name: str, form: bool) -> int | None:
+    """A request's override of DecodeOptions' `name` (`beams`, `max_new_tokens`), held to the option's lower bound."""
+    return _integer(data, name, form, low=spec(DecodeOptions, name).min or 0)
+
+
+def _integer(data: Mapping[str, Any], name: str, form: bool, low: float) -> int | None:
     value = data.get(name)
     if value is None or (form and value == ""):
         return None

@@ -8,6 +8,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from ..options import spec
+from ..runtime.options import DecodeOptions
+
+
+def decoding_field(name: str) -> Any:
+    """A request field that overrides DecodeOptions' `name`, with the option's lower bound and help."""
+    described = spec(DecodeOptions, name)
+    return Field(None, ge=described.min, description=f"onnxmt: {described.help[0].lower()}{described.help[1:]}")
+
 
 class TranslateBody(BaseModel):
     q: str | list[str] | None = Field(
@@ -21,8 +30,8 @@ class TranslateBody(BaseModel):
     api_key: str | None = Field(None, description="Needed when the server has API keys.")
     apiKey: str | None = Field(None, description="The same as api_key (the npm libretranslate client's name).")
     alternatives: int | None = Field(None, ge=0, description="Number of alternative translations to return too.")
-    beams: int | None = Field(None, ge=1, description="onnxmt: beam size (1 is greedy; default: the model's).")
-    max_new_tokens: int | None = Field(None, ge=1, description="onnxmt: most tokens to generate per text.")
+    beams: int | None = decoding_field("beams")
+    max_new_tokens: int | None = decoding_field("max_new_tokens")
 
 
 class TranslateAnswer(BaseModel):

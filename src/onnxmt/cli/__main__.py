@@ -1,0 +1,5 @@
+"""`python -m onnxmt.cli`."""
+
+from . import main
+
+main()

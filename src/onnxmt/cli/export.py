@@ -1,0 +1,38 @@
+"""`onnxmt export`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..export.exporter import ExportOptions
+from .common import err, fail
+from .flags import flags, with_options
+
+
+@with_options(options=flags(ExportOptions))
+def export(
+    model: Annotated[str, typer.Argument(help="Hub id (e.g. Helsinki-NLP/opus-mt-en-zh) or local model directory.")],
+    output_dir: Annotated[Path, typer.Argument(help="Directory to write (must be new or empty unless --force).")],
+    *,
+    options: ExportOptions,
+) -> None:
+    """Export a MarianMT, M2M100 or NLLB-200 model to a self-contained onnxmt directory (needs onnxmt\\[export])."""
+    try:
+        from ..export.exporter import export as run_export
+    except ImportError as e:
+        fail(f"export needs torch and transformers: pip install 'onnxmt[export]' ({e})")
+    with err.status("exporting") as status:
+        try:
+            _, report = run_export(model, output_dir, options, progress=lambda msg: status.update(msg))
+        except (ValueError, OSError) as e:
+            fail(str(e))
+    if report is not None:
+        err.print(
+            f"checked against PyTorch: encoder max |diff| {report.encoder_max_abs_diff:.2e}, "
+            f"first-step logits {report.first_step_logits_max_abs_diff:.2e}, "
+            f"cached step {report.cached_step_logits_max_abs_diff:.2e}"
+        )
+    err.print(f"[green]wrote {output_dir}[/green]")

@@ -1,0 +1,70 @@
+"""`onnxmt inspect`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..manifest import ModelDirError
+from ..runtime.options import RuntimeOptions
+from .common import fail, size, variants
+from .flags import flags, with_options
+
+
+@with_options(runtime=flags(RuntimeOptions, "variant"))
+def inspect(
+    model_dir: Annotated[Path, typer.Argument(help="onnxmt, Optimum or Transformers.js model directory.")],
+    *,
+    runtime: RuntimeOptions,
+) -> None:
+    """Show a model directory: manifest summary, each graph's quantization (read from the graph) and its inputs and
+    outputs."""
+    from ..runtime.graphinfo import read_graph
+    from ..runtime.modeldir import load_manifest
+
+    try:
+        manifest = load_manifest(model_dir, verify=True, options=RuntimeOptions(threads=1, variant=runtime.variant))
+        found = {part: read_graph(model_dir / graph.file) for part, graph in manifest.graphs.items()}
+    except (ModelDirError, ValueError, OSError) as e:
+        fail(str(e))
+    out = Console()
+    summary = Table(title=f"{model_dir}", show_header=False)
+    for key, value in _summary(manifest, found).items():
+        summary.add_row(key, value)
+    out.print(summary)
+    for part, graph in manifest.graphs.items():
+        table = Table(title=f"{part}: {graph.file}")
+        for column in ("", "name", "role", "dtype", "shape"):
+            table.add_column(column)
+        for kind, specs in (("in", graph.inputs), ("out", graph.outputs)):
+            for spec in specs:
+                table.add_row(kind, spec.name, spec.role, spec.dtype, "(" + ", ".join(map(str, spec.shape)) + ")")
+        out.print(table)
+
+
+def _summary(manifest: Any, found: dict[str, Any]) -> dict[str, str]:
+    """The manifest's rows, then each graph's quantization as read from the graph."""
+    langs = manifest.languages
+    return {
+        "architecture": manifest.architecture,
+        "layout": manifest.layout,
+        "source model": manifest.provenance.get("source_model", "?"),
+        "model": ", ".join(f"{k}={v}" for k, v in manifest.model.items()),
+        "special tokens": ", ".join(f"{k}={v}" for k, v in manifest.tokens.items()),
+        "generation": ", ".join(f"{k}={v}" for k, v in manifest.generation.items()) or "(transformers defaults)",
+        "languages": f"{langs.get('source')} -> {langs.get('target')}",
+        "language scheme": str(langs.get("scheme", "target_token_prefix")),
+        "source tokens": f"{len(langs['source_tokens'])} (default {langs.get('default_source')})"
+        if langs.get("source_tokens")
+        else "(none)",
+        "target tokens": ", ".join(sorted(langs.get("target_tokens", {}))) or "(single target)",
+        "default target": str(langs.get("default_target")),
+        "variant": variants(manifest),
+        "quantization (manifest)": str(manifest.quantization.get("method")) if manifest.quantization else "none",
+        **{f"{part} graph": contents.quantization() for part, contents in found.items()},
+        "files": ", ".join(f"{n} ({size(i.get('bytes'))})" for n, i in manifest.files.items()),
+    }

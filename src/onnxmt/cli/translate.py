@@ -1,0 +1,160 @@
+"""`onnxmt translate`: plain text line by line, or a document with its structure kept."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..manifest import ModelDirError
+from ..runtime.options import DecodeOptions, RuntimeOptions
+from .common import ModelOption, SourceLangOption, TargetLangOption, err, fail, report_variant
+from .flags import flags, with_options
+
+
+@with_options(
+    decoding=flags(DecodeOptions, "beams", "max_new_tokens", "batch_size"),
+    runtime=flags(RuntimeOptions, "threads", "variant"),
+)
+def translate(
+    texts: Annotated[
+        list[str] | None, typer.Argument(help="Texts to translate (default: one per line on stdin).")
+    ] = None,
+    model: ModelOption = None,
+    input_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--input",
+            "-i",
+            help="File to translate: .srt, .vtt, .html, .md, .docx by their structure (kept), sentence by sentence; "
+            ".txt and any other extension as plain text, line by line, as on stdin.",
+        ),
+    ] = None,
+    output_file: Annotated[Path | None, typer.Option("--output", "-o", help="Write translations here.")] = None,
+    format: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            help="Read the input as one document in this format: text, html, markdown, srt, vtt (docx: files only).",
+        ),
+    ] = None,
+    source_lang: SourceLangOption = None,
+    target_lang: TargetLangOption = None,
+    *,
+    decoding: DecodeOptions,
+    runtime: RuntimeOptions,
+) -> None:
+    """Translate plain text line by line, in input order (empty line in, empty line out; a line too long for the
+    model is cut into sentences, never truncated); or a document (.srt, .vtt, .html, .md, .docx, or --format),
+    sentence by sentence with its structure kept."""
+    from ..documents.files import FORMATS
+    from ..documents.translate import translate_lines
+    from ..models import resolve_model_dir
+    from ..runtime.translator import Translator
+
+    document = format is not None or (input_file is not None and input_file.suffix.lower() in FORMATS)
+    if document:
+        source = _check_document(texts or [], input_file, output_file, format)
+    else:
+        lines, total = _read_lines(texts or [], input_file)
+    pair: dict[str, Any] = {"source_lang": source_lang, "target_lang": target_lang}
+    try:
+        directory = resolve_model_dir(model, progress=lambda msg: err.print(msg))
+        translator = Translator(directory, runtime, decoding)
+        translator.prompt(source_lang, target_lang)  # an unknown language fails here, before any output
+        report_variant(translator.manifest)
+        if document:
+            _translate_document(translator, source, input_file, output_file, format, pair)
+        else:
+            translated = translate_lines(translator, lines, **pair)
+            _write(translated, output_file, total, show_progress=input_file is not None)
+    except (ModelDirError, ValueError, ImportError, OSError) as e:
+        fail(str(e))
+
+
+def _read_lines(texts: list[str], input_file: Path | None) -> tuple[list[str] | Iterator[str], int | None]:
+    if texts and input_file is not None:
+        fail("give texts as arguments or --input FILE, not both")
+    if texts:
+        return texts, len(texts)
+    if input_file is not None:
+        if not input_file.is_file():
+            fail(f"input file not found: {input_file}")
+        lines = input_file.read_text(encoding="utf-8").splitlines()
+        return lines, len(lines)
+    if sys.stdin.isatty():
+        fail("no text: give TEXT arguments, --input FILE, or pipe lines on stdin")
+    return (line.rstrip("\n") for line in sys.stdin), None
+
+
+def _check_document(texts: list[str], input_file: Path | None, output_file: Path | None, format: str | None) -> str:
+    """The document's text when it comes from arguments or stdin ("" when it is a file), after the checks."""
+    from ..documents.files import format_of
+
+    if texts and input_file is not None:
+        fail("give texts as arguments or --input FILE, not both")
+    try:
+        kind = format_of(input_file or "", format)
+    except ValueError as e:
+        fail(str(e))
+    if kind == "docx" and (input_file is None or output_file is None):
+        fail("a .docx document needs --input FILE and --output FILE")
+    if input_file is not None:
+        if not input_file.is_file():
+            fail(f"input file not found: {input_file}")
+        return ""
+    if texts:
+        return "\n".join(texts)
+    if sys.stdin.isatty():
+        fail("no text: give TEXT arguments, --input FILE, or pipe the document on stdin")
+    return sys.stdin.read()
+
+
+def _translate_document(
+    translator: Any,
+    source: str,
+    input_file: Path | None,
+    output_file: Path | None,
+    format: str | None,
+    pair: dict[str, Any],
+) -> None:
+    """A document translated whole, with a progress bar (counting sentences) on stderr for a file."""
+    from rich.progress import Progress
+
+    from ..documents.files import format_of, translate_file, translate_string
+
+    with Progress(console=err, disable=input_file is None, transient=True) as bar:
+        task = bar.add_task("translating", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        if input_file is not None and output_file is not None:
+            translate_file(translator, input_file, output_file, format, progress, **pair)
+            return
+        kind = format_of(input_file or "", format)
+        text = input_file.read_text(encoding="utf-8-sig") if input_file is not None else source
+        translated = translate_string(translator, text, kind, progress if input_file else None, **pair)
+    if output_file is not None:
+        output_file.write_text(translated, encoding="utf-8")
+    else:
+        sys.stdout.write(translated if translated.endswith("\n") else translated + "\n")
+
+
+def _write(results: Iterator[str], output_file: Path | None, total: int | None, show_progress: bool) -> None:
+    from rich.progress import Progress
+
+    sink = open(output_file, "w", encoding="utf-8") if output_file else sys.stdout  # noqa: SIM115
+    try:
+        with Progress(console=err, disable=not show_progress, transient=True) as progress:
+            task = progress.add_task("translating", total=total)
+            for text in results:
+                sink.write(text + "\n")
+                sink.flush()
+                progress.advance(task)
+    finally:
+        if output_file:
+            sink.close()
