@@ -16,7 +16,7 @@ import pytest
 
 from onnxmt.manifest import ModelDirError
 from onnxmt.tokenization import sentencepiece as tokenizer_module
-from onnxmt.tokenization.sentencepiece import Vocab, _read_vocab
+from onnxmt.tokenization.sentencepiece import Vocab, read_vocab
 
 
 def _tokens(n: int, seed: int = 0) -> list[str]:
@@ -116,4 +116,4 @@ def test_bad_vocab_files_name_the_file(tmp_path: Path, content: str, message: st
     path = tmp_path / "vocab.json"
     path.write_text(content, encoding="utf-8")
     with pytest.raises(ModelDirError, match=rf"vocab\.json: .*{message}"):
-        _read_vocab(path)
+        read_vocab(path)

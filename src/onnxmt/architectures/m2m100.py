@@ -17,10 +17,20 @@ caller does).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..tokenization import JsonTokenizer, M2M100Tokenizer, MarianTokenizer
+from ..tokenization import JsonTokenizer, MarianTokenizer
+from ..tokenization.base import read_json_object
+from ..tokenization.sentencepiece import (
+    DEFAULT_FILES,
+    added_tokens_of,
+    load_spm,
+    read_vocab,
+    special_tokens_of,
+    token_text,
+)
 from .base import Architecture, read_json, register
 from .marian import bart_facts
 from .schemes import LanguageTokens
@@ -114,6 +124,52 @@ class Nllb(M2M100):
 
 
 register("m2m_100", variants=(Nllb,))(M2M100)
+
+
+class M2M100Tokenizer(MarianTokenizer):
+    """transformers' `M2M100Tokenizer`: one sentencepiece model and `vocab.json`, language tokens `__en__` at ids
+    after the vocab (`len(vocab) + i`, in the order of the model's language-code list), no `>>xx<<` codes in the
+    text, and special tokens that survive decoding joined without a space."""
+
+    @classmethod
+    def from_dir(
+        cls, directory: str | Path, files: dict[str, str] | None = None, *, language_codes: Sequence[str] = ()
+    ) -> MarianTokenizer:
+        """`language_codes`: the model's, in transformers' order (M2M100_LANGUAGE_CODES)."""
+        spm_name = "sentencepiece.bpe.model"
+        names = {**DEFAULT_FILES, "source_spm": spm_name, "target_spm": spm_name, **(files or {})}
+        directory = Path(directory)
+        config = read_json_object(directory / names["config"])
+        special_map_path = directory / names["special_tokens_map"]
+        if "added_tokens_decoder" not in config and special_map_path.is_file():
+            config = {**config, **read_json_object(special_map_path)}
+        vocab = read_vocab(directory / names["vocab"])
+        languages = {f"__{code}__": len(vocab) + i for i, code in enumerate(language_codes)}
+        listed = [token_text(t) for t in (config.get("additional_special_tokens") or [])]
+        config = {**config, "additional_special_tokens": list(dict.fromkeys([*listed, *languages]))}
+        special_tokens = special_tokens_of(config)
+        added = {**added_tokens_of(config, special_tokens, vocab, directory / names["config"]), **languages}
+        sp = load_spm(directory / names["source_spm"], config.get("sp_model_kwargs") or {})
+        return cls(sp, sp, vocab, None, config, special_tokens, added)
+
+    def _split_code(self, chunk: str) -> tuple[list[str], str]:
+        return [], chunk
+
+    def _id_to_piece(self, index: int) -> str:
+        if index in self._added_by_id:
+            return self._added_by_id[index]
+        token = self._output_vocab.token(index)
+        return self.unk_token if token is None else token
+
+    def _join_pieces(self, tokens: list[str]) -> str:
+        out, pending = "", list[str]()
+        for token in tokens:
+            if token in self._special_tokens:
+                out += self._decode_spm.decode(pending) + token
+                pending = []
+            else:
+                pending.append(token)
+        return (out + self._decode_spm.decode(pending)).strip()
 
 
 def _content(token: Any) -> str:

@@ -29,7 +29,15 @@ import sentencepiece as spm
 from ..manifest import ModelDirError
 from .base import UNLIMITED, Truncating, clean_up_tokenization, read_json_object
 
-__all__ = ["DEFAULT_FILES", "M2M100Tokenizer", "MarianTokenizer", "Vocab"]
+__all__ = [
+    "DEFAULT_FILES",
+    "MarianTokenizer",
+    "Vocab",
+    "added_tokens_of",
+    "load_spm",
+    "read_vocab",
+    "special_tokens_of",
+]
 
 SPIECE_UNDERLINE = "▁"
 
@@ -185,15 +193,15 @@ class MarianTokenizer(Truncating):
         if "added_tokens_decoder" not in config and special_map_path.is_file():
             config = {**config, **read_json_object(special_map_path)}
         vocab_path = directory / names["vocab"]
-        vocab = _read_vocab(vocab_path)
-        target_vocab = _read_vocab(directory / names["target_vocab"]) if config.get("separate_vocabs") else None
-        special_tokens = _special_tokens(config)
+        vocab = read_vocab(vocab_path)
+        target_vocab = read_vocab(directory / names["target_vocab"]) if config.get("separate_vocabs") else None
+        special_tokens = special_tokens_of(config)
         if _named(config, "unk_token") not in vocab:
             raise ModelDirError(f"{vocab_path}: the unknown token {_named(config, 'unk_token')!r} is not in the vocab")
-        added = _added_tokens(config, special_tokens, vocab, config_path)
+        added = added_tokens_of(config, special_tokens, vocab, config_path)
         sp_kwargs = config.get("sp_model_kwargs") or {}
-        source = _load_spm(directory / names["source_spm"], sp_kwargs)
-        target = _load_spm(directory / names["target_spm"], sp_kwargs)
+        source = load_spm(directory / names["source_spm"], sp_kwargs)
+        target = load_spm(directory / names["target_spm"], sp_kwargs)
         return cls(source, target, vocab, target_vocab, config, special_tokens, added)
 
     def encode(
@@ -310,7 +318,7 @@ def _max_length(config: dict[str, Any]) -> int:
     return UNLIMITED if value is None else int(value)
 
 
-def _token_text(value: Any) -> str | None:
+def token_text(value: Any) -> str | None:
     """A token from tokenizer_config.json: a plain string or a serialised AddedToken."""
     if isinstance(value, dict):
         return value.get("content")
@@ -318,21 +326,23 @@ def _token_text(value: Any) -> str | None:
 
 
 def _named(config: dict[str, Any], attribute: str) -> str:
-    token = _token_text(config.get(attribute, _MARIAN_DEFAULTS.get(attribute)))
+    token = token_text(config.get(attribute, _MARIAN_DEFAULTS.get(attribute)))
     if not token:
         raise ModelDirError(f"tokenizer_config.json: {attribute} is not set")
     return token
 
 
-def _special_tokens(config: dict[str, Any]) -> list[str]:
+def special_tokens_of(config: dict[str, Any]) -> list[str]:
     """All special tokens in transformers' order: named ones, then extra ones; unique."""
-    named = [_token_text(config.get(a, _MARIAN_DEFAULTS.get(a))) for a in _SPECIAL_ATTRIBUTES]
+    named = [token_text(config.get(a, _MARIAN_DEFAULTS.get(a))) for a in _SPECIAL_ATTRIBUTES]
     extra = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
-    tokens = named + [_token_text(t) for t in extra] if isinstance(extra, list) else named
+    tokens = named + [token_text(t) for t in extra] if isinstance(extra, list) else named
     return list(dict.fromkeys(t for t in tokens if t))
 
 
-def _added_tokens(config: dict[str, Any], special_tokens: list[str], vocab: Vocab, config_path: Path) -> dict[str, int]:
+def added_tokens_of(
+    config: dict[str, Any], special_tokens: list[str], vocab: Vocab, config_path: Path
+) -> dict[str, int]:
     """Tokens split out of the text before sentencepiece, with their ids, as transformers registers them."""
     added: dict[str, int] = {}
     for index, entry in (config.get("added_tokens_decoder") or {}).items():
@@ -352,7 +362,7 @@ def _added_tokens(config: dict[str, Any], special_tokens: list[str], vocab: Voca
     return added
 
 
-def _read_vocab(path: Path) -> Vocab:
+def read_vocab(path: Path) -> Vocab:
     vocab = read_json_object(path)
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in vocab.values()):
         raise ModelDirError(f"{path}: expected a JSON object of token -> integer id")
@@ -362,56 +372,10 @@ def _read_vocab(path: Path) -> Vocab:
         raise ModelDirError(f"{path}: a token id does not fit in 64 bits ({e})") from e
 
 
-def _load_spm(path: Path, kwargs: dict[str, Any]) -> spm.SentencePieceProcessor:
+def load_spm(path: Path, kwargs: dict[str, Any]) -> spm.SentencePieceProcessor:
     if not path.is_file():
         raise ModelDirError(f"{path}: file not found")
     try:
         return spm.SentencePieceProcessor(model_proto=path.read_bytes(), **kwargs)
     except (RuntimeError, OSError) as e:
         raise ModelDirError(f"{path}: not a valid sentencepiece model ({e})") from e
-
-
-class M2M100Tokenizer(MarianTokenizer):
-    """transformers' `M2M100Tokenizer`: one sentencepiece model and `vocab.json`, language tokens `__en__` at ids
-    after the vocab (`len(vocab) + i`, in the order of the model's language-code list), no `>>xx<<` codes in the
-    text, and special tokens that survive decoding joined without a space."""
-
-    @classmethod
-    def from_dir(
-        cls, directory: str | Path, files: dict[str, str] | None = None, *, language_codes: Sequence[str] = ()
-    ) -> MarianTokenizer:
-        """`language_codes`: the model's, in transformers' order (architectures/m2m100.py has the lists)."""
-        spm_name = "sentencepiece.bpe.model"
-        names = {**DEFAULT_FILES, "source_spm": spm_name, "target_spm": spm_name, **(files or {})}
-        directory = Path(directory)
-        config = read_json_object(directory / names["config"])
-        special_map_path = directory / names["special_tokens_map"]
-        if "added_tokens_decoder" not in config and special_map_path.is_file():
-            config = {**config, **read_json_object(special_map_path)}
-        vocab = _read_vocab(directory / names["vocab"])
-        languages = {f"__{code}__": len(vocab) + i for i, code in enumerate(language_codes)}
-        listed = [_token_text(t) for t in (config.get("additional_special_tokens") or [])]
-        config = {**config, "additional_special_tokens": list(dict.fromkeys([*listed, *languages]))}
-        special_tokens = _special_tokens(config)
-        added = {**_added_tokens(config, special_tokens, vocab, directory / names["config"]), **languages}
-        sp = _load_spm(directory / names["source_spm"], config.get("sp_model_kwargs") or {})
-        return cls(sp, sp, vocab, None, config, special_tokens, added)
-
-    def _split_code(self, chunk: str) -> tuple[list[str], str]:
-        return [], chunk
-
-    def _id_to_piece(self, index: int) -> str:
-        if index in self._added_by_id:
-            return self._added_by_id[index]
-        token = self._output_vocab.token(index)
-        return self.unk_token if token is None else token
-
-    def _join_pieces(self, tokens: list[str]) -> str:
-        out, pending = "", list[str]()
-        for token in tokens:
-            if token in self._special_tokens:
-                out += self._decode_spm.decode(pending) + token
-                pending = []
-            else:
-                pending.append(token)
-        return (out + self._decode_spm.decode(pending)).strip()
