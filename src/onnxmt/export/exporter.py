@@ -6,7 +6,6 @@ import json
 import os
 import platform
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -30,6 +29,7 @@ from ..manifest import (
 from ..options import option
 from .graphs import cache_names, export_decoder, export_encoder, graph_spec
 from .hub import resolve_model
+from .staging import occupied, staged
 from .weights import store_weights
 
 # Largest export-time difference from PyTorch we accept in fp32; real exports measure ~1e-5.
@@ -80,7 +80,7 @@ def export(
 ) -> tuple[Manifest, CheckReport | None]:
     """Export `model` (hub id or local directory) to `output_dir`. Nothing is left behind on failure."""
     output = Path(output_dir)
-    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not options.force:
+    if occupied(output) and not options.force:
         raise ExportError(f"{output} exists and is not empty; pass --force to replace it")
     progress(f"resolving {model}")
     source, revision = resolve_model(model, options.revision)
@@ -91,16 +91,8 @@ def export(
         raise ExportError(str(e)) from e
     # Refuse generation settings onnxmt cannot honour before any work is done (ModelDirError names them).
     check_generation_config(_read_json(source / "generation_config.json"), str(source / "generation_config.json"))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
+    with staged(output) as staging:
         manifest, report = _export_into(staging, source, config, arch, model, revision, options, progress)
-        if output.exists():
-            shutil.rmtree(output) if output.is_dir() else output.unlink()
-        staging.rename(output)
-        output.chmod(0o755)  # mkdtemp made it private
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     progress(f"wrote {output}")
     return manifest, report
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import difflib
 import logging
 import shutil
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +30,7 @@ from typing import Any
 
 from ..manifest import WEIGHTS_FILE, Manifest, describe_files, read_manifest, verify_files
 from ..options import option
+from .staging import occupied, staged
 from .weights import bias_add, join_heads, replace_node, save_graph, store_weights, too_large, twin_transpose
 
 PARTS = ("encoder", "decoder", "all")
@@ -91,9 +91,7 @@ def quantize(
     source, output = Path(model_dir), Path(output_dir)
     manifest = _check_request(source, output, options)
     files = _graph_files(manifest, options.parts)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
+    with staged(output) as staging:
         results = _quantize_into(staging, source, manifest, files, options, progress)
         names = [name for name in manifest.files if (staging / name).is_file()]
         if (staging / WEIGHTS_FILE).is_file() and WEIGHTS_FILE not in names:
@@ -105,12 +103,6 @@ def quantize(
             provenance={**manifest.provenance, "quantized_from": str(source.resolve())},
         )
         new_manifest.save(staging)
-        if output.exists():
-            shutil.rmtree(output) if output.is_dir() else output.unlink()
-        staging.rename(output)
-        output.chmod(0o755)  # mkdtemp made it private
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return new_manifest, results
 
 
@@ -136,7 +128,7 @@ def _check_request(source: Path, output: Path, options: QuantizeOptions) -> Mani
         raise QuantizeError(f"{source} is already quantized ({manifest.quantization.get('method')}); start from fp32")
     if output.exists() and output.resolve() == source.resolve():
         raise QuantizeError("OUTPUT_DIR is the source directory; quantize writes a new directory")
-    if output.exists() and (not output.is_dir() or any(output.iterdir())) and not options.force:
+    if occupied(output) and not options.force:
         raise QuantizeError(f"{output} exists and is not empty; pass --force to replace it")
     return manifest
 
@@ -384,10 +376,32 @@ def _int8_tables(model: Any, options: QuantizeOptions, excluded: set[str]) -> li
     """Rewrite the lookups (`Gather` on a float table) and the `Gemm(x, W, transB=1)` heads onto int8 rows of
     their tables, one int8 matrix per table whoever reads it; returns the names of the rewritten nodes."""
     import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
+    heads, lookups = _int8_readers(graph, inits, options, excluded)
+    tables = _add_int8_tables(graph, inits, [n.input[1] for n in heads] + [n.input[0] for n in lookups], options)
+    axes = "int8_rows_unsqueeze_axes"
+    if options.per_channel and lookups:
+        graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
+    for head in heads:
+        _int8_head(graph, inits, head, *tables[head.input[1]])
+    for lookup in lookups:
+        _int8_lookup(graph, lookup, *tables[lookup.input[0]], axes if options.per_channel else None)
+    used = {i for n in graph.node for i in n.input}
+    for init in [i for i in graph.initializer if i.name in tables and i.name not in used]:
+        graph.initializer.remove(init)
+    if heads and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return [n.name for n in heads + lookups]
+
+
+def _int8_readers(
+    graph: Any, inits: dict[str, Any], options: QuantizeOptions, excluded: set[str]
+) -> tuple[list[Any], list[Any]]:
+    """The heads (`Gemm(x, W, transB=1)` on a constant W) and the lookups (`Gather` on a float table) to rewrite
+    onto int8 rows."""
     gemms = [n for n in graph.node if n.op_type == "Gemm" and n.input[1] in inits and _plain_gemm(n)]
     heads = [n for n in gemms if _attribute(n, "transB", 0) and n.name not in excluded and "Gemm" in options.op_types]
     float_tables = {n.input[1] for n in gemms if n not in heads}  # float Gemms keep their weight: no second copy
@@ -402,54 +416,63 @@ def _int8_tables(model: Any, options: QuantizeOptions, excluded: set[str]) -> li
         and _attribute(n, "axis", 0) == 0
         and _is_float_matrix(graph, n.input[0])
     ]
-    tables: dict[str, tuple[str, str]] = {}  # float table -> (int8 rows, scale); symmetric: no zero point
-    for table in dict.fromkeys([n.input[1] for n in heads] + [n.input[0] for n in lookups]):
+    return heads, lookups
+
+
+def _add_int8_tables(
+    graph: Any, inits: dict[str, Any], tables: list[str], options: QuantizeOptions
+) -> dict[str, tuple[str, str]]:
+    """One int8 copy of each float table in `tables` (however many nodes read it), with its scales, added to the
+    graph. Returns float table -> (int8 rows, scale); symmetric: no zero point."""
+    from onnx import numpy_helper
+
+    int8: dict[str, tuple[str, str]] = {}
+    for table in dict.fromkeys(tables):
         values, scales = _int8_rows(numpy_helper.to_array(inits[table]), options.per_channel)
         names = (f"{table}_int8", f"{table}_int8_scale")
         for array, name in zip((values, scales), names, strict=True):
             inits[name] = numpy_helper.from_array(array, name)
             graph.initializer.append(inits[name])
-        tables[table] = names
-    axes = "int8_rows_unsqueeze_axes"
-    if options.per_channel and lookups:
-        graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
+        int8[table] = names
+    return int8
 
-    for head in heads:
-        rows, scale = tables[head.input[1]]
-        base = head.name
-        # B as (d_model, vocab): a Transpose of a twin of the int8 rows, which ONNX Runtime folds at load and packs
-        # from, then frees (export/weights.py); the bias goes into the kernel's epilogue.
-        flip = twin_transpose(graph, inits, rows, f"{base}.weight")
-        output, bias = head.output[0], head.input[2] if len(head.input) > 2 else ""
-        if not bias and (found := bias_add(graph, head, inits[rows].dims[0], inits)):
-            add, bias = found  # a bias Add after the Gemm (a head the exporter did not cut) goes in too
-            output = add.output[0]
-            graph.node.remove(add)
-        inputs = [head.input[0], flip.output[0], scale] + (["", bias] if bias else [])  # no zero point: symmetric
-        matmul = helper.make_node("DynamicQuantizeMatMul", inputs, [output], name=base, domain="com.microsoft")
-        replace_node(graph, head, [flip, matmul])
-    for lookup in lookups:
-        rows, scale = tables[lookup.input[0]]
-        ids, out, base = lookup.input[1], lookup.output[0], lookup.output[0]
-        nodes = [
-            helper.make_node("Gather", [rows, ids], [base + "_int8"], name=lookup.name),
-            helper.make_node("Cast", [base + "_int8"], [base + "_unscaled"], to=TensorProto.FLOAT),
+
+def _int8_head(graph: Any, inits: dict[str, Any], head: Any, rows: str, scale: str) -> None:
+    """Replace the head `head` by a DynamicQuantizeMatMul on the int8 rows `rows` of its weight."""
+    from onnx import helper
+
+    # B as (d_model, vocab): a Transpose of a twin of the int8 rows, which ONNX Runtime folds at load and packs
+    # from, then frees (export/weights.py); the bias goes into the kernel's epilogue.
+    flip = twin_transpose(graph, inits, rows, f"{head.name}.weight")
+    output, bias = head.output[0], head.input[2] if len(head.input) > 2 else ""
+    if not bias and (found := bias_add(graph, head, inits[rows].dims[0], inits)):
+        add, bias = found  # a bias Add after the Gemm (a head the exporter did not cut) goes in too
+        output = add.output[0]
+        graph.node.remove(add)
+    inputs = [head.input[0], flip.output[0], scale] + (["", bias] if bias else [])  # no zero point: symmetric
+    matmul = helper.make_node("DynamicQuantizeMatMul", inputs, [output], name=head.name, domain="com.microsoft")
+    replace_node(graph, head, [flip, matmul])
+
+
+def _int8_lookup(graph: Any, lookup: Any, rows: str, scale: str, axes: str | None) -> None:
+    """Replace the lookup `lookup` by a Gather of int8 rows, cast and scaled: per row (`axes`, the Unsqueeze axes
+    of the row scales) or by the table's one scale (`axes` None)."""
+    from onnx import TensorProto, helper
+
+    ids, out, base = lookup.input[1], lookup.output[0], lookup.output[0]
+    nodes = [
+        helper.make_node("Gather", [rows, ids], [base + "_int8"], name=lookup.name),
+        helper.make_node("Cast", [base + "_int8"], [base + "_unscaled"], to=TensorProto.FLOAT),
+    ]
+    if axes is not None:
+        nodes += [
+            helper.make_node("Gather", [scale, ids], [base + "_scales"]),
+            helper.make_node("Unsqueeze", [base + "_scales", axes], [base + "_row_scales"]),
+            helper.make_node("Mul", [base + "_unscaled", base + "_row_scales"], [out]),
         ]
-        if options.per_channel:
-            nodes += [
-                helper.make_node("Gather", [scale, ids], [base + "_scales"]),
-                helper.make_node("Unsqueeze", [base + "_scales", axes], [base + "_row_scales"]),
-                helper.make_node("Mul", [base + "_unscaled", base + "_row_scales"], [out]),
-            ]
-        else:
-            nodes.append(helper.make_node("Mul", [base + "_unscaled", scale], [out]))
-        replace_node(graph, lookup, nodes)
-    used = {i for n in graph.node for i in n.input}
-    for init in [i for i in graph.initializer if i.name in tables and i.name not in used]:
-        graph.initializer.remove(init)
-    if heads and not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return [n.name for n in heads + lookups]
+    else:
+        nodes.append(helper.make_node("Mul", [base + "_unscaled", scale], [out]))
+    replace_node(graph, lookup, nodes)
 
 
 def _int8_rows(table: Any, per_channel: bool) -> tuple[Any, Any]:
