@@ -54,13 +54,12 @@ def load_onnxmt(cfg: dict[str, Any]) -> TranslateFn:
     translator = Translator(
         cfg["model_dir"],
         RuntimeOptions(threads=cfg["threads"], spinning=bool(cfg.get("spinning"))),
-        DecodeOptions(
-            max_new_tokens=n, min_new_tokens=n, target_lang=cfg["target_lang"], source_lang=cfg.get("source_lang")
-        ),
+        DecodeOptions(max_new_tokens=n, min_new_tokens=n),
     )
+    languages = {"source_lang": cfg.get("source_lang"), "target_lang": cfg["target_lang"]}
 
     def translate(texts: Sequence[str], beams: int) -> list[list[int]]:
-        out = translator.translate(list(texts), beams=beams, batch_size=len(texts))
+        out = translator.translate(list(texts), beams=beams, batch_size=len(texts), **languages)
         return [t.token_ids for t in out]
 
     return translate

@@ -195,20 +195,11 @@ class Translator:
         prepared = self.prepare(texts, source_lang=source_lang, target_lang=target_lang, **overrides)
         return self.translate_prepared(prepared, cancel=cancel, on_batch=on_batch, **batching)
 
-    def translate_prepared(
-        self,
-        prepared: Sequence[Prepared],
-        *,
-        cancel: CancelToken | Sequence[CancelToken | None] | None = None,
-        on_batch: Callable[[int], None] | None = None,
-        batch_size: int | None = None,
-        max_batch_cost: int | None = None,
-    ) -> list[Translation]:
-        """The translations of texts `prepare` made ready, in their order (see `translate`)."""
+    def translate_prepared(self, prepared: Sequence[Prepared], **run: Any) -> list[Translation]:
+        """The translations of texts `prepare` made ready, in their order; keyword arguments as `generate`'s
+        (cancel, on_batch, batch_size, max_batch_cost)."""
         results: list[Translation | None] = [None] * len(prepared)
-        for event in self.generate(
-            prepared, cancel=cancel, on_batch=on_batch, batch_size=batch_size, max_batch_cost=max_batch_cost
-        ):
+        for event in self.generate(prepared, **run):
             if event.translation is not None:
                 results[event.index] = event.translation
         return [r for r in results if r is not None]

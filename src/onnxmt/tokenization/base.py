@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,32 @@ LARGE = int(1e20)
 
 
 class Truncating:
-    """Truncation as transformers' `truncation=True` does it, shared by the run side's tokenizers: they set
-    `model_max_length`, `truncation_side` and `_warned_truncation`."""
+    """`encode` with truncation as transformers' `truncation=True` does it, shared by the run side's tokenizers:
+    they set `model_max_length`, `truncation_side`, `eos_id` and `_warned_truncation`, and implement `_ids`."""
 
     model_max_length: int
     truncation_side: str
+    eos_id: int
     _warned_truncation: bool
+
+    def encode(
+        self,
+        text: str,
+        target_token: str | None = None,
+        *,
+        prefix: Sequence[int] = (),
+        suffix: Sequence[int] | None = None,
+    ) -> list[int]:
+        """Ids of `text` between `prefix` and `suffix` (default: eos), truncated so that all fit in
+        model_max_length; `target_token`: a language token written before the text, for models told their target
+        language so (Marian's `>>cmn_Hans<<`)."""
+        ids = self._ids(text, target_token)
+        suffix = [self.eos_id] if suffix is None else list(suffix)
+        return [*prefix, *self._truncate(ids, len(prefix) + len(suffix)), *suffix]
+
+    def _ids(self, text: str, target_token: str | None) -> list[int]:
+        """The ids of `text` alone, no special ids added."""
+        raise NotImplementedError
 
     def _truncate(self, ids: list[int], specials: int = 1) -> list[int]:
         # truncation=True keeps model_max_length ids including the special ids added afterwards.

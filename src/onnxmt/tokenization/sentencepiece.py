@@ -204,23 +204,12 @@ class MarianTokenizer(Truncating):
         target = load_spm(directory / names["target_spm"], sp_kwargs)
         return cls(source, target, vocab, target_vocab, config, special_tokens, added)
 
-    def encode(
-        self,
-        text: str,
-        target_token: str | None = None,
-        *,
-        prefix: Sequence[int] = (),
-        suffix: Sequence[int] | None = None,
-    ) -> list[int]:
-        """Ids of `text` between `prefix` and `suffix` (default: eos), truncated so that all fit in
-        model_max_length; `target_token` (e.g. ">>cmn_Hans<<") is prepended as a language code."""
+    def _ids(self, text: str, target_token: str | None) -> list[int]:
         if target_token is not None:
             self._check_target_token(target_token)
             # Exactly what transformers sees for `tok(">>cmn_Hans<< " + text)`.
             text = f"{target_token} {text}"
-        ids = [self._token_id(token) for token in self._tokenize(text)]
-        suffix = [self.eos_id] if suffix is None else list(suffix)
-        return [*prefix, *self._truncate(ids, len(prefix) + len(suffix)), *suffix]
+        return [self._token_id(token) for token in self._tokenize(text)]
 
     def token_id(self, token: str) -> int:
         """The id of a token (an added or special one, or a vocab entry); KeyError when there is none."""

@@ -56,22 +56,11 @@ class JsonTokenizer(Truncating):
             raise KeyError(token)
         return int(index)
 
-    def encode(
-        self,
-        text: str,
-        target_token: str | None = None,
-        *,
-        prefix: Sequence[int] = (),
-        suffix: Sequence[int] | None = None,
-    ) -> list[int]:
-        """Ids of `text` between `prefix` and `suffix` (default: eos), truncated so that all fit in
-        model_max_length. `target_token` (a language token written before the text) is refused: these models are told
-        their languages by `prefix` and the forced first token."""
+    def _ids(self, text: str, target_token: str | None) -> list[int]:
+        # Models with a tokenizer.json are told their languages by prefix and the forced first token.
         if target_token is not None:
             raise ValueError(f"target token {target_token!r} given, but this model takes no target token in its text")
-        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
-        suffix = [self.eos_id] if suffix is None else list(suffix)
-        return [*prefix, *self._truncate(ids, len(prefix) + len(suffix)), *suffix]
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(text) for text in texts]
