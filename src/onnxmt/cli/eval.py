@@ -41,7 +41,7 @@ def evaluate(
     src: Annotated[Path, typer.Option(help="Source sentences, one per line.")],
     ref: Annotated[Path, typer.Option(help="Reference translations, line by line with --src.")],
     reference: Annotated[
-        str | None, typer.Option(help="Add a row for this PyTorch model (hub id or directory; needs onnxmt[export]).")
+        str | None, typer.Option(help="Add a row for this PyTorch model (hub id or directory; needs onnxmt\\[export]).")
     ] = None,
     report: Annotated[Path, typer.Option(help=REPORT_HELP)] = Path("onnxmt-eval"),
     source_lang: SourceLangOption = None,

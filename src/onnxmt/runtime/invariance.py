@@ -82,26 +82,17 @@ def batch_invariance(
     translator: Translator,
     texts: Sequence[str],
     *,
-    beams: int | None = None,
-    max_new_tokens: int | None = None,
     sample: int = SAMPLE,
     batch_size: int = BATCH_SIZE,
     seed: int = 0,
-    source_lang: str | None = None,
-    target_lang: str | None = None,
+    **options: Any,
 ) -> BatchInvariance:
     """Translate up to `sample` non-empty `texts` one at a time and in shuffled batches of `batch_size` (each
-    sorted by length inside, as `translate` does); count the sentences whose tokens are the same both ways. The
-    language pair: `Translator.translate`'s."""
+    sorted by length inside, as `translate` does); count the sentences whose tokens are the same both ways.
+    `options`: `Translator.translate`'s keywords (beams, max_new_tokens, the language pair)."""
     if sample < 1 or batch_size < 2:
         raise ValueError(f"sample must be at least 1 and batch_size at least 2, got {sample} and {batch_size}")
     chosen = [t for t in texts if t.strip()][:sample]
-    options: dict[str, Any] = {
-        "beams": beams,
-        "max_new_tokens": max_new_tokens,
-        "source_lang": source_lang,
-        "target_lang": target_lang,
-    }
     alone = [translator.translate([t], batch_size=1, **options)[0].token_ids for t in chosen]
     order = list(range(len(chosen)))
     random.Random(seed).shuffle(order)
@@ -111,5 +102,5 @@ def batch_invariance(
         results = translator.translate([chosen[i] for i in group], batch_size=batch_size, **options)
         batched.update({i: r.token_ids for i, r in zip(group, results, strict=True)})
     identical = sum(alone[i] == batched[i] for i in order)
-    used = resolve_settings(translator.manifest, translator.decoding.merged(beams=beams)).num_beams
+    used = resolve_settings(translator.manifest, translator.decoding.merged(beams=options.get("beams"))).num_beams
     return BatchInvariance(len(chosen), identical, batch_size, used, activation_scales(translator.manifest))
