@@ -31,7 +31,7 @@ from .downloads import TooLargeToStore
 from .fields import query_api_key, read_fields, with_api_key
 from .pool import RETRY_AFTER
 from .protocol import ApiError, TranslateRequest, parse_translate
-from .schemas import ErrorAnswer, errors, translate_request
+from .schemas import ErrorAnswer, decoding_property, errors, translate_request
 from .service import Service
 from .workers import ClientLeft, JobError, WorkerBusy, WorkerGone, WorkerTimeout
 
@@ -339,8 +339,8 @@ UPLOAD_BODY = {
                         "source": {"type": "string", "examples": ["en"]},
                         "target": {"type": "string", "examples": ["zh"]},
                         "api_key": {"type": "string"},
-                        "beams": {"type": "integer", "minimum": 1},
-                        "max_new_tokens": {"type": "integer", "minimum": 1},
+                        "beams": decoding_property("beams"),
+                        "max_new_tokens": decoding_property("max_new_tokens"),
                     },
                 }
             }

@@ -18,6 +18,11 @@ def decoding_field(name: str) -> Any:
     return Field(None, ge=described.min, description=f"onnxmt: {described.help[0].lower()}{described.help[1:]}")
 
 
+def decoding_property(name: str) -> dict[str, Any]:
+    """The same field in a hand-written form schema (/translate_file's)."""
+    return {"type": "integer", "minimum": spec(DecodeOptions, name).min}
+
+
 class TranslateBody(BaseModel):
     q: str | list[str] | None = Field(
         None, description="Text, or a list of texts for a batch (required).", examples=["Hello world"]
