@@ -259,10 +259,6 @@ def translate_corpus(
     job. `progress(rows_done, rows_total)` is called as blocks finish."""
     import time
 
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from ..runtime.modeldir import load_manifest
 
     load_manifest(job.model_dir, verify=False)  # a bad model directory fails here, before Ray starts
@@ -273,7 +269,6 @@ def translate_corpus(
     done = {b for b in range(len(counts)) if (parts / f"block-{b:06d}.parquet").is_file()}
     pending = [b for b in range(len(counts)) if b not in done]
     total = sum(counts)
-    starts = np.cumsum([0, *counts[:-1]])
     rows_done = sum(counts[b] for b in done)
     progress(rows_done, total)
     ray = _import_ray()
@@ -284,35 +279,13 @@ def translate_corpus(
         threads = job.runtime.threads or threads_per_worker(job.workers, ray.cluster_resources().get("CPU", 1))
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # the caller shows progress by block
-        # The staged blocks go to the actors straight from the driver (`from_arrow`), a window at a time: read
-        # tasks would need CPUs the actors hold (workers x threads = all of them) and the pool would starve.
-        for window in range(0, len(pending), WINDOW_BLOCKS):
-            blocks = pending[window : window + WINDOW_BLOCKS]
-            tables = [pq.read_table(job.work / "input" / f"block-{b:06d}.parquet") for b in blocks]
-            translated = translate_dataset(
-                ray.data.from_arrow(tables),
-                job.model_dir,
-                column=job.field,
-                output_column=job.output_field,
-                workers=job.workers,
-                runtime=replace(job.runtime, threads=threads),
-                decoding=job.decoding,
-                source_lang=job.source_lang,
-                target_lang=job.target_lang,
-            )
-            buffers: dict[int, list[pa.Table]] = {}
-            for batch in translated.iter_batches(batch_size=None, batch_format="pyarrow"):
-                assert isinstance(batch, pa.Table)
-                # Parquet row groups can make blocks shorter than block_rows: blocks are found by their first ids.
-                owner = np.searchsorted(starts, batch.column(ID).to_numpy(), side="right") - 1
-                for block in np.unique(owner).tolist():
-                    buffers.setdefault(block, []).append(batch.filter(pa.array(owner == block)))
-                    if sum(t.num_rows for t in buffers[block]) == counts[block]:
-                        _write_part(pa.concat_tables(buffers.pop(block)), parts / f"block-{block:06d}.parquet")
-                        rows_done += counts[block]
-                        progress(rows_done, total)
-            if buffers:
-                raise RuntimeError(f"blocks {sorted(buffers)} came back incomplete; run the command again to resume")
+
+        def finished(block: int) -> None:
+            nonlocal rows_done
+            rows_done += counts[block]
+            progress(rows_done, total)
+
+        _translate_blocks(job, ray, replace(job.runtime, threads=threads), pending, counts, finished)
         _assemble(job, len(counts))
     finally:
         if started_here:
@@ -326,6 +299,51 @@ def translate_corpus(
         threads_per_worker=threads,
         seconds=round(time.monotonic() - started, 2),
     )
+
+
+def _translate_blocks(
+    job: CorpusJob,
+    ray: Any,
+    runtime: RuntimeOptions,
+    pending: list[int],
+    counts: list[int],
+    finished: Callable[[int], None],
+) -> None:
+    """The staged blocks `pending` translated into part files; `finished(block)` as each is written."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    starts = np.cumsum([0, *counts[:-1]])
+    parts = job.work / "parts"
+    # The staged blocks go to the actors straight from the driver (`from_arrow`), a window at a time: read tasks
+    # would need CPUs the actors hold (workers x threads = all of them) and the pool would starve.
+    for window in range(0, len(pending), WINDOW_BLOCKS):
+        blocks = pending[window : window + WINDOW_BLOCKS]
+        tables = [pq.read_table(job.work / "input" / f"block-{b:06d}.parquet") for b in blocks]
+        translated = translate_dataset(
+            ray.data.from_arrow(tables),
+            job.model_dir,
+            column=job.field,
+            output_column=job.output_field,
+            workers=job.workers,
+            runtime=runtime,
+            decoding=job.decoding,
+            source_lang=job.source_lang,
+            target_lang=job.target_lang,
+        )
+        buffers: dict[int, list[pa.Table]] = {}
+        for batch in translated.iter_batches(batch_size=None, batch_format="pyarrow"):
+            assert isinstance(batch, pa.Table)
+            # Parquet row groups can make blocks shorter than block_rows: blocks are found by their first ids.
+            owner = np.searchsorted(starts, batch.column(ID).to_numpy(), side="right") - 1
+            for block in np.unique(owner).tolist():
+                buffers.setdefault(block, []).append(batch.filter(pa.array(owner == block)))
+                if sum(t.num_rows for t in buffers[block]) == counts[block]:
+                    _write_part(pa.concat_tables(buffers.pop(block)), parts / f"block-{block:06d}.parquet")
+                    finished(block)
+        if buffers:
+            raise RuntimeError(f"blocks {sorted(buffers)} came back incomplete; run the command again to resume")
 
 
 def _write_part(table: pa.Table, path: Path) -> None:

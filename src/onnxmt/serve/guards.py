@@ -44,6 +44,28 @@ def _hashes(html: str, tag: str) -> list[str]:
     return [f"'sha256-{d}'" for d in digests]
 
 
+class HttpMiddleware:
+    """A plain ASGI middleware that sees HTTP requests only (lifespan messages pass through): subclasses set `app`
+    and implement `http`."""
+
+    app: ASGIApp
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+def with_header(message: Message, name: bytes, value: bytes) -> Message:
+    """An `http.response.start` message with header `name` (lower case) set to `value`, any other one removed."""
+    headers = [h for h in message.get("headers", []) if h[0].lower() != name]
+    return {**message, "headers": [*headers, (name, value)]}
+
+
 class PathMiddleware:
     """`/translate/` and `//translate` are `/translate`: clients join a base URL and a path in every way (a base
     with a trailing slash plus `/translate`, or a path with a trailing slash). Rewritten in place rather than
@@ -63,27 +85,22 @@ class PathMiddleware:
         await self.app(scope, receive, send)
 
 
-class SecurityHeadersMiddleware:
+class SecurityHeadersMiddleware(HttpMiddleware):
     """`X-Content-Type-Options: nosniff` on every response, so no browser ever runs a JSON error as HTML."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [h for h in message.get("headers", []) if h[0].lower() != NOSNIFF[0]]
-                message = {**message, "headers": [*headers, NOSNIFF]}
+                message = with_header(message, *NOSNIFF)
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
 
 
-class LastResortMiddleware:
+class LastResortMiddleware(HttpMiddleware):
     """An exception that no handler expected: a JSON 500 whose connection stays usable, and the traceback in the
     log. Without it Starlette answers 500 and re-raises, and uvicorn then closes the connection: the client's next
     keep-alive request fails with ECONNRESET. A client that went away (ClientDisconnect) gets nothing."""
@@ -91,10 +108,7 @@ class LastResortMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def send_tracking(message: Message) -> None:
@@ -117,7 +131,7 @@ class BodyTooLarge(Exception):
     pass
 
 
-class BodyLimitMiddleware:
+class BodyLimitMiddleware(HttpMiddleware):
     """413 for bodies above the limit: at once when Content-Length says so, else as soon as the received bytes
     pass it (chunked uploads), without ever holding more than the limit in memory."""
 
@@ -125,10 +139,7 @@ class BodyLimitMiddleware:
         self.app = app
         self.limit = limit
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or len(length) > 18 or int(length) > self.limit):
             too_large = length.isdigit()

@@ -30,6 +30,7 @@ from uvicorn.config import LOGGING_CONFIG
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from .app import create_app
 from .connections import guarded_protocol
+from .guards import HttpMiddleware, with_header
 from .options import ServeOptions
 from .service import Service
 
@@ -124,7 +125,7 @@ def run(
         raise ServeError(service.error)
 
 
-class _CloseWhenDraining:
+class _CloseWhenDraining(HttpMiddleware):
     """While the service stops, every response carries `Connection: close`: clients do not reuse a connection
     the server is about to close."""
 
@@ -132,15 +133,10 @@ class _CloseWhenDraining:
         self.app = app
         self.service = service
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def closing(message: Message) -> None:
             if message["type"] == "http.response.start" and self.service.draining:
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
-                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+                message = with_header(message, b"connection", b"close")
             await send(message)
 
         await self.app(scope, receive, closing)
