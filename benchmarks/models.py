@@ -27,12 +27,10 @@ from onnxmt.testing import (
     NllbSpec,
     build_random_model,
 )
-from onnxmt.testing.builder import spm_pieces, train_spm
-from onnxmt.testing.marian import build_vocab
 
 REPO = Path(__file__).resolve().parents[1]
 KEY_FILE = ".bench-key"
-OPTIMUM_ENV_SCRIPT = REPO / "tests" / "optimum_env.py"
+OPTIMUM_ENV_SCRIPT = REPO / "tests" / "helpers" / "optimum_env.py"
 TARGET_LANG = "cmn_Hans"
 
 Spec = MarianSpec | M2M100Spec
@@ -42,10 +40,14 @@ Spec = MarianSpec | M2M100Spec
 # tokenizer on real English (Tatoeba plus FLORES devtest), giving ~1.5 tokens per word, close to opus-mt's.
 SOURCE_PIECES = 8000
 
-FULL = OPUS_MT_EN_ZH
+FULL = replace(OPUS_MT_EN_ZH, source_pieces=SOURCE_PIECES)
 # --quick: same code paths, a model small enough that the whole run takes seconds.
 QUICK = replace(
-    MarianSpec(), target_languages=OPUS_MT_EN_ZH.target_languages, vocab_size=9000, max_position_embeddings=256
+    MarianSpec(),
+    target_languages=OPUS_MT_EN_ZH.target_languages,
+    vocab_size=9000,
+    max_position_embeddings=256,
+    source_pieces=SOURCE_PIECES,
 )
 
 NLLB_QUICK = NllbSpec(d_model=64, ffn_dim=128, max_position_embeddings=256, pieces=2000)
@@ -126,24 +128,9 @@ def read_lines(path: Path, n: int | None = None) -> list[str]:
     return lines if n is None else lines[:n]
 
 
-def retrain_source_tokenizer(model_dir: Path, spec: MarianSpec, corpus: list[str]) -> None:
-    """Replace source.spm with one trained on `corpus` and lay vocab.json out again (same size, same special ids);
-    the weights are random, so which piece gets which id does not matter."""
-    source = train_spm(corpus, SOURCE_PIECES)
-    target = (model_dir / "target.spm").read_bytes()
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    vocab = build_vocab(spm_pieces(source), spm_pieces(target), spec.target_languages, config["vocab_size"])
-    (model_dir / "source.spm").write_bytes(source)
-    (model_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
-
-
 def build_hf(out: Path, spec: Spec, corpus: list[str]) -> None:
-    if isinstance(spec, M2M100Spec):
-        # NLLB's one sentencepiece model, trained on the same real English (its vocabulary padded to the real size).
-        build_random_model(out, spec, corpus)
-        return
-    build_random_model(out, spec)
-    retrain_source_tokenizer(out, spec, corpus)
+    """The random model, its source tokenizer trained on `corpus` (real English: see SOURCE_PIECES)."""
+    build_random_model(out, spec, corpus)
 
 
 def export_onnxmt(hf: Path, out: Path) -> None:
@@ -179,7 +166,8 @@ def export_optimum(hf: Path, out: Path) -> None:
 
 
 def _optimum_env():
-    """tests/optimum_env.py, the venv helper the tests use, imported by path (tests/ is not a package)."""
+    """tests/helpers/optimum_env.py, the venv helper the tests use, imported by path (a script of its own: it runs
+    in the Optimum venv too)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("optimum_env", OPTIMUM_ENV_SCRIPT)
@@ -219,7 +207,7 @@ def prepare(
 ) -> Artifacts:
     """`family` names the cache folder: the spec alone does not tell NLLB-200-1.3B from the 600M model."""
     quick = spec in (QUICK, NLLB_QUICK)
-    root = cache / (("quick" if family is MARIAN else "nllb-quick") if quick else family.name)
+    root = cache / (f"{family.name}-quick" if quick else family.name)
     hf_key = {
         "spec": asdict(spec),
         "corpus": hashlib.sha256("\n".join(corpus).encode()).hexdigest()[:16],
@@ -270,7 +258,7 @@ def prepare(
     if skip_optimum:
         skipped["optimum-fp32"] = skip_optimum
     elif (python := optimum_python(create_optimum_venv, log)) is None:
-        skipped["optimum-fp32"] = "no Optimum venv (tests/optimum_env.py missing, not created yet, or failed)"
+        skipped["optimum-fp32"] = "no Optimum venv (tests/helpers/optimum_env.py missing, not created yet, or failed)"
     else:
         optimum_key = {**hf_key, "optimum_env": _hash_files(OPTIMUM_ENV_SCRIPT)}
         optimum = optional("optimum-fp32", optimum_key, lambda out: export_optimum(hf, out), None)

@@ -16,7 +16,10 @@ from typing import Any
 # 2: the generation section holds every honoured field (renormalize_logits, forced_bos_token_id were added).
 # 3: the languages section names its scheme (onnxmt.architectures.schemes) and may hold source-language tokens;
 # the tokenizer section's kind is read (a kind the families register, architectures/). Versions 1 and 2 still load.
-FORMAT_VERSION = 3
+# 4: a buffered decoder's `past_length` is one length per row, (rows,): rows of different lengths share a decoder
+# call (in-flight batching). Versions 1 to 3 still load; their decoders take one length for all rows
+# (`GraphSpec.per_row_positions`), so they run static batches.
+FORMAT_VERSION = 4
 MANIFEST_NAME = "onnxmt.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
@@ -99,6 +102,11 @@ class GraphSpec:
 
     def has_output(self, role: str) -> bool:
         return any(t.role == role for t in self.outputs)
+
+    def per_row_positions(self) -> bool:
+        """A decoder with a cache buffer whose rows each have their own length (`past_length` (rows,)): rows of
+        different lengths share one call. Buffered decoders exported before format 4 take one length, (1,)."""
+        return self.has_input("past_length") and _by_role(self.inputs, "past_length", self.file).shape != [1]
 
 
 def _by_role(specs: list[TensorSpec], role: str, file: str) -> TensorSpec:
@@ -202,9 +210,9 @@ def read_manifest(directory: str | Path) -> Manifest:
     try:
         if isinstance(data, dict) and data.get("format_version") == 1:
             data = _upgrade_v1(directory, data)
-        if isinstance(data, dict) and data.get("format_version") == 2:
+        if isinstance(data, dict) and data.get("format_version") in (2, 3):
             # Version 2 directories name no language scheme and no tokenizer kind: the defaults apply (the legacy
-            # family's, architectures/).
+            # family's, architectures/). Versions 2 and 3: the decoder's graph says its form (per_row_positions).
             data = {**data, "format_version": FORMAT_VERSION}
         manifest = Manifest.from_dict(data)
     except ModelDirError as e:

@@ -46,6 +46,18 @@ def inspect(
         out.print(table)
 
 
+def _decoder_form(manifest: Any) -> str:
+    """How the decoder holds its self-attention cache, and so how rows may share its calls."""
+    decoder = manifest.graphs.get("decoder")
+    if decoder is None:
+        return "Optimum's (static batches)"
+    if decoder.per_row_positions():
+        return "buffer, one length per row (rows of different lengths share a call)"
+    if decoder.has_input("past_length"):
+        return "buffer, one length for all rows (static batches; export again for per-row lengths)"
+    return "grown by Concat (static batches)"
+
+
 def _summary(manifest: Any, found: dict[str, Any]) -> dict[str, str]:
     """The manifest's rows, then each graph's quantization as read from the graph."""
     langs = manifest.languages
@@ -64,6 +76,7 @@ def _summary(manifest: Any, found: dict[str, Any]) -> dict[str, str]:
         "target tokens": ", ".join(sorted(langs.get("target_tokens", {}))) or "(single target)",
         "default target": str(langs.get("default_target")),
         "variant": variants(manifest),
+        "decoder cache": _decoder_form(manifest),
         "quantization (manifest)": str(manifest.quantization.get("method")) if manifest.quantization else "none",
         **{f"{part} graph": contents.quantization() for part, contents in found.items()},
         "files": ", ".join(f"{n} ({size(i.get('bytes'))})" for n, i in manifest.files.items()),

@@ -242,14 +242,14 @@ def check_against_pytorch(model: Any, directory: Path, manifest: Manifest) -> Ch
     feed.update(zip(cache_names("past", layers), past, strict=True))
     feed.update(dict(zip(cache_names("cross", layers), encoded[1:], strict=True)))
     if buffered:
-        feed["past_length"] = np.array([0], dtype=np.int64)
+        feed["past_length"] = np.zeros(2, dtype=np.int64)
     first = decoder.run(None, feed)
     second_ids = np.array([[5], [6]], dtype=np.int64)
     feed["input_ids"] = second_ids
     if buffered:  # the new key/value go into the buffers, at position 0
         for buffer, new in zip(past, first[1:], strict=True):
             buffer[:, :, :1] = new
-        feed["past_length"] = np.array([1], dtype=np.int64)
+        feed["past_length"] = np.ones(2, dtype=np.int64)
     else:
         feed.update(zip(cache_names("past", layers), first[1:], strict=True))
     second = decoder.run(None, feed)

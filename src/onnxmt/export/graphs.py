@@ -48,7 +48,8 @@ def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -
     capacity = past_len + (2 if buffered else 0)
     past = [torch.randn(rows, heads, capacity, head_dim) for _ in range(2 * layers)]
     cross = [torch.randn(sentences, heads, src_len, head_dim) for _ in range(2 * layers)]
-    length = [torch.tensor([past_len], dtype=torch.int64)] if buffered else []
+    # Each row its own cache length (in-flight batching joins rows of different lengths): the trace sees them differ.
+    length = [torch.tensor([past_len, past_len - 1, past_len, 1], dtype=torch.int64)] if buffered else []
     inputs = [
         "input_ids",
         "encoder_attention_mask",
@@ -61,6 +62,7 @@ def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -
         "input_ids": {0: "rows"} if buffered else {0: "rows", 1: "new_len"},
         "encoder_attention_mask": {0: "batch", 1: "src_len"},
         "logits": {0: "rows"},
+        **({"past_length": {0: "rows"}} if buffered else {}),
     }
     axes.update({name: {0: "rows", 2: "capacity" if buffered else "past_len"} for name in cache_names("past", layers)})
     axes.update({name: {0: "batch", 2: "src_len"} for name in cache_names("cross", layers)})

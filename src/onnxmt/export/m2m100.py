@@ -29,7 +29,7 @@ class M2M100DecoderExport(MarianDecoderExport):
 
     def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # transformers' create_position_ids_from_input_ids with the cache length: (cumsum(mask) + past) * mask + pad.
-        past_length = positions[0]
+        past_length = positions[:, :1]  # (rows or 1, 1): each row's first new position is its cache length
         mask = (input_ids != self.padding_idx).to(torch.int64)  # (rows, new_len)
         ids = (torch.cumsum(mask, dim=1) + past_length) * mask + self.padding_idx
         return self.embed_tokens(input_ids) + self.embed_positions.weights[ids]

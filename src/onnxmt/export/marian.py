@@ -85,9 +85,10 @@ class MarianEncoderExport(nn.Module):
 class MarianDecoderExport(nn.Module):
     """One decoder call: last-position logits out, and the grown cache or (`buffered`) the new token's K/V.
 
-    Buffered: input_ids (rows, 1), encoder_attention_mask, past_length (1,) int64, then per layer the key and value
-    buffers (rows, heads, capacity >= past_length, head_dim) and the cross-attention K/V; out: logits and per layer
-    the new token's key and value (rows, heads, 1, head_dim). One new token per row: what the decoding loop feeds.
+    Buffered: input_ids (rows, 1), encoder_attention_mask, past_length (rows,) int64 (each row's cache length, its
+    new token's position), then per layer the key and value buffers (rows, heads, capacity >= past_length,
+    head_dim) and the cross-attention K/V; out: logits and per layer the new token's key and value (rows, heads,
+    1, head_dim). One new token per row: what the decoding loop feeds.
     Otherwise: input_ids (rows, new_len), encoder_attention_mask, the cache (rows, heads, past_len, head_dim) and
     the cross-attention K/V; out: logits and the cache grown by new_len positions.
 
@@ -123,26 +124,29 @@ class MarianDecoderExport(nn.Module):
         n = len(self.layers)
         rows, new_len = input_ids.shape
         sentences = encoder_attention_mask.shape[0]  # one cross-attention K/V per sentence, its beams are rows
-        past_length: Any  # a (1,) tensor when buffered, else the traced size of the cache
+        past_length: Any  # buffered: (rows,), each row's own cache length; else the traced size of the cache
         if self.buffered:
             past_length, past, cross = inputs[0], inputs[1 : 2 * n + 1], inputs[2 * n + 1 :]
+            positions = past_length[:, None] + torch.arange(new_len, device=input_ids.device)  # (rows, new_len)
         else:
             past, cross = inputs[: 2 * n], inputs[2 * n :]
             past_length = past[0].shape[2]
-        positions = torch.arange(new_len, device=input_ids.device) + past_length
+            positions = (torch.arange(new_len, device=input_ids.device) + past_length)[None, :]  # (1, new_len)
         hidden = self._embed(input_ids, positions).reshape(-1, self.d_model)  # (rows * new_len, d_model)
 
         min_value = torch.finfo(hidden.dtype).min
         capacity = past[0].shape[2]  # buffered: every layer's buffers have this many positions, read once here
         if self.buffered:
-            # Buffer positions from past_length on hold nothing yet.
+            # Each row's buffer positions from its own past_length on hold nothing (yet, or for this row): rows of
+            # different lengths share one call, as in-flight batching joins them.
             key_pos = torch.arange(capacity, device=input_ids.device)
-            blocked = key_pos[None, :] >= past_length  # (1, capacity)
+            blocked = key_pos[None, :] >= past_length[:, None]  # (rows, capacity)
+            self_mask = blocked.to(hidden.dtype)[:, None, None, :] * min_value  # (rows, 1, 1, capacity)
         else:
             # Query t sits at position past_length + t and may see keys 0..past_length + t.
             key_pos = torch.arange(past_length + new_len, device=input_ids.device)
-            blocked = key_pos[None, :] > positions[:, None]  # (new_len, total_len)
-        self_mask = blocked.to(hidden.dtype)[None, None] * min_value
+            blocked = key_pos[None, :] > positions[0, :, None]  # (new_len, total_len)
+            self_mask = blocked.to(hidden.dtype)[None, None] * min_value
         cross_mask = (1.0 - encoder_attention_mask[:, None, None, :].to(hidden.dtype)) * min_value
 
         outputs: list[torch.Tensor] = []
@@ -237,7 +241,7 @@ def _attend_buffer(
 ) -> torch.Tensor:
     """Attention of one new token per row on the cache buffers (masked past their valid positions) and on itself,
     without joining the two: q, new_key, new_value (rows, heads, 1, hd); buffers (rows, heads, capacity, hd); mask
-    (1, 1, 1, capacity). The scores are transformers' (product, then scale, plus the mask); the masked positions
+    (rows, 1, 1, capacity). The scores are transformers' (product, then scale, plus the mask); the masked positions
     get a weight of exactly 0. Returns (rows, heads, 1, hd)."""
     past_scores = torch.matmul(q, buffers[0].transpose(2, 3)) * scaling + mask  # (rows, heads, 1, capacity)
     own_score = (q * new_key).sum(-1, keepdim=True) * scaling  # (rows, heads, 1, 1)

@@ -329,6 +329,8 @@ class OnnxmtGraphs(Graphs):
         # Buffered: the graph reads `past_length` positions of the buffers and returns the new token's K/V.
         self.buffered = dec.has_input("past_length")
         self.dec_length = dec.input_name("past_length") if self.buffered else None
+        # Format 4: one length per row (rows of different lengths may share a call); before: one for all rows.
+        self.per_row = dec.per_row_positions()
         returned = _kv_roles("new" if self.buffered else "present", self.layers)
         self.dec_out = [dec.output_name("logits")] + [dec.output_name(r) for r in returned]
         # Exports before this flag existed take the cross-attention K/V repeated per beam.
@@ -383,7 +385,7 @@ class OnnxmtGraphs(Graphs):
             capacity = next_capacity(filled, cache.max_positions)
             buffers = tuple(grown(b, filled, capacity) for b in buffers)
         feed.update(zip(self.dec_past, buffers, strict=True))
-        feed[self.dec_length] = np.array([filled], dtype=np.int64)
+        feed[self.dec_length] = np.full(len(tokens) if self.per_row else 1, filled, dtype=np.int64)
         logits, *new = self.decoder.run(self.dec_out, feed)
         for buffer, kv in zip(buffers, new, strict=True):
             buffer[:, :, filled] = kv[:, :, 0]
