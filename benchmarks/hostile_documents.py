@@ -1,4 +1,4 @@
-"""Each hostile document of tests/test_hostile_uploads.py sent alone to a running `onnxmt serve` of MODEL_DIR:
+"""Each hostile document of tests/serve/test_documents_hostile.py sent alone to a running `onnxmt serve` of MODEL_DIR:
 its answer, its time, and the server's peak RSS (its process and its document workers) while it is handled.
 
     python benchmarks/hostile_documents.py MODEL_DIR
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_hostile_uploads import HOSTILE, tree_rss
-from test_serve import start_server
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's root: the tests package
+from tests.helpers.hostile import HOSTILE, tree_rss
+from tests.helpers.server import start_server
 
 
 def main(model_dir: str) -> None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from onnxmt.testing import M2M100Spec, MarianSpec, NllbSpec
 from onnxmt.testing.marian import OPUS_MT_EN_ZH_TARGETS
+from tests.helpers.hf import M2M100_PAIRS, NLLB_PAIRS, hf_language_id, hf_m2m100
 
 # init_std and eos_bias chosen by measurement so that outputs have many lengths (assert_varied_outputs): with
 # larger weights a random model loops until the length limit, with a larger eos bias it stops at the first step.
@@ -41,13 +41,13 @@ def _chunked_heads() -> Iterator[None]:
 
 
 def assert_varied_outputs(model_dir: Path, target_token: str | None = None, *, most_long: bool = True) -> None:
-    """Greedy and the model's own beam search on tests/sentences.py give outputs of many lengths: some end within
-    5 tokens, some run to the length limit, at least 4 different lengths, and (`most_long`) most are longer than
-    10 tokens and there are at least 6 lengths."""
+    """Greedy and the model's own beam search on tests/helpers/sentences.py give outputs of many lengths: some end
+    within 5 tokens, some run to the length limit, at least 4 different lengths, and (`most_long`) most are longer
+    than 10 tokens and there are at least 6 lengths."""
     import torch
     import transformers
 
-    from sentences import SENTENCES
+    from tests.helpers.sentences import SENTENCES
 
     tokenizer = transformers.MarianTokenizer.from_pretrained(model_dir)
     model = transformers.MarianMTModel.from_pretrained(model_dir).eval()
@@ -139,26 +139,29 @@ def tiny_zh_en_onnx_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # Optimum exports of `tiny_hf_dir`. Optimum's exporter needs transformers < 4.58, so they are made in a venv of their
-# own (tests/optimum_env.py), created on first use and reused across runs.
+# own (tests/helpers/optimum_env.py), created on first use and reused across runs.
 
 
 @pytest.fixture(scope="session")
 def optimum_python() -> Path:
     """The Optimum venv's python, created on first use from PyPI. Skips when it cannot be created; in CI, which
     creates it before the tests (.ci/run), fails when it is not there: the CI test run installs nothing."""
-    from optimum_env import OptimumEnvError, ensure_venv, venv_path
-    from skips import IN_CI, skip
+    from tests.helpers.optimum_env import OptimumEnvError, ensure_venv, venv_path
+    from tests.helpers.skips import IN_CI, skip
 
     try:
         return ensure_venv(create=not IN_CI)
     except (OptimumEnvError, OSError) as e:
-        skip(f"no Optimum venv at {venv_path()} (`python tests/optimum_env.py venv` creates it; it needs PyPI): {e}")
+        skip(
+            f"no Optimum venv at {venv_path()} (`python tests/helpers/optimum_env.py venv` creates it; it needs PyPI): "
+            f"{e}"
+        )
 
 
 @pytest.fixture(scope="session")
 def tiny_optimum_dir(tiny_hf_dir: Path, optimum_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`tiny_hf_dir` exported by Optimum: encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx."""
-    from optimum_env import export
+    from tests.helpers.optimum_env import export
 
     return export(tiny_hf_dir, tmp_path_factory.mktemp("tiny-optimum") / "model", python=optimum_python)
 
@@ -166,7 +169,7 @@ def tiny_optimum_dir(tiny_hf_dir: Path, optimum_python: Path, tmp_path_factory: 
 @pytest.fixture(scope="session")
 def tiny_optimum_merged_dir(tiny_hf_dir: Path, optimum_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Optimum's default export of `tiny_hf_dir`: the three files above plus decoder_model_merged.onnx."""
-    from optimum_env import export
+    from tests.helpers.optimum_env import export
 
     out = tmp_path_factory.mktemp("tiny-optimum-merged") / "model"
     return export(tiny_hf_dir, out, merged=True, python=optimum_python)
@@ -178,7 +181,7 @@ def tiny_optimum_int8_dir(
 ) -> Path:
     """`tiny_optimum_dir` quantized by Optimum (ORTQuantizer, its avx2 dynamic recipe: uint8 weights per tensor):
     `*_quantized.onnx` files."""
-    from optimum_env import quantize
+    from tests.helpers.optimum_env import quantize
 
     return quantize(tiny_optimum_dir, tmp_path_factory.mktemp("tiny-optimum-int8") / "model", python=optimum_python)
 
@@ -245,33 +248,16 @@ def make_transformersjs_variants(path: Path) -> None:
 # init_std 0.2) so that outputs have many lengths over the target languages the tests use (assert_varied_m2m100).
 TINY_M2M100 = M2M100Spec(eos_bias=4.5)
 TINY_NLLB = NllbSpec(eos_bias=5.0, seed=6)
-M2M100_PAIRS = ("en", ("zh", "fr"))
-NLLB_PAIRS = ("eng_Latn", ("zho_Hans", "fra_Latn"))
-
-
-def hf_m2m100(model_dir: Path) -> tuple[Any, Any]:
-    import transformers
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.M2M100ForConditionalGeneration.from_pretrained(model_dir).eval()
-    return tokenizer, model
-
-
-def hf_language_id(tokenizer: Any, code: str) -> int:
-    """The id of a language code's token: M2M100's `__zh__` for "zh", NLLB's own token for "zho_Hans"."""
-    return (
-        int(tokenizer.get_lang_id(code)) if hasattr(tokenizer, "get_lang_id") else tokenizer.convert_tokens_to_ids(code)
-    )
 
 
 def assert_varied_m2m100(model_dir: Path, source: str, targets: tuple[str, ...]) -> None:
-    """Greedy and beam 4 over tests/sentences.py into `targets`: for each search (over the targets together) some
-    outputs end within 5 tokens, some run past 20 (greedy: to the length limit), with at least 5 lengths (greedy:
-    6); and into each target alone, outputs of at least two lengths, one past 20 (no target ends every output at
-    its first step)."""
+    """Greedy and beam 4 over tests/helpers/sentences.py into `targets`: for each search (over the targets together)
+    some outputs end within 5 tokens, some run past 20 (greedy: to the length limit), with at least 5 lengths
+    (greedy: 6); and into each target alone, outputs of at least two lengths, one past 20 (no target ends every
+    output at its first step)."""
     import torch
 
-    from sentences import SENTENCES
+    from tests.helpers.sentences import SENTENCES
 
     tokenizer, model = hf_m2m100(model_dir)
     tokenizer.src_lang = source

@@ -16,9 +16,10 @@ import pytest
 
 from onnxmt import Translator
 from onnxmt.documents.translate import counting, plan_texts
-from skips import IN_CI, shared_data
+from tests.helpers import ROOT
+from tests.helpers.skips import IN_CI, shared_data
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import report  # noqa: E402

@@ -11,17 +11,18 @@ import ast
 import re
 import sys
 from importlib.metadata import packages_distributions
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
+
 tomllib = pytest.importorskip("tomllib", reason="the standard library's from Python 3.11")
 
-ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("src", "tests", "benchmarks")
-# The repository's own modules: the package, and the helpers tests/ and benchmarks/ import by path.
-LOCAL = {"onnxmt", "conftest", *(p.stem for d in ("tests", "benchmarks") for p in (ROOT / d).glob("*.py"))}
-# Imported only by code that runs in the Optimum venv (tests/optimum_env.py installs it there), never in ours.
+# The repository's own modules: the package, the tests' package (tests.helpers), and benchmarks/' scripts, which
+# import each other by path.
+LOCAL = {"onnxmt", "tests", *(p.stem for p in (ROOT / "benchmarks").glob("*.py"))}
+# Imported only by code that runs in the Optimum venv (tests/helpers/optimum_env.py installs it there), never in ours.
 OPTIMUM_VENV = {"optimum"}
 # Candidates benchmarks/detect.py measures against the detector the service uses (docs/serve.md); it reports a
 # candidate that is not installed as such. Declared nowhere on purpose: fasttext-langdetect downloads its model.
@@ -84,4 +85,4 @@ def test_the_scan_sees_lazy_imports() -> None:
     imported = _imported()
     assert "src/onnxmt/serve/app.py" in imported["starlette"]  # module level
     assert "src/onnxmt/eval.py" in imported["psutil"]  # inside a function, Windows only
-    assert "tests/test_serve.py" in imported["selenium"]  # importorskip("selenium.webdriver")
+    assert "tests/serve/test_app.py" in imported["selenium"]  # importorskip("selenium.webdriver")

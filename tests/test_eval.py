@@ -15,7 +15,7 @@ from onnxmt import Translator
 from onnxmt.cli import app
 from onnxmt.eval import COLUMNS, EvalOptions, bleu_tokenizer, evaluate, read_pairs, score
 from onnxmt.runtime.options import DecodeOptions, RuntimeOptions
-from skips import importorskip
+from tests.helpers.skips import importorskip
 
 sacrebleu = importorskip("sacrebleu")
 

@@ -22,7 +22,7 @@ from onnxmt.manifest import MANIFEST_NAME, ModelDirError
 from onnxmt.models import resolve_model_dir
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translator
-from skips import importorskip
+from tests.helpers.skips import importorskip
 
 torch = importorskip("torch")
 transformers = importorskip("transformers")

@@ -1,0 +1,182 @@
+"""The service as a Ray Serve deployment, on a local Ray cluster (2 CPUs): 2 replicas answer as the single-process
+app does (/translate, /languages, errors), and what a replica killed under load does to the requests it holds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.skips import importorskip
+
+ray = importorskip("ray")
+serve = importorskip("ray.serve")
+httpx = importorskip("httpx")
+psutil = importorskip("psutil")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from onnxmt.scale.rayserve import RayServeOptions, app_builder, application  # noqa: E402
+from onnxmt.serve.app import create_app  # noqa: E402
+from onnxmt.serve.options import ServeOptions  # noqa: E402
+from onnxmt.testing import generate_corpus  # noqa: E402
+
+TEXTS = generate_corpus(11, lines=24)[0]
+OPTIONS = ServeOptions(max_batch_size=8, cache_size=0)  # no cache: every answer is a fresh translation
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A local Ray cluster with Serve's proxy on a free port; the base URL."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def deployed(cluster: str, tiny_onnx_dir: Path) -> Iterator[str]:
+    """The tiny model on 2 replicas; serve.run returns once both passed their first health check (model loaded)."""
+    serve.run(application(tiny_onnx_dir, OPTIONS, scaling=RayServeOptions(replicas=2)), name="onnxmt")
+    yield cluster
+    serve.delete("onnxmt")
+
+
+@pytest.fixture(scope="module")
+def local(tiny_onnx_dir: Path) -> Iterator[TestClient]:
+    """The plain app in this process: what every replica must answer."""
+    with TestClient(create_app(tiny_onnx_dir, OPTIONS)) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield client
+
+
+@pytest.fixture(scope="module")
+def target(local: TestClient) -> str:
+    """A language the tiny model translates into (not its source)."""
+    first = local.get("/languages").json()[0]
+    return str(next(t for t in first["targets"] if t != first["code"]))
+
+
+def _replicas() -> list[psutil.Process]:
+    """The replica processes: Ray titles them `ray::ServeReplica:<app>:<deployment>`."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if "ServeReplica:onnxmt:onnxmt" in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+def _post(base: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{base}/translate", json=body, timeout=60)
+
+
+@pytest.mark.timeout(300)
+def test_two_replicas_answer_as_the_single_process_app(deployed: str, local: TestClient, target: str) -> None:
+    assert len(_replicas()) == 2
+    bodies = [{"q": text, "target": target, "max_new_tokens": 20} for text in TEXTS[:12]]
+    bodies.append({"q": TEXTS[12:16], "source": "en", "target": target, "beams": 2, "max_new_tokens": 20})
+    with ThreadPoolExecutor(6) as pool:  # concurrent, so both replicas and their batchers take part
+        remote = list(pool.map(lambda body: _post(deployed, body), bodies))
+    for body, response in zip(bodies, remote, strict=True):
+        expected = local.post("/translate", json=body)
+        assert (response.status_code, response.json()) == (200, expected.json())
+    assert len({str(r.json()["translatedText"]) for r in remote}) > 6  # not one repeated output
+
+    assert httpx.get(f"{deployed}/languages").json() == local.get("/languages").json()
+    unknown = {"q": "hello", "target": "xx"}
+    error = _post(deployed, unknown)
+    assert error.status_code == 400 and error.headers["content-type"] == "application/json"
+    assert error.json() == local.post("/translate", json=unknown).json()
+    assert "error" in error.json()
+    assert httpx.get(f"{deployed}/ready").json() == {"ready": True}
+    assert "onnxmt_requests_total" in httpx.get(f"{deployed}/metrics").text
+    page = httpx.get(f"{deployed}/")
+    assert page.status_code == 200 and page.text == local.get("/").text
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_replica_is_replaced(deployed: str, target: str) -> None:
+    """A replica SIGKILLed while requests are in flight: every request is answered 200 (the gateway sends those
+    the killed replica held to the other one), and Ray starts a new replica that answers."""
+    # Heavy enough (8 texts, 4 beams, to the tiny model's length limit) that each replica always holds requests in
+    # flight: the kill must catch some, or the test would not show what happens to them.
+    body = {"q": TEXTS[:8], "target": target, "beams": 4, "max_new_tokens": 63}
+    statuses: list[int] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                response = _post(deployed, body)
+                statuses.append(response.status_code)
+                if response.status_code != 200:
+                    errors.append(response.text[:200])
+            except httpx.HTTPError as e:
+                statuses.append(-1)
+                errors.append(repr(e))
+
+    clients = [threading.Thread(target=load, daemon=True) for _ in range(6)]
+    for client in clients:
+        client.start()
+    time.sleep(3)
+    victim = _replicas()[0]
+    before = len(statuses)
+    os.kill(victim.pid, signal.SIGKILL)
+    time.sleep(8)
+    stop.set()
+    for client in clients:
+        client.join(timeout=60)
+    counts = {status: statuses.count(status) for status in set(statuses)}
+    repeated = serve.get_deployment_handle("gateway", app_name="onnxmt").repeated_requests.remote().result()
+    print(f"\nkilled replica {victim.pid}: {before} answers before, statuses {counts}, {repeated} sent again")
+    assert before > 0 and statuses.count(200) > before  # the other replica kept answering
+    assert set(statuses) == {200}, (counts, errors[:3])
+    assert repeated >= 1  # the killed replica held requests: the gateway sent them again
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # Ray notices the dead actor and starts another
+        pids = {p.pid for p in _replicas()}
+        if len(pids) == 2 and victim.pid not in pids:
+            break
+        time.sleep(1)
+    assert len(pids) == 2 and victim.pid not in pids
+    with ThreadPoolExecutor(4) as pool:
+        after = list(pool.map(lambda _: _post(deployed, body), range(8)))
+    assert {r.status_code for r in after} == {200}
+
+
+def test_app_builder_reads_serve_run_arguments(tiny_onnx_dir: Path) -> None:
+    app = app_builder({"model_dir": str(tiny_onnx_dir), "replicas": "2", "max_batch_size": "4", "beams": "2"})
+    deployment = app._bound_deployment.init_args[0]._bound_deployment  # behind the gateway
+    assert deployment.num_replicas == 2 and deployment.max_ongoing_requests == 8
+    model_dirs, options, runtime, decoding = deployment.init_args
+    assert model_dirs == [str(tiny_onnx_dir)] and options.max_batch_size == 4
+    assert (runtime.threads, decoding.beams) == (1, 2)
+    scaled = app_builder({"model_dirs": [str(tiny_onnx_dir)], "min_replicas": 1, "max_replicas": "3"})
+    config = scaled._bound_deployment.init_args[0]._bound_deployment._deployment_config.autoscaling_config
+    assert (config.min_replicas, config.max_replicas, config.target_ongoing_requests) == (1, 3, 16)
+    with pytest.raises(ValueError, match="unknown argument.*replicass"):
+        app_builder({"model_dir": str(tiny_onnx_dir), "replicass": "2"})
+    with pytest.raises(ValueError, match="needs model_dir"):
+        app_builder({})
+    with pytest.raises(ValueError, match="max_batch_size='x': expected int"):
+        app_builder({"model_dir": str(tiny_onnx_dir), "max_batch_size": "x"})

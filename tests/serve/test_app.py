@@ -1,0 +1,822 @@
+"""The HTTP service, as a real `onnxmt serve` process on a free loopback port, talked to over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from onnxmt import DecodeOptions, Translator
+from onnxmt.architectures import Prompt
+from onnxmt.documents.translate import translate_document
+from onnxmt.runtime.cancel import CancelToken
+from onnxmt.runtime.decoding import Settings
+from onnxmt.runtime.translator import Prepared, Translation
+from onnxmt.serve.batcher import BatchStats, ClientGone, MicroBatcher, QueueFull
+from onnxmt.serve.options import ServeOptions
+from tests.helpers import ROOT
+from tests.helpers.browser import headless_chromium, translation_done
+from tests.helpers.server import ONNXMT, TEXTS, Server, assert_error, free_port, metric_sample, start_server
+
+KEYS = ("key-one", "key-two")
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_multi_onnx_dir: Path) -> Translator:
+    return Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(batch_size=16))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_multi_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The multi-target tiny model with small limits, so each limit is cheap to reach."""
+    running = start_server(
+        tiny_multi_onnx_dir,
+        tmp_path_factory.mktemp("serve"),
+        max_body_bytes=65536,
+        max_chars=2000,
+        max_texts=40,
+        max_batch_size=16,
+        batch_window_ms=20,
+    )
+    yield running
+    assert running.stop() == 0, running.logs()
+
+
+@pytest.fixture(scope="module")
+def strict_server(tiny_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """API keys, a queue of one request and one text per decoder batch."""
+    running = start_server(
+        tiny_onnx_dir,
+        tmp_path_factory.mktemp("serve-strict"),
+        api_keys=",".join(KEYS),
+        max_queue=1,
+        max_batch_size=1,
+        batch_window_ms=0,
+    )
+    yield running
+    assert running.stop() == 0, running.logs()
+
+
+def post(server: Server, body: Any = None, **kwargs: Any) -> httpx.Response:
+    if body is not None:
+        kwargs["json"] = body
+    return httpx.post(f"{server.url}/translate", timeout=60, **kwargs)
+
+
+def assert_serving(server: Server) -> None:
+    response = post(server, {"q": TEXTS[0], "target": "cmn_Hans", "max_new_tokens": 5})
+    assert response.status_code == 200, response.text
+
+
+# --- translation -----------------------------------------------------------------------------------------------
+
+
+def test_single_text_equals_library(server: Server, translator: Translator) -> None:
+    cases = [("cmn_Hans", "cmn_Hans"), (">>yue_Hant<<", "yue_Hant"), ("zh", "cmn_Hans"), ("zt", "cmn_Hant")]
+    cases += [("zh-TW", "cmn_Hant"), ("zho_Hans", "cmn_Hans"), ("yue", "yue"), (None, None)]
+    for target, lang in cases:
+        response = post(server, {"q": TEXTS[1], "source": "en", "target": target, "format": "text"})
+        assert response.status_code == 200, response.text
+        assert response.json() == {"translatedText": translator.translate([TEXTS[1]], target_lang=lang)[0].text}
+
+
+def test_batch_equals_library(server: Server, translator: Translator) -> None:
+    texts = [*TEXTS[:10], "", "  "]
+    response = post(server, {"q": texts, "source": "auto", "target": "yue_Hant", "beams": 2, "max_new_tokens": 30})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    expected = translator.translate(texts, target_lang="yue_Hant", beams=2, max_new_tokens=30)
+    assert body["translatedText"] == [t.text for t in expected]
+    assert body["translatedText"][-2:] == ["", ""]
+    # One detection for the batch (LibreTranslate's answer), by the detector (serve/detect.py).
+    detected = body["detectedLanguage"]
+    assert detected == [detected[0]] * len(texts) and detected[0]["language"] == "en"
+    assert 50 < detected[0]["confidence"] <= 100
+
+
+def test_detect(server: Server) -> None:
+    english = httpx.post(f"{server.url}/detect", json={"q": "Hello, how are you today?"})
+    assert english.status_code == 200, english.text
+    candidates = english.json()
+    assert candidates[0]["language"] == "en" and candidates[0]["confidence"] > 90
+    assert [c["confidence"] for c in candidates] == sorted((c["confidence"] for c in candidates), reverse=True)
+    sentence = "今天天气很好，我们去公园散步吧。"
+    chinese = httpx.post(f"{server.url}/detect", data={"q": sentence}).json()
+    assert chinese[0]["language"] == "zh"  # as /languages shows Simplified Chinese
+    assert_error(httpx.post(f"{server.url}/detect", json={"q": 3}), 400)
+    assert_error(httpx.post(f"{server.url}/detect", json={}), 400)
+    # source "auto" is routed by the detector: Chinese is not what this model translates from.
+    message = assert_error(post(server, {"q": sentence, "source": "auto", "target": "zh"}), 400)
+    assert "the text is in zh" in message and "translates from en" in message
+    auto = post(server, {"q": TEXTS[3], "source": "auto", "target": "zh"}).json()
+    assert auto["detectedLanguage"]["language"] == "en"
+
+
+def test_empty_batch(server: Server) -> None:
+    response = post(server, {"q": [], "target": "cmn_Hans"})
+    assert response.status_code == 200, response.text
+    assert response.json()["translatedText"] == []
+
+
+def test_form_bodies(server: Server, translator: Translator) -> None:
+    expected = translator.translate(TEXTS[2:4], target_lang="cmn_Hans", beams=1)
+    urlencoded = post(server, data={"q": TEXTS[2:4], "target": "cmn_Hans", "beams": "1"})
+    assert urlencoded.status_code == 200, urlencoded.text
+    assert urlencoded.json()["translatedText"] == [t.text for t in expected]
+    multipart = post(server, files={"q": (None, TEXTS[2]), "target": (None, "cmn_Hans"), "beams": (None, "1")})
+    assert multipart.status_code == 200, multipart.text
+    assert multipart.json()["translatedText"] == expected[0].text
+
+
+def test_alternatives(server: Server, translator: Translator) -> None:
+    response = post(server, {"q": TEXTS[4], "target": "cmn_Hans", "alternatives": 2, "beams": 3})
+    assert response.status_code == 200, response.text
+    expected = translator.translate([TEXTS[4]], target_lang="cmn_Hans", beams=3, num_return_sequences=3)[0]
+    assert response.json()["translatedText"] == expected.text
+    assert response.json()["alternatives"] == [a.text for a in expected.alternatives]
+
+
+def test_concurrent_requests_are_batched_and_exact(server: Server, translator: Translator) -> None:
+    # Two targets and two beam sizes interleaved: settings that must never share a decoder batch.
+    settings = [(target, beams) for target in ("cmn_Hans", "yue_Hant") for beams in (1, 3)]
+    jobs = [(text, *settings[i % len(settings)]) for i, text in enumerate(TEXTS)]
+    before = _metric(server, "onnxmt_batch_size_count", model="model")  # batch metrics are per model (its name)
+    decoded = _metric(server, "onnxmt_translated_texts_total", model="model")
+
+    async def send_all() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=len(jobs))
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+            body = [{"q": text, "target": target, "beams": beams, "max_new_tokens": 20} for text, target, beams in jobs]
+            return await asyncio.gather(*(client.post("/translate", json=b) for b in body))
+
+    responses = asyncio.run(send_all())
+    assert [r.status_code for r in responses] == [200] * len(jobs)
+    for response, (text, target, beams) in zip(responses, jobs, strict=True):
+        expected = translator.translate([text], target_lang=target, beams=beams, max_new_tokens=20)[0].text
+        assert response.json()["translatedText"] == expected
+    # Every text went through the decoder (none came from the translation cache), and shared batches.
+    assert _metric(server, "onnxmt_translated_texts_total", model="model") - decoded == len(jobs)
+    batches = _metric(server, "onnxmt_batch_size_count", model="model") - before
+    assert batches < len(jobs), "no two requests shared a decoder batch"
+    one = _metric(server, "onnxmt_batch_requests_bucket", le="1.0", model="model")
+    assert one < _metric(server, "onnxmt_batch_requests_count", model="model")
+
+
+def _metric(server: Server, name: str, **labels: str) -> float:
+    return metric_sample(httpx.get(f"{server.url}/metrics", timeout=10).text, name, **labels)
+
+
+# --- bad input -------------------------------------------------------------------------------------------------
+
+BAD_JSON = {
+    "malformed JSON": (b'{"q": "hello"', 400),
+    "not an object": (b'["hello"]', 400),
+    "not UTF-8": (b'{"q": "\xff"}', 400),
+}
+BAD_BODIES: dict[str, tuple[Any, int]] = {
+    "missing q": ({"target": "cmn_Hans"}, 400),
+    "q a number": ({"q": 3}, 400),
+    "q null in a list": ({"q": ["a", None]}, 400),
+    "q an object": ({"q": {"text": "a"}}, 400),
+    "too many texts": ({"q": ["a"] * 41}, 400),
+    "text too long": ({"q": "a" * 2001}, 400),
+    "unknown target": ({"q": "a", "target": "fr"}, 400),
+    "unknown source": ({"q": "a", "source": "de"}, 400),
+    "target a number": ({"q": "a", "target": 1}, 400),
+    "unknown format": ({"q": "a", "format": "xml"}, 400),
+    "beams zero": ({"q": "a", "beams": 0}, 400),
+    "beams too large": ({"q": "a", "beams": 9}, 400),
+    "beams a string": ({"q": "a", "beams": "4"}, 400),
+    "beams a boolean": ({"q": "a", "beams": True}, 400),
+    "beams a float": ({"q": "a", "beams": 2.5}, 400),
+    "alternatives negative": ({"q": "a", "alternatives": -1}, 400),
+    "max_new_tokens beyond the model": ({"q": "a", "max_new_tokens": 1000}, 400),
+}
+
+
+@pytest.mark.parametrize("case", BAD_JSON)
+def test_malformed_body(server: Server, case: str) -> None:
+    content, status = BAD_JSON[case]
+    assert_error(post(server, content=content, headers={"Content-Type": "application/json"}), status)
+    assert_serving(server)
+
+
+@pytest.mark.parametrize("case", BAD_BODIES)
+def test_bad_request(server: Server, case: str) -> None:
+    body, status = BAD_BODIES[case]
+    assert_error(post(server, body), status)
+    assert_serving(server)
+
+
+def test_bad_form_and_content_type(server: Server) -> None:
+    assert_error(post(server, data={"q": "a", "beams": "many"}), 400)
+    assert_error(post(server, files={"q": ("q.txt", b"hello")}), 400)
+    assert_error(post(server, content=b"q=a", headers={"Content-Type": "text/plain"}), 400)
+    assert_serving(server)
+
+
+def test_body_too_large(server: Server) -> None:
+    body = json.dumps({"q": ["word " * 400] * 40}).encode()  # within the text limits, above the 64 KiB body limit
+    message = assert_error(post(server, content=body, headers={"Content-Type": "application/json"}), 413)
+    assert "65536" in message
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit is enforced while reading
+        for start in range(0, len(body), 8192):
+            yield body[start : start + 8192]
+
+    assert_error(post(server, content=chunks(), headers={"Content-Type": "application/json"}), 413)
+    assert_serving(server)
+
+
+def test_unknown_routes_and_methods(server: Server) -> None:
+    assert_error(httpx.get(f"{server.url}/translate"), 405)
+    assert_error(httpx.get(f"{server.url}/no/such/page"), 404)
+    assert_serving(server)
+
+
+# --- the other endpoints -----------------------------------------------------------------------------------------
+
+
+def test_health_ready_languages_info(server: Server) -> None:
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{server.url}/ready").json() == {"ready": True}
+    languages = httpx.get(f"{server.url}/languages").json()
+    # LibreTranslate >= 1.7's zh-Hans / zh-Hant beside the zh / zt older clients know (docs/serve.md).
+    targets = ["zh", "zh-Hans", "zt", "zh-Hant", "cjy-Hans", "cjy-Hant", "cmn", "gan", "lzh", "lzh-Hans", "nan"]
+    targets += ["wuu", "yue", "yue-Hans", "yue-Hant"]
+    assert languages[0] == {"code": "en", "name": "English", "targets": targets}
+    assert [entry["code"] for entry in languages[1:]] == targets
+    assert languages[1:5] == [
+        {"code": "zh", "name": "Chinese (Simplified)", "targets": []},
+        {"code": "zh-Hans", "name": "Chinese (Simplified)", "targets": []},
+        {"code": "zt", "name": "Chinese (Traditional)", "targets": []},
+        {"code": "zh-Hant", "name": "Chinese (Traditional)", "targets": []},
+    ]
+    info = httpx.get(f"{server.url}/info").json()
+    assert info["model"]["architecture"] == "marian"
+    assert info["limits"]["max_chars"] == 2000 and info["batching"]["max_batch_size"] == 16
+    assert info["batching"]["batch_invariant"] is True  # fp32
+    assert info["api_keys"] is False
+
+
+def test_docs_and_page(server: Server) -> None:
+    schema = httpx.get(f"{server.url}/openapi.json").json()
+    assert {"/translate", "/detect", "/languages", "/info", "/health", "/ready", "/metrics"} <= set(schema["paths"])
+    assert "application/x-www-form-urlencoded" in schema["paths"]["/translate"]["post"]["requestBody"]["content"]
+    assert httpx.get(f"{server.url}/docs").status_code == 200
+    page = httpx.get(f"{server.url}/")
+    assert page.status_code == 200 and 'id="translate"' in page.text
+
+
+def test_metrics(server: Server) -> None:
+    assert_serving(server)
+    text = httpx.get(f"{server.url}/metrics").text
+    for name in (
+        'onnxmt_requests_total{path="/translate",status="200"}',
+        "onnxmt_request_duration_seconds_bucket",
+        "onnxmt_batch_size_bucket",
+        "onnxmt_queue_depth",
+        "onnxmt_generated_tokens_total",
+        "onnxmt_ready 1.0",
+    ):
+        assert name in text
+
+
+# --- queue, keys, timeout, shutdown, start-up ------------------------------------------------------------------
+
+
+def test_api_keys(strict_server: Server) -> None:
+    body = {"q": TEXTS[0], "max_new_tokens": 5}
+    assert "api_key" in assert_error(post(strict_server, body), 403)
+    assert_error(post(strict_server, {**body, "api_key": "wrong"}), 403)
+    assert_error(post(strict_server, {**body, "api_key": 1}), 403)
+    assert post(strict_server, {**body, "api_key": KEYS[1]}).status_code == 200
+    assert post(strict_server, data={"q": TEXTS[0], "api_key": KEYS[0], "max_new_tokens": "5"}).status_code == 200
+    assert httpx.get(f"{strict_server.url}/health").status_code == 200
+    assert httpx.get(f"{strict_server.url}/info").json()["api_keys"] is True
+
+
+def test_queue_full_gives_503(strict_server: Server) -> None:
+    # Each request keeps the single inference thread busy for a while (8 texts, one per decoder batch, 4 beams).
+    body = {"q": TEXTS[:8], "beams": 4, "api_key": KEYS[0]}
+
+    async def send_all() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=strict_server.url, timeout=120) as client:
+            return await asyncio.gather(*(client.post("/translate", json=body) for _ in range(12)))
+
+    responses = asyncio.run(send_all())
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) == {200, 503}, statuses
+    for response in responses:
+        if response.status_code == 503:
+            assert "queue is full" in assert_error(response, 503)
+            assert response.headers["Retry-After"] == "1"
+    assert post(strict_server, {**body, "q": "a"}).status_code == 200
+
+
+def test_timeout_gives_504(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    server = start_server(tiny_onnx_dir, tmp_path, timeout=0.001, batch_window_ms=50)
+    try:
+        assert "timed out" in assert_error(post(server, {"q": TEXTS[0]}), 504)
+        assert httpx.get(f"{server.url}/health").status_code == 200
+    finally:
+        assert server.stop() == 0, server.logs()
+
+
+def test_sigterm_finishes_requests_in_flight(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    server = start_server(tiny_onnx_dir, tmp_path, max_batch_size=2, batch_window_ms=0)
+    body = {"q": TEXTS[:6], "beams": 4}
+    signalled = 0.0
+
+    async def send_and_stop() -> list[tuple[httpx.Response, float]]:
+        nonlocal signalled
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+
+            async def timed() -> tuple[httpx.Response, float]:
+                response = await client.post("/translate", json=body)
+                return response, time.monotonic()
+
+            tasks = [asyncio.create_task(timed()) for _ in range(8)]
+            # All 8 are in the server when 1 runs and the other 7 are queued or done (one request per batch here).
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                metrics = await client.get("/metrics")
+                if (
+                    metric_sample(metrics.text, "onnxmt_queue_depth", model="model")
+                    + metric_sample(metrics.text, "onnxmt_batch_requests_count", model="model")
+                    >= 7
+                ):
+                    break
+                await asyncio.sleep(0.01)
+            signalled = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            return await asyncio.gather(*tasks)
+
+    results = asyncio.run(send_and_stop())
+    code = server.process.wait(timeout=60)
+    assert code == 0, server.logs()
+    expected = Translator(tiny_onnx_dir).translate(TEXTS[:6], beams=4)
+    for response, _ in results:
+        assert response.status_code == 200, response.text
+        assert response.json()["translatedText"] == [t.text for t in expected]
+    assert any(done > signalled for _, done in results), "every request finished before SIGTERM: nothing was tested"
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{server.url}/health")
+
+
+def test_sigterm_with_long_batches_answers_every_request_and_exits_in_time(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    timeout = 2.0
+    server = start_server(tiny_onnx_dir, tmp_path, timeout=timeout, max_texts=64, batch_window_ms=0)
+    # Each request is a long batch (64 texts at 8 beams); 16 of them are more work than fits in the timeout, on a
+    # fast machine too.
+    heavy = {"q": TEXTS, "beams": 8}
+
+    async def send_and_stop() -> tuple[list[httpx.Response | BaseException], httpx.Response, float]:
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+            httpx.AsyncClient(base_url=server.url, timeout=60, limits=httpx.Limits(max_connections=1)) as idle,
+        ):
+            assert (await idle.post("/translate", json={"q": "a", "max_new_tokens": 3})).status_code == 200
+            tasks = [
+                asyncio.create_task(client.post("/translate", json={**heavy, "max_new_tokens": 63 - i}))
+                for i in range(16)
+            ]  # different settings: one batch each
+            await asyncio.sleep(0.5)
+            server.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            await asyncio.sleep(0.3)
+            # A request on a keep-alive connection opened before SIGTERM: answered, and told to close.
+            late = await idle.post("/translate", json={"q": "a", "max_new_tokens": 3})
+            return await asyncio.gather(*tasks, return_exceptions=True), late, signalled
+
+    results, late, signalled = asyncio.run(send_and_stop())
+    try:
+        code = server.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.process.kill()  # never left behind ignoring signals
+        pytest.fail(f"the server had not exited 60 s after SIGTERM:\n{server.logs()[-6000:]}")
+    exited = time.monotonic() - signalled
+    assert code == 0, server.logs()
+    assert exited < timeout + 5, exited
+    statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in results]
+    assert set(statuses) <= {200, 503} and 503 in statuses, statuses
+    for response in results:
+        assert isinstance(response, httpx.Response)
+        if response.status_code == 503:
+            assert "shutting down" in assert_error(response, 503) and response.headers["Retry-After"] == "1"
+    assert "shutting down" in assert_error(late, 503)
+    assert late.headers["connection"] == "close"
+
+
+def test_model_that_cannot_load_exits_2(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    missing = subprocess.run([*ONNXMT, "serve", str(tmp_path / "missing")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "not found" in missing.stderr
+    bad_setting = subprocess.run(
+        [*ONNXMT, "serve", str(tiny_onnx_dir), "--max-queue", "0"], capture_output=True, text=True, timeout=60
+    )
+    assert bad_setting.returncode == 2 and "max_queue must be at least 1" in bad_setting.stderr
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_onnx_dir, broken)
+    (broken / "decoder.onnx").write_bytes(b"not a model")
+    port = str(free_port())
+    result = subprocess.run(
+        [*ONNXMT, "serve", str(broken), "--port", port],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "decoder.onnx" in result.stderr
+
+
+def test_cli_defaults_are_serve_options_defaults() -> None:
+    from onnxmt.cli import serve
+
+    parameters = inspect.signature(serve).parameters
+    for field in fields(ServeOptions):
+        if field.name in ("api_keys", "cors_origins"):
+            assert parameters[field.name].default is None
+        else:
+            assert parameters[field.name].default == field.default, field.name
+
+
+# --- in process: the batcher, and start-up ---------------------------------------------------------------------
+
+
+SETTINGS = Settings(
+    num_beams=1, max_length=8, min_length=0, length_penalty=1.0, early_stopping=False, num_return_sequences=1,
+    decoder_start=9, eos_ids=(0,), pad=9,
+)  # fmt: skip
+
+
+def _prepared(texts: list[str], beams: int = 1) -> list[Prepared]:
+    """Texts as `Translator.prepare` gives them, for a fake translate function."""
+    return [Prepared(text, (1, 0), Prompt(), replace(SETTINGS, num_beams=beams)) for text in texts]
+
+
+def _echo(prepared: list[Prepared]) -> list[Translation]:
+    return [Translation(f"{p.settings.num_beams}:{p.text}", [1], 0.0) for p in prepared]
+
+
+def test_batcher_reports_the_decoder_batches_the_translator_ran() -> None:
+    # The translator cuts a batch by size and by cost: the metrics count its decoder batches, not a guess.
+    seen: list[BatchStats] = []
+
+    def translate(
+        prepared: list[Prepared], tokens: list[CancelToken], on_batch: Callable[[int], None]
+    ) -> list[Translation]:
+        for size in (3, 1, 2):
+            on_batch(size)
+        return _echo(prepared)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as executor:
+            batcher = MicroBatcher(translate, executor, max_batch_size=8, window=0, max_queue=10, on_batch=seen.append)
+            batcher.start()
+            await batcher.translate(_prepared(list("abcdef")), timeout=10)
+            await batcher.stop()
+
+    asyncio.run(main())
+    assert [s.decoder_batches for s in seen] == [[3, 1, 2]]
+
+
+def test_batcher_batches_but_never_mixes_settings() -> None:
+    calls: list[tuple[list[str], int]] = []
+
+    def translate(prepared: list[Prepared], tokens: list[CancelToken], on_batch: object) -> list[Translation]:
+        texts = [p.text for p in prepared]
+        calls.append((texts, prepared[0].settings.num_beams))
+        time.sleep(0.01)
+        return _echo(prepared)
+
+    async def main() -> list[list[Translation]]:
+        with ThreadPoolExecutor(1) as executor:
+            batcher = MicroBatcher(translate, executor, max_batch_size=4, window=0.02, max_queue=100)
+            batcher.start()
+            results = await asyncio.gather(
+                *(batcher.translate(_prepared([f"{i}"], beams=1 + i % 2), timeout=10) for i in range(20))
+            )
+            await batcher.stop()
+            return results
+
+    results = asyncio.run(main())
+    assert results == [_echo(_prepared([f"{i}"], beams=1 + i % 2)) for i in range(20)]
+    for texts, beams in calls:
+        assert len(texts) <= 4
+        assert all(1 + int(text) % 2 == beams for text in texts)
+    assert max(len(texts) for texts, _ in calls) > 1
+
+
+def _gated(gate: threading.Event) -> Callable[..., list[Translation]]:
+    """A translate function for MicroBatcher that holds the inference thread until `gate` is set."""
+
+    def blocked(prepared: list[Prepared], tokens: list[CancelToken], on_batch: object) -> list[Translation]:
+        gate.wait(30)
+        return _echo(prepared)
+
+    return blocked
+
+
+def test_batcher_queue_full_and_timeout() -> None:
+    gate = threading.Event()
+    blocked = _gated(gate)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as executor:
+            batcher = MicroBatcher(blocked, executor, max_batch_size=1, window=0, max_queue=1)
+            batcher.start()
+            running = asyncio.create_task(batcher.translate(_prepared(["a"]), None))
+            await asyncio.sleep(0.1)
+            waiting = asyncio.create_task(batcher.translate(_prepared(["b"]), 0.2))
+            await asyncio.sleep(0.01)
+            with pytest.raises(QueueFull):
+                await batcher.translate(_prepared(["c"]), None)
+            with pytest.raises(asyncio.TimeoutError):
+                await waiting
+            assert batcher.depth == 0  # the request that timed out gave its place back
+            queued = asyncio.create_task(batcher.translate(_prepared(["d"]), None))
+            gate.set()
+            assert await running == _echo(_prepared(["a"]))
+            assert await queued == _echo(_prepared(["d"]))
+            await batcher.stop()
+
+    asyncio.run(main())
+
+
+def test_batcher_cancels_the_work_of_requests_that_are_gone() -> None:
+    # A fake decoder that works in 10 ms steps until its texts' tokens are all set, as the decoding loop does.
+    ran: list[list[str]] = []
+
+    def stepping(prepared: list[Prepared], tokens: list[CancelToken], on_batch: object) -> list[Translation]:
+        texts = [p.text for p in prepared]
+        ran.append(texts)
+        for _ in range(1 if texts == ["small"] else 500):
+            if all(t.cancelled for t in tokens):
+                return [Translation("", [], 0.0, cancelled=True) for _ in texts]
+            time.sleep(0.01)
+        return _echo(prepared)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as executor:
+            batcher = MicroBatcher(stepping, executor, max_batch_size=1, window=0, max_queue=10)
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            # Timed out while running: the work stops, and the next request runs at once.
+            heavy = asyncio.create_task(batcher.translate(_prepared(["heavy"]), 0.3))
+            await asyncio.sleep(0.05)
+            queued = asyncio.create_task(batcher.translate(_prepared(["queued"]), 0.1))
+            with pytest.raises(asyncio.TimeoutError):
+                await heavy
+            with pytest.raises(asyncio.TimeoutError):
+                await queued
+            start = loop.time()
+            gate = asyncio.Event()
+
+            async def disconnected() -> None:
+                await gate.wait()
+
+            # The client disconnects: ClientGone, and the work stops too.
+            left = asyncio.create_task(batcher.translate(_prepared(["left"]), 60, disconnected=disconnected))
+            await asyncio.sleep(0.1)
+            gate.set()
+            with pytest.raises(ClientGone):
+                await left
+            assert await batcher.translate(_prepared(["small"]), 1) == _echo(_prepared(["small"]))
+            assert loop.time() - start < 6  # each cancelled request would have held the thread 5 s
+            await batcher.stop()
+
+    asyncio.run(main())
+    assert ran[0] == ["heavy"] and ["queued"] not in ran  # the queued request's deadline passed: it never ran
+
+
+def test_batcher_does_not_spin_on_a_request_that_left_but_is_still_queued() -> None:
+    # A queued request that timed out is dropped from the queue only after its own clean-up, which awaits its
+    # disconnect watcher. A batch finishing in that window found the dead request at the head of the queue, took
+    # nothing and looped without ever yielding: the event loop spun at 100% CPU and SIGTERM was never handled.
+    release = threading.Event()
+    blocked = _gated(release)
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.5)  # its clean-up takes a while: the window in which the batch ends
+            raise
+
+    async def main() -> tuple[list[Translation], list[Translation]]:
+        with ThreadPoolExecutor(1) as executor:
+            batcher = MicroBatcher(blocked, executor, max_batch_size=1, window=0, max_queue=10)
+            batcher.start()
+            loop = asyncio.get_running_loop()
+            running = asyncio.create_task(batcher.translate(_prepared(["a"]), None))
+            await asyncio.sleep(0.05)
+            queued = asyncio.create_task(batcher.translate(_prepared(["b"], beams=2), 0.2, disconnected=slow_to_stop))
+            loop.call_later(0.4, release.set)  # the running batch ends while "b" is still cleaning up
+            first = await running
+            with pytest.raises(asyncio.TimeoutError):
+                await queued
+            after = await batcher.translate(_prepared(["c"]), 5)
+            await batcher.stop()
+            return first, after
+
+    outcome: list[tuple[list[Translation], list[Translation]]] = []
+    # On its own thread, so a spinning event loop fails the test instead of hanging it.
+    thread = threading.Thread(target=lambda: outcome.append(asyncio.run(main())), daemon=True)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "the batch loop spun on the request that had left"
+    assert outcome == [(_echo(_prepared(["a"])), _echo(_prepared(["c"])))]
+
+
+@contextlib.contextmanager
+def serve_in_thread(model_dir: Path, options: ServeOptions, decoding: DecodeOptions) -> Iterator[str]:
+    """The app under uvicorn on a thread of this process (settings the CLI has no flag for, such as min_new_tokens)."""
+    import uvicorn
+
+    from onnxmt.serve.app import create_app
+
+    port = free_port()
+    config = uvicorn.Config(create_app(model_dir, options, decoding=decoding), port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.05)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+# 256 texts at 8 beams, every text forced to 63 tokens: ~12 s of work on the tiny model, 2 cores.
+HEAVY = {"q": [f"{TEXTS[i % 64]} {i}" for i in range(256)], "beams": 8}  # 256 different texts: none deduplicated
+FORCED = DecodeOptions(max_new_tokens=63, min_new_tokens=63)
+
+
+def test_a_heavy_request_that_times_out_stops_blocking(tiny_onnx_dir: Path) -> None:
+    options = ServeOptions(timeout=1, max_texts=256, max_request_cost=0, batch_window_ms=0)
+    with serve_in_thread(tiny_onnx_dir, options, FORCED) as url:
+
+        async def main() -> tuple[httpx.Response, httpx.Response, float]:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                start = time.monotonic()
+                heavy = asyncio.create_task(client.post("/translate", json=HEAVY))
+                await asyncio.sleep(0.8)
+                small = await client.post("/translate", json={"q": "a", "max_new_tokens": 3})
+                return await heavy, small, time.monotonic() - start
+
+        heavy, small, took = asyncio.run(main())
+    assert "timed out" in assert_error(heavy, 504)
+    assert small.status_code == 200, small.text
+    assert took < 1 + 1.5, took  # the heavy request's work stopped at its timeout
+
+
+def test_a_client_that_disconnects_cancels_its_work(tiny_onnx_dir: Path) -> None:
+    options = ServeOptions(timeout=60, max_texts=256, max_request_cost=0, batch_window_ms=0)
+    with serve_in_thread(tiny_onnx_dir, options, FORCED) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/translate", json=HEAVY, timeout=0.5)  # closes its connection
+        start = time.monotonic()
+        small = httpx.post(f"{url}/translate", json={"q": "a", "max_new_tokens": 3}, timeout=60)
+        took = time.monotonic() - start
+        metrics = httpx.get(f"{url}/metrics").text
+    assert small.status_code == 200, small.text
+    assert took < 1.5, took
+    assert metric_sample(metrics, "onnxmt_requests_total", path="/translate", status="499") == 1
+
+
+def test_the_cost_budget_gives_413_naming_the_limit(tiny_onnx_dir: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from onnxmt.serve.app import create_app
+
+    with TestClient(create_app(tiny_onnx_dir, ServeOptions(max_request_cost=10000))) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # The issue's request, scaled to the tiny model: 16 texts of 5,000 characters at 8 beams.
+        body = {"q": ["word " * 1000] * 16, "beams": 8, "max_new_tokens": 63}
+        message = assert_error_body(client.post("/translate", json=body), 413)
+        assert "16256 tokens x beams" in message and "the limit is 10000" in message, message
+        assert client.post("/translate", json={**body, "q": body["q"][:4]}).status_code == 200
+        assert client.get("/info").json()["limits"]["max_request_cost"] == 10000
+
+
+def test_ready_only_once_the_model_is_loaded(tiny_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastapi.testclient import TestClient
+
+    from onnxmt.serve import service
+    from onnxmt.serve.app import create_app
+
+    gate = threading.Event()
+    load = service.Translator
+
+    def slow_load(*args: Any) -> Translator:
+        gate.wait(30)
+        return load(*args)
+
+    monkeypatch.setattr(service, "Translator", slow_load)
+    with TestClient(create_app(tiny_onnx_dir, ServeOptions())) as client:
+        assert client.get("/health").status_code == 200
+        assert "loading" in assert_error_body(client.get("/ready"), 503)
+        loading = client.post("/translate", json={"q": "a"})
+        assert "loading" in assert_error_body(loading, 503) and loading.headers["Retry-After"] == "1"
+        assert_error_body(client.get("/languages"), 503)
+        gate.set()
+        deadline = time.monotonic() + 30
+        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.post("/translate", json={"q": "a", "max_new_tokens": 3}).status_code == 200
+
+
+def assert_error_body(response: httpx.Response, status: int) -> str:
+    """Like assert_error, for answers that may carry more than the error (/ready says `ready: false` too)."""
+    assert response.status_code == status, response.text
+    return str(response.json()["error"])
+
+
+# --- the page in a real browser --------------------------------------------------------------------------------
+
+
+def test_page_translates_in_headless_chromium(server: Server, translator: Translator, tmp_path: Path) -> None:
+    browser = headless_chromium(tmp_path / "profile")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    try:
+        browser.get(f"{server.url}/")
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#target option")) == 13)
+        Select(browser.find_element(By.ID, "target")).select_by_value("yue-Hant")  # as /languages lists it
+        # A text the 13-token fixture translates into yue_Hant as a non-empty text (TEXTS[5] gives "").
+        browser.find_element(By.ID, "text").send_keys(TEXTS[8])
+        browser.find_element(By.ID, "translate").click()
+        # The page reads /translate/stream: done when its status clears, the whole text shown.
+        wait.until(translation_done)
+        browser.save_screenshot(str(tmp_path / "page.png"))
+        shown = browser.find_element(By.ID, "result").get_attribute("textContent")
+        assert shown and shown == translate_document(translator, TEXTS[8], target_lang="yue_Hant")
+        fetched = browser.execute_script("return performance.getEntriesByType('resource').map((e) => e.name)")
+        assert any(name.endswith("/translate/stream") for name in fetched), fetched
+        assert browser.find_element(By.ID, "error").text == ""
+        violations = [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
+        assert not violations, violations
+    finally:
+        browser.quit()
+
+
+# --- the load benchmark ----------------------------------------------------------------------------------------
+
+
+def test_load_script(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    script = ROOT / "benchmarks" / "load.py"
+    command = [sys.executable, str(script), str(tiny_onnx_dir), "--concurrency", "1", "4", "--requests", "8"]
+    command += ["--duration", "30", "--max-new-tokens", "5", "--name", "test", "--out", str(tmp_path)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "load-test.json").read_text())
+    assert [(level["concurrency"], level["ok"], level["errors"]) for level in result["levels"]] == [
+        (1, 8, 0),
+        (4, 8, 0),
+    ]
+    assert result["server_exit_code"] == 0 and result["server_rss_end_mb"]["rss_mb"] > 0
+    assert "| 4 | 8 | 0 |" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("per_row", "max_batch_size", "expected"), [(False, 16, False), (False, 1, True), (True, 16, True)]
+)
+def test_info_says_whether_batches_can_change_a_translation(
+    tiny_onnx_dir: Path, tmp_path: Path, per_row: bool, max_batch_size: int, expected: bool
+) -> None:
+    # Per-tensor int8 scales depend on the batch; a batch of one, or a scale per row, does not.
+    pytest.importorskip("onnx")
+    from onnxmt.export.quantize import QuantizeOptions, quantize
+    from onnxmt.runtime.modeldir import load_manifest
+    from onnxmt.serve.pool import batch_invariant
+
+    int8 = tmp_path / "int8"
+    quantize(tiny_onnx_dir, int8, QuantizeOptions(per_row_scales=per_row), progress=lambda _: None)
+    # Read from the manifest: /info says it for every model, loaded or not.
+    assert batch_invariant(load_manifest(int8), max_batch_size) is expected
