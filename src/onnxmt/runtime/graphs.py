@@ -42,8 +42,8 @@ class Cache:
     cross_kv: tuple[np.ndarray, ...] | None  # per layer key, value: (sentences or rows, heads, src_len, head_dim)
     encoder_states: np.ndarray | None = None  # (rows, src_len, d_model); only Optimum's first step needs it
     per_sentence: bool = False
-    # Buffers: the positions of self_kv that hold the cache (the rest is spare capacity); None: all of them.
-    self_len: int | None = None
+    # Buffers: each row's positions of self_kv that hold its cache (the rest is spare capacity), (rows,); None: all.
+    self_len: np.ndarray | None = None
     # Buffers: the most positions the decoding loop will write (its max_length - 1); None: not known.
     max_positions: int | None = None
 
@@ -66,8 +66,52 @@ class Cache:
             cross_kv=take(self.cross_kv, shared),
             encoder_states=None if self.encoder_states is None else self.encoder_states[rows],
             per_sentence=self.per_sentence,
-            self_len=self.self_len,
+            self_len=None if self.self_len is None else self.self_len[rows],
             max_positions=self.max_positions,
+        )
+
+    def gather(self, rows: np.ndarray, sentences: np.ndarray) -> Cache:
+        """The cache of `rows` (decoder rows, in their new order) whose sentences are `sentences` (per-sentence
+        arrays' rows, in order): a running batch's rows after a step, its beams reordered and finished rows gone.
+        When no row leaves, only the rows that change are copied, in place (`reorder_beams`); the source width of
+        the per-sentence arrays shrinks to the longest source left."""
+        if len(rows) == self.self_kv[0].shape[0] and np.array_equal(sentences, np.arange(len(sentences))):
+            return self.reorder_beams(rows)
+        shared = sentences if self.per_sentence else rows
+        mask = self.mask[shared]
+        width = max(int(mask.sum(axis=1).max(initial=0)), 1)
+        width = width if mask[:, width:].sum() == 0 else mask.shape[1]  # only trailing padding is cut
+        cross = None if self.cross_kv is None else tuple(a[shared, :, :width] for a in self.cross_kv)
+        return replace(
+            self,
+            mask=mask[:, :width],
+            self_kv=tuple(a[rows] for a in self.self_kv),
+            cross_kv=cross,
+            encoder_states=None if self.encoder_states is None else self.encoder_states[rows],
+            self_len=None if self.self_len is None else self.self_len[rows],
+        )
+
+    def joined(self, other: Cache) -> Cache:
+        """This cache's rows, then `other`'s (a cohort joining a running batch): source arrays padded to the wider
+        of the two, buffers to the larger capacity (padding is masked: each row reads its own length)."""
+        if self.cross_kv is None or other.cross_kv is None or self.self_len is None or other.self_len is None:
+            raise ValueError("only buffered onnxmt caches join")
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        capacity = max(self.self_kv[0].shape[2], other.self_kv[0].shape[2])
+        limits = (self.max_positions, other.max_positions)
+        return replace(
+            self,
+            mask=np.concatenate([_padded(self.mask, 1, width), _padded(other.mask, 1, width)]),
+            self_kv=tuple(
+                np.concatenate([_padded(a, 2, capacity), _padded(b, 2, capacity)])
+                for a, b in zip(self.self_kv, other.self_kv, strict=True)
+            ),
+            cross_kv=tuple(
+                np.concatenate([_padded(a, 2, width), _padded(b, 2, width)])
+                for a, b in zip(self.cross_kv, other.cross_kv, strict=True)
+            ),
+            self_len=np.concatenate([self.self_len, other.self_len]),
+            max_positions=None if None in limits else max(limits),  # type: ignore[type-var]
         )
 
     def expand_beams(self, beams: int) -> Cache:
@@ -75,7 +119,8 @@ class Cache:
         rows = np.repeat(np.arange(self.sentences), beams)
         if not self.per_sentence:
             return self.select(rows)
-        return replace(self, self_kv=tuple(a[rows] for a in self.self_kv))
+        lengths = None if self.self_len is None else self.self_len[rows]
+        return replace(self, self_kv=tuple(a[rows] for a in self.self_kv), self_len=lengths)
 
     def reorder_beams(self, rows: np.ndarray) -> Cache:
         """Reorder the self-attention cache among the beams of each sentence: row i takes row `rows[i]`.
@@ -89,7 +134,7 @@ class Cache:
         if len(moved) == 0:
             return self
         sources = rows[moved]
-        filled = self.self_kv[0].shape[2] if self.self_len is None else self.self_len  # spare capacity stays
+        filled = self.self_kv[0].shape[2] if self.self_len is None else int(self.self_len.max(initial=0))
         kv = []
         for a in self.self_kv:
             if a.flags.writeable and a.flags.c_contiguous:
@@ -97,7 +142,17 @@ class Cache:
             else:
                 a = a[rows]
             kv.append(a)
-        return replace(self, self_kv=tuple(kv))
+        lengths = None if self.self_len is None else self.self_len[rows]
+        return replace(self, self_kv=tuple(kv), self_len=lengths)
+
+
+def _padded(a: np.ndarray, axis: int, size: int) -> np.ndarray:
+    """`a` with zeros after its end along `axis`, to `size` positions."""
+    if a.shape[axis] == size:
+        return a
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, size - a.shape[axis])
+    return np.pad(a, widths)
 
 
 def session_options(options: RuntimeOptions):
@@ -361,7 +416,7 @@ class OnnxmtGraphs(Graphs):
             self_kv=self._empty_self_kv(len(input_ids), capacity=1 if self.buffered else 0),
             cross_kv=tuple(cross),
             per_sentence=self.per_sentence,
-            self_len=0 if self.buffered else None,
+            self_len=np.zeros(len(input_ids), dtype=np.int64) if self.buffered else None,
             max_positions=max_positions,
         )
 
@@ -379,17 +434,21 @@ class OnnxmtGraphs(Graphs):
         if tokens.shape[1] != 1:
             raise ValueError(f"this decoder graph takes one new token per row, got {tokens.shape[1]}")
         assert cache.self_len is not None and self.dec_length is not None  # encode() made a buffered cache
-        filled = cache.self_len
+        lengths = cache.self_len
+        filled = int(lengths.max(initial=0))
         buffers = cache.self_kv
         if filled == buffers[0].shape[2]:
             capacity = next_capacity(filled, cache.max_positions)
             buffers = tuple(grown(b, filled, capacity) for b in buffers)
+        if not self.per_row and (lengths != filled).any():
+            raise ValueError("this decoder graph takes one cache length for all rows (exported before format 4)")
         feed.update(zip(self.dec_past, buffers, strict=True))
-        feed[self.dec_length] = np.full(len(tokens) if self.per_row else 1, filled, dtype=np.int64)
+        feed[self.dec_length] = lengths if self.per_row else np.array([filled], dtype=np.int64)
         logits, *new = self.decoder.run(self.dec_out, feed)
+        rows = np.arange(len(lengths))
         for buffer, kv in zip(buffers, new, strict=True):
-            buffer[:, :, filled] = kv[:, :, 0]
-        return logits, replace(cache, self_kv=buffers, self_len=filled + 1)
+            buffer[rows, :, lengths] = kv[:, :, 0]  # each row's new key or value at its own length
+        return logits, replace(cache, self_kv=buffers, self_len=lengths + 1)
 
 
 class OptimumGraphs(Graphs):

@@ -1,0 +1,290 @@
+"""In-flight batching: a running decoder batch whose rows join and leave at step boundaries.
+
+Texts join in cohorts: the texts admitted at one step, with one setting (`Settings`), so that they share their
+length and their logits processors (transformers' semantics, exactly as `decode` applies them). Every cohort's rows
+go through one decoder call per step: the decoder graph takes each row's own cache length (manifest format 4), so
+rows of different lengths share it, and a row's logits are what they would be alone. A finished or cancelled row
+leaves at once; its place goes to whoever is admitted next.
+
+Beam search: a cohort's sentences have `beams` rows each, and the rows of one call must have the same number of
+beams per sentence (the graph broadcasts a sentence's cross-attention K/V over its beams), so a running batch holds
+cohorts of one beam width. A cohort admitted into an empty batch takes its first step on one row per sentence (all
+its beams are the same row then), as `decode` does; one that joins running rows takes it on all its beams, whose
+copies give the same logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .decoding import (
+    BEAM_FLOOR,
+    Hypothesis,
+    LogitsProcessor,
+    Settings,
+    _advance,
+    _apply,
+    _Beams,
+    _cancelled_hypotheses,
+    _hypotheses,
+    build_processors,
+)
+from .graphs import Cache, Graphs, VocabOps
+
+
+@dataclass
+class Step:
+    """What one step of a running batch did: the tokens greedy rows took, (key, token) in row order, and the texts
+    it finished, (key, hypotheses)."""
+
+    tokens: list[tuple[object, int]] = field(default_factory=list)
+    finished: list[tuple[object, list[Hypothesis]]] = field(default_factory=list)
+
+
+@dataclass
+class _Advance:
+    """A cohort's part of a step: its rows to keep, as indices into its rows before the step (beams reordered),
+    and its sentences to keep, as indices into its sentences before the step."""
+
+    rows: np.ndarray
+    sentences: np.ndarray
+
+
+class _Cohort:
+    """Texts admitted together: one setting, one length. `keys` name them to the caller; `cancelled` polls which
+    are no longer wanted ((n,) bool for the texts admitted)."""
+
+    def __init__(
+        self,
+        keys: Sequence[object],
+        settings: Settings,
+        processors: list[LogitsProcessor],
+        cancelled: Callable[[], np.ndarray],
+        ops: VocabOps,
+    ) -> None:
+        self.keys = list(keys)
+        self.s = settings
+        self.processors = processors
+        self.cancelled = cancelled
+        self.ops = ops
+        self.cur_len = 1
+
+    @property
+    def rows(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def sentences(self) -> int:
+        raise NotImplementedError
+
+    def inputs(self) -> np.ndarray:
+        """(rows, 1): each row's last token."""
+        raise NotImplementedError
+
+    def advance(self, logits: np.ndarray, step: Step) -> _Advance:
+        """Take this step's logits (rows, vocab) of this cohort's rows; tell `step` what happened."""
+        raise NotImplementedError
+
+
+class _GreedyCohort(_Cohort):
+    def __init__(
+        self,
+        keys: Sequence[object],
+        settings: Settings,
+        processors: list[LogitsProcessor],
+        cancelled: Callable[[], np.ndarray],
+        ops: VocabOps,
+    ) -> None:
+        super().__init__(keys, settings, processors, cancelled, ops)
+        n, s = len(self.keys), settings
+        self.sequences = np.full((n, s.max_length), s.pad, dtype=np.int64)  # (n, max_length)
+        self.sequences[:, 0] = s.decoder_start
+        self.totals = np.zeros(n, dtype=np.float32)
+        self.active = np.arange(n)  # texts still generating, in row order
+        self.eos = np.array(s.eos_ids)
+
+    @property
+    def rows(self) -> int:
+        return len(self.active)
+
+    @property
+    def sentences(self) -> int:
+        return len(self.active)
+
+    def inputs(self) -> np.ndarray:
+        return self.sequences[self.active, self.cur_len - 1 : self.cur_len]
+
+    def advance(self, logits: np.ndarray, step: Step) -> _Advance:
+        """As `greedy_search`'s step, for this cohort's rows."""
+        s, active, cur_len = self.s, self.active, self.cur_len
+        _apply(self.processors, self.sequences[active, :cur_len], logits)
+        chosen = logits.argmax(axis=-1)
+        log_probs = self.ops.log_softmax_inplace(logits)  # the logits are not needed any more
+        self.totals[active] += np.take_along_axis(log_probs, chosen[:, None], axis=1)[:, 0]
+        self.sequences[active, cur_len] = chosen
+        step.tokens += [(self.keys[i], t) for i, t in zip(active.tolist(), chosen.tolist(), strict=True)]
+        done = np.isin(chosen, self.eos) | (cur_len + 1 >= s.max_length)
+        dropped = self.cancelled()[active] & ~done
+        for i, gone in zip(active[done | dropped].tolist(), dropped[done | dropped].tolist(), strict=True):
+            tokens = self.sequences[i, 1 : cur_len + 1].tolist()
+            step.finished.append((self.keys[i], [Hypothesis(tokens, float(self.totals[i]), gone)]))
+        keep = np.flatnonzero(~(done | dropped))
+        self.active = active[keep]
+        self.cur_len += 1
+        return _Advance(keep, keep)
+
+
+class _BeamCohort(_Cohort):
+    def __init__(
+        self,
+        keys: Sequence[object],
+        settings: Settings,
+        processors: list[LogitsProcessor],
+        cancelled: Callable[[], np.ndarray],
+        ops: VocabOps,
+        collapsed: bool,
+    ) -> None:
+        super().__init__(keys, settings, processors, cancelled, ops)
+        n, s, k = len(self.keys), settings, settings.num_beams
+        running = np.full((n, k, s.max_length), s.pad, dtype=np.int64)
+        running[:, :, 0] = s.decoder_start
+        running_scores = np.zeros((n, k), dtype=np.float32)
+        running_scores[:, 1:] = BEAM_FLOOR  # only beam 0 is real at the start, so the k beams do not duplicate it
+        self.state = _Beams(
+            running=running,
+            running_scores=running_scores,
+            finished=running.copy(),
+            finished_scores=np.full((n, k), BEAM_FLOOR, dtype=np.float32),
+            is_finished=np.zeros((n, k), dtype=bool),
+            improvable=np.ones(n, dtype=bool),
+            ids=np.arange(n),
+        )
+        self.collapsed = collapsed  # its first step on one row per sentence
+        self.keep = max(2, 1 + len(s.eos_ids)) * k  # continuations kept per step: k live ones after eos
+
+    @property
+    def rows(self) -> int:
+        return self.sentences * (1 if self.collapsed else self.s.num_beams)
+
+    @property
+    def sentences(self) -> int:
+        return len(self.state.ids)
+
+    def inputs(self) -> np.ndarray:
+        flat = self.state.running.reshape(self.sentences * self.s.num_beams, -1)
+        rows = flat[:: self.s.num_beams] if self.collapsed else flat
+        return rows[:, self.cur_len - 1 : self.cur_len]
+
+    def advance(self, logits: np.ndarray, step: Step) -> _Advance:
+        """As `beam_search`'s step, for this cohort's sentences."""
+        s, k, state, cur_len = self.s, self.s.num_beams, self.state, self.cur_len
+        n = self.sentences
+        flat = state.running.reshape(n * k, -1)[:, :cur_len]
+        scores = self.ops.log_softmax_inplace(logits)  # (rows, vocab), in the logits' buffer
+        _apply(self.processors, flat[::k] if self.collapsed else flat, scores)
+        values, tokens = self.ops.topk(scores, self.keep)
+        if self.collapsed:
+            values, tokens = np.repeat(values, k, axis=0), np.repeat(tokens, k, axis=0)
+        vocab = scores.shape[-1]
+        totals = (values.reshape(n, k, self.keep) + state.running_scores[:, :, None]).reshape(n, k * self.keep)
+        flat_ids = (np.arange(k)[None, :, None] * vocab + tokens.reshape(n, k, self.keep)).reshape(n, k * self.keep)
+        rows = _advance(state, totals, flat_ids, vocab, self.keep, cur_len, s)  # (n * k,) into the old rows
+        if self.collapsed:
+            rows = np.repeat(np.arange(n), k)  # every beam's row is the sentence's one row
+            self.collapsed = False
+        frozen = ~state.improvable
+        if s.early_stopping is True:
+            frozen |= state.is_finished.all(axis=1)
+        if cur_len + 1 >= s.max_length:
+            frozen[:] = True
+        dropped = self.cancelled()[state.ids] & ~frozen
+        for i in np.flatnonzero(frozen | dropped):
+            one = state.take(np.array([i]))
+            hyps = _cancelled_hypotheses(one, cur_len + 1, s) if dropped[i] else _hypotheses(one, s)
+            step.finished.append((self.keys[int(state.ids[i])], hyps))
+        live = np.flatnonzero(~(frozen | dropped))
+        self.state = state.take(live)
+        self.cur_len += 1
+        return _Advance(rows.reshape(n, k)[live].reshape(-1), live)
+
+
+class RunningBatch:
+    """The decoder batch of one beam width, rows joining (`admit`) and leaving (`step`) at step boundaries.
+
+    >>> batch = RunningBatch(graphs, beams=1)               # doctest: +SKIP
+    >>> batch.admit(ids, settings, keys=["a", "b"])          # doctest: +SKIP
+    >>> while batch.rows: done = batch.step().finished       # doctest: +SKIP
+    """
+
+    def __init__(self, graphs: Graphs, beams: int, pad: int) -> None:
+        if not getattr(graphs, "per_row", False):
+            raise ValueError("in-flight batching needs a decoder that takes one cache length per row (format 4)")
+        self.graphs = graphs
+        self.beams = beams
+        self.pad = pad
+        self.cohorts: list[_Cohort] = []
+        self.cache: Cache | None = None
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.cohorts)
+
+    @property
+    def texts(self) -> int:
+        return sum(c.sentences for c in self.cohorts)
+
+    def admit(
+        self,
+        ids: Sequence[Sequence[int]],
+        settings: Settings,
+        keys: Sequence[object],
+        forced_bos: Sequence[int | None] = (),
+        cancelled: Callable[[], np.ndarray] | None = None,
+    ) -> None:
+        """Encode texts (their source ids) and add them as one cohort: they take their first step with the next
+        `step`. `keys` name them in what `step` returns; `forced_bos`: each text's forced first token (its target
+        language), if any; `cancelled()`: (texts,) bool, polled once a step."""
+        if settings.num_beams != self.beams:
+            raise ValueError(f"this running batch searches with {self.beams} beams, not {settings.num_beams}")
+        from .translator import _forced_bos, pad_batch
+
+        input_ids, mask = pad_batch(ids, self.pad)
+        cache = self.graphs.encode(input_ids, mask, max_positions=settings.max_length - 1)
+        forced = _forced_bos(list(forced_bos) or [None] * len(ids), settings)
+        polled = cancelled or (lambda: np.zeros(len(ids), dtype=bool))
+        ops = self.graphs.ops
+        cohort: _Cohort
+        if self.beams == 1:
+            cohort = _GreedyCohort(keys, settings, build_processors(settings, None, forced), polled, ops)
+        else:
+            collapsed = not self.cohorts
+            if not collapsed:  # its first step on every beam: each row's forced token is its sentence's
+                cache = cache.expand_beams(self.beams)
+                forced = None if forced is None else np.repeat(forced, self.beams)
+            processors = build_processors(settings, ops.log_softmax_inplace, forced)
+            cohort = _BeamCohort(keys, settings, processors, polled, ops, collapsed)
+        self.cache = cache if self.cache is None else self.cache.joined(cache)
+        self.cohorts.append(cohort)
+
+    def step(self) -> Step:
+        """One decoder call for every row; the tokens taken and the texts finished (which leave the batch)."""
+        assert self.cache is not None and self.cohorts
+        tokens = np.concatenate([c.inputs() for c in self.cohorts])  # (rows, 1)
+        logits, cache = self.graphs.step(tokens, self.cache)  # (rows, vocab)
+        step = Step()
+        rows, sentences = [], []
+        row0 = sentence0 = 0
+        for cohort in self.cohorts:
+            n_rows, n_sentences = cohort.rows, cohort.sentences
+            advance = cohort.advance(logits[row0 : row0 + n_rows], step)
+            rows.append(advance.rows + row0)
+            sentences.append(advance.sentences + sentence0)
+            row0, sentence0 = row0 + n_rows, sentence0 + n_sentences
+        self.cohorts = [c for c in self.cohorts if c.sentences]
+        kept = np.concatenate(rows)
+        # Beams reordered, finished rows gone; a collapsed cohort's one row per sentence becomes its beams' rows.
+        self.cache = cache.gather(kept, np.concatenate(sentences)) if len(kept) else None
+        return step

@@ -1,0 +1,110 @@
+"""In-flight batching (runtime/running.py): texts joining a running batch at any step, with their own settings and
+target languages, and leaving as they finish, are translated token for token as they are alone."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnxmt import Translator
+from onnxmt.runtime.running import RunningBatch
+from onnxmt.runtime.translator import Prepared
+from onnxmt.testing import generate_corpus
+
+ENGLISH = generate_corpus(31, lines=40)[0]
+
+
+def _run(translator: Translator, joins: Sequence[tuple[int, list[Prepared]]], beams: int) -> dict[object, list]:
+    """Admit each group of prepared texts at its step; step until every text is done. Keys: (group, index)."""
+    batch = RunningBatch(translator.graphs, beams, translator.manifest.tokens["pad"])
+    results: dict[object, list] = {}
+    pending = sorted(joins, key=lambda join: join[0])
+    step, group = 0, 0
+    rows_seen = []
+    while pending or batch.rows:
+        while pending and pending[0][0] <= step:
+            _, items = pending.pop(0)
+            keys = [(group, i) for i in range(len(items))]
+            batch.admit([p.ids for p in items], items[0].settings, keys, [p.prompt.forced_bos for p in items])
+            group += 1
+        if batch.rows:
+            rows_seen.append(batch.rows)
+            for key, hypotheses in batch.step().finished:
+                results[key] = hypotheses
+        step += 1
+    results["rows"] = rows_seen
+    return results
+
+
+def _alone(translator: Translator, prepared: Prepared) -> tuple[list[int], float]:
+    translation = translator.translate_prepared([prepared], batch_size=1)[0]
+    return translation.token_ids, translation.score
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_texts_joining_mid_batch_translate_as_alone(tiny_multi_onnx_dir: Path, beams: int) -> None:
+    translator = Translator(tiny_multi_onnx_dir)
+    # Groups of different lengths, settings and target languages joining at different steps; short ones leave early.
+    groups = [
+        (0, translator.prepare(ENGLISH[0:3], beams=beams, max_new_tokens=24, target_lang="cmn_Hans")),
+        (2, translator.prepare(ENGLISH[3:4], beams=beams, max_new_tokens=5, target_lang="cmn_Hant")),
+        (3, translator.prepare(ENGLISH[4:7], beams=beams, max_new_tokens=16, target_lang="yue_Hant")),
+        (9, translator.prepare([ENGLISH[7] * 3], beams=beams, max_new_tokens=30, target_lang="cmn_Hans")),
+        (9, translator.prepare(ENGLISH[8:10], beams=beams, max_new_tokens=3, target_lang="cmn_Hans")),
+    ]
+    results = _run(translator, groups, beams)
+    for g, (_, items) in enumerate(groups):
+        for i, prepared in enumerate(items):
+            (hypothesis,) = results[(g, i)]
+            tokens, score = _alone(translator, prepared)
+            assert hypothesis.tokens == tokens, (g, i)
+            assert hypothesis.score == pytest.approx(score, abs=1e-5)
+    rows = results["rows"]
+    assert max(rows) > beams * 3 and rows[-1] < max(rows)  # groups shared calls; finished rows left
+
+
+def test_forced_target_languages_mix_in_a_running_batch(tiny_nllb_onnx_dir: Path) -> None:
+    """NLLB: each text's target language is its forced first token, joining a batch of other languages."""
+    translator = Translator(tiny_nllb_onnx_dir)
+    languages = ["zho_Hans", "fra_Latn", "deu_Latn"]
+    groups = [
+        (step, translator.prepare(ENGLISH[5 * step : 5 * step + 2], source_lang="eng_Latn", target_lang=lang))
+        for step, lang in enumerate(languages)
+    ]
+    for beams in (1, 2):
+        groups = [(s, translator.prepare([p.text for p in items], beams=beams, source_lang="eng_Latn",
+                                         target_lang=languages[s], max_new_tokens=12))
+                  for s, items in groups]  # fmt: skip
+        results = _run(translator, groups, beams)
+        for g, (_, items) in enumerate(groups):
+            for i, prepared in enumerate(items):
+                assert results[(g, i)][0].tokens == _alone(translator, prepared)[0], (beams, g, i)
+
+
+def test_a_cancelled_text_leaves_at_the_next_step_and_the_others_are_unchanged(tiny_onnx_dir: Path) -> None:
+    translator = Translator(tiny_onnx_dir)
+    items = translator.prepare(ENGLISH[10:14], beams=1, max_new_tokens=20, min_new_tokens=20)
+    batch = RunningBatch(translator.graphs, 1, translator.manifest.tokens["pad"])
+    gone = np.zeros(len(items), dtype=bool)
+    batch.admit([p.ids for p in items], items[0].settings, list(range(4)), cancelled=lambda: gone)
+    finished: dict[object, list] = {}
+    for step in range(30):
+        if step == 3:
+            gone[1] = True
+        if not batch.rows:
+            break
+        finished.update(batch.step().finished)
+        if step == 3:
+            assert 1 in finished and finished[1][0].cancelled and len(finished[1][0].tokens) == 4
+            assert batch.rows == 3
+    for i in (0, 2, 3):
+        assert finished[i][0].tokens == _alone(translator, items[i])[0]
+
+
+def test_old_decoders_are_refused(tiny_concat_onnx_dir: Path) -> None:
+    translator = Translator(tiny_concat_onnx_dir)
+    with pytest.raises(ValueError, match="one cache length per row"):
+        RunningBatch(translator.graphs, 1, 0)
