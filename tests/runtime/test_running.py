@@ -50,6 +50,7 @@ def test_texts_joining_mid_batch_translate_as_alone(tiny_multi_onnx_dir: Path, b
     # Groups of different lengths, settings and target languages joining at different steps; short ones leave early.
     groups = [
         (0, translator.prepare(ENGLISH[0:3], beams=beams, max_new_tokens=24, target_lang="cmn_Hans")),
+        (0, translator.prepare(ENGLISH[11:13], beams=beams, max_new_tokens=9, target_lang="yue_Hant")),
         (2, translator.prepare(ENGLISH[3:4], beams=beams, max_new_tokens=5, target_lang="cmn_Hant")),
         (3, translator.prepare(ENGLISH[4:7], beams=beams, max_new_tokens=16, target_lang="yue_Hant")),
         (9, translator.prepare([ENGLISH[7] * 3], beams=beams, max_new_tokens=30, target_lang="cmn_Hans")),

@@ -45,6 +45,17 @@ class Step:
 
 
 @dataclass
+class _Joining:
+    """Texts admitted, to be encoded and joined at the next step."""
+
+    ids: Sequence[Sequence[int]]
+    settings: Settings
+    keys: Sequence[object]
+    forced_bos: Sequence[int | None]
+    cancelled: Callable[[], np.ndarray]
+
+
+@dataclass
 class _Advance:
     """A cohort's part of a step: its rows to keep, as indices into its rows before the step (beams reordered),
     and its sentences to keep, as indices into its sentences before the step."""
@@ -227,14 +238,16 @@ class RunningBatch:
         self.pad = pad
         self.cohorts: list[_Cohort] = []
         self.cache: Cache | None = None
+        self._joining: list[_Joining] = []
 
     @property
     def rows(self) -> int:
-        return sum(c.rows for c in self.cohorts)
+        """Decoder rows running, and those of the texts admitted to join at the next step."""
+        return sum(c.rows for c in self.cohorts) + sum(len(j.ids) * self.beams for j in self._joining)
 
     @property
     def texts(self) -> int:
-        return sum(c.sentences for c in self.cohorts)
+        return sum(c.sentences for c in self.cohorts) + sum(len(j.ids) for j in self._joining)
 
     def admit(
         self,
@@ -244,33 +257,44 @@ class RunningBatch:
         forced_bos: Sequence[int | None] = (),
         cancelled: Callable[[], np.ndarray] | None = None,
     ) -> None:
-        """Encode texts (their source ids) and add them as one cohort: they take their first step with the next
+        """Admit texts (their source ids) as one cohort: they are encoded and take their first step with the next
         `step`. `keys` name them in what `step` returns; `forced_bos`: each text's forced first token (its target
         language), if any; `cancelled()`: (texts,) bool, polled once a step."""
         if settings.num_beams != self.beams:
             raise ValueError(f"this running batch searches with {self.beams} beams, not {settings.num_beams}")
+        polled = cancelled or (lambda: np.zeros(len(ids), dtype=bool))
+        self._joining.append(_Joining(ids, settings, keys, forced_bos, polled))
+
+    def _join(self) -> None:
+        """The admitted cohorts encoded and added. A lone cohort joining an empty beam batch takes its first step
+        once per sentence (its beams are all the same row then); any other joins on all its beams."""
         from .translator import _forced_bos, pad_batch
 
-        input_ids, mask = pad_batch(ids, self.pad)
-        cache = self.graphs.encode(input_ids, mask, max_positions=settings.max_length - 1)
-        forced = _forced_bos(list(forced_bos) or [None] * len(ids), settings)
-        polled = cancelled or (lambda: np.zeros(len(ids), dtype=bool))
         ops = self.graphs.ops
-        cohort: _Cohort
-        if self.beams == 1:
-            cohort = _GreedyCohort(keys, settings, build_processors(settings, None, forced), polled, ops)
-        else:
-            collapsed = not self.cohorts
-            if not collapsed:  # its first step on every beam: each row's forced token is its sentence's
-                cache = cache.expand_beams(self.beams)
-                forced = None if forced is None else np.repeat(forced, self.beams)
-            processors = build_processors(settings, ops.log_softmax_inplace, forced)
-            cohort = _BeamCohort(keys, settings, processors, polled, ops, collapsed)
-        self.cache = cache if self.cache is None else self.cache.joined(cache)
-        self.cohorts.append(cohort)
+        collapsed = self.beams > 1 and not self.cohorts and len(self._joining) == 1
+        for join in self._joining:
+            input_ids, mask = pad_batch(join.ids, self.pad)
+            settings = join.settings
+            cache = self.graphs.encode(input_ids, mask, max_positions=settings.max_length - 1)
+            forced = _forced_bos(list(join.forced_bos) or [None] * len(join.ids), settings)
+            cohort: _Cohort
+            if self.beams == 1:
+                cohort = _GreedyCohort(
+                    join.keys, settings, build_processors(settings, None, forced), join.cancelled, ops
+                )
+            else:
+                if not collapsed:  # its first step on every beam: each row's forced token is its sentence's
+                    cache = cache.expand_beams(self.beams)
+                    forced = None if forced is None else np.repeat(forced, self.beams)
+                processors = build_processors(settings, ops.log_softmax_inplace, forced)
+                cohort = _BeamCohort(join.keys, settings, processors, join.cancelled, ops, collapsed)
+            self.cache = cache if self.cache is None else self.cache.joined(cache)
+            self.cohorts.append(cohort)
+        self._joining = []
 
     def step(self) -> Step:
         """One decoder call for every row; the tokens taken and the texts finished (which leave the batch)."""
+        self._join()
         assert self.cache is not None and self.cohorts
         tokens = np.concatenate([c.inputs() for c in self.cohorts])  # (rows, 1)
         logits, cache = self.graphs.step(tokens, self.cache)  # (rows, vocab)
