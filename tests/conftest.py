@@ -1,19 +1,23 @@
-"""Shared fixtures: tiny random MarianMT models built offline, and their onnxmt exports.
+"""Shared fixtures: tiny random models (Marian, M2M100, NLLB-200) built offline, their onnxmt exports, and the
+Optimum and Transformers.js layouts of one of them.
 
-Building needs the export extra (torch, transformers); tests of the run side that need only an exported directory
-still get it from here, built once per session.
+Each model is one spec below and one line: `_built` makes a session fixture that builds it (and checks that its
+outputs have many lengths), `_exported` one that exports it. Building needs the export extra (torch,
+transformers); tests of the run side that need only an exported directory still get it from here, built once per
+session.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from onnxmt.testing import M2M100Spec, MarianSpec, NllbSpec
+from onnxmt.testing import M2M100Spec, MarianSpec, ModelSpec, NllbSpec
 from onnxmt.testing.marian import OPUS_MT_EN_ZH_TARGETS
-from tests.helpers.hf import M2M100_PAIRS, NLLB_PAIRS, hf_language_id, hf_m2m100
+from tests.helpers.hf import M2M100_PAIRS, NLLB_PAIRS, assert_varied_m2m100, assert_varied_outputs
 
 # init_std and eos_bias chosen by measurement so that outputs have many lengths (assert_varied_outputs): with
 # larger weights a random model loops until the length limit, with a larger eos bias it stops at the first step.
@@ -40,59 +44,68 @@ def _chunked_heads() -> Iterator[None]:
         yield
 
 
-def assert_varied_outputs(model_dir: Path, target_token: str | None = None, *, most_long: bool = True) -> None:
-    """Greedy and the model's own beam search on tests/helpers/sentences.py give outputs of many lengths: some end
-    within 5 tokens, some run to the length limit, at least 4 different lengths, and (`most_long`) most are longer
-    than 10 tokens and there are at least 6 lengths."""
-    import torch
-    import transformers
-
-    from tests.helpers.sentences import SENTENCES
-
-    tokenizer = transformers.MarianTokenizer.from_pretrained(model_dir)
-    model = transformers.MarianMTModel.from_pretrained(model_dir).eval()
-    texts = [f"{target_token} {t}" for t in SENTENCES] if target_token else SENTENCES
-    limit = model.config.max_position_embeddings
-    encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=limit)
-    for beams in (1, model.generation_config.num_beams):
-        with torch.no_grad():
-            out = model.generate(**encoded, num_beams=beams)
-        lengths = sorted(int((row != model.generation_config.pad_token_id).sum()) for row in out[:, 1:])
-        assert min(lengths) <= 5 and max(lengths) == limit - 1, (beams, lengths)
-        assert len(set(lengths)) >= 4, (beams, lengths)
-        if most_long:
-            assert sum(n > 10 for n in lengths) >= len(lengths) / 2 and len(set(lengths)) >= 6, (beams, lengths)
-
-
-@pytest.fixture(scope="session")
-def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random MarianMT directory (single target language), as transformers saves it."""
-    from onnxmt.testing import build_random_model
-
-    directory = build_random_model(tmp_path_factory.mktemp("tiny-hf"), TINY)
-    assert_varied_outputs(directory)
-    return directory
-
-
-@pytest.fixture(scope="session")
-def tiny_multi_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random multi-target MarianMT directory (`>>cmn_Hans<<`, `>>yue_Hant<<` tokens in the vocab)."""
-    from onnxmt.testing import build_random_model
-
-    directory = build_random_model(tmp_path_factory.mktemp("tiny-multi-hf"), TINY_MULTI)
+def _varied_per_token(directory: Path) -> None:
     for token in (">>cmn_Hans<<", ">>yue_Hant<<"):
         assert_varied_outputs(directory, token, most_long=False)
-    return directory
 
 
-@pytest.fixture(scope="session")
-def tiny_onnx_dir(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`tiny_hf_dir` exported by onnxmt (fp32). Treat as read-only: copy it before changing anything."""
-    from onnxmt.export.exporter import export
+def _built(spec: ModelSpec, folder: str, doc: str, check: Callable[[Path], None] | None = None) -> Any:
+    """A session fixture: a random model of `spec` built into a fresh folder `folder`, then `check`ed."""
 
-    out = tmp_path_factory.mktemp("tiny-onnx") / "model"
-    export(str(tiny_hf_dir), out, progress=lambda _: None)
-    return out
+    @pytest.fixture(scope="session")
+    def fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        from onnxmt.testing import build_random_model
+
+        directory = build_random_model(tmp_path_factory.mktemp(folder), spec)
+        if check is not None:
+            check(directory)
+        return directory
+
+    fixture.__doc__ = doc
+    return fixture
+
+
+def _exported(hf_fixture: str, folder: str, doc: str, **options: Any) -> Any:
+    """A session fixture: the directory of the fixture `hf_fixture` exported by onnxmt with ExportOptions(**options)
+    into `folder`/model. Read-only: copy it before changing anything."""
+
+    @pytest.fixture(scope="session")
+    def fixture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        from onnxmt.export.exporter import ExportOptions, export
+
+        out = tmp_path_factory.mktemp(folder) / "model"
+        export(str(request.getfixturevalue(hf_fixture)), out, ExportOptions(**options), progress=lambda _: None)
+        return out
+
+    fixture.__doc__ = doc
+    return fixture
+
+
+tiny_hf_dir = _built(
+    TINY,
+    "tiny-hf",
+    "A tiny random MarianMT directory (single target language), as transformers saves it.",
+    assert_varied_outputs,
+)
+tiny_multi_hf_dir = _built(
+    TINY_MULTI,
+    "tiny-multi-hf",
+    "A tiny random multi-target MarianMT directory (`>>cmn_Hans<<`, `>>yue_Hant<<` tokens in the vocab).",
+    _varied_per_token,
+)
+tiny_zh_en_hf_dir = _built(TINY_ZH_EN, "tiny-zh-en-hf", "A tiny random zh→en MarianMT directory (TINY_ZH_EN).")
+tiny_onnx_dir = _exported("tiny_hf_dir", "tiny-onnx", "`tiny_hf_dir` exported by onnxmt (fp32).")
+tiny_concat_onnx_dir = _exported(
+    "tiny_hf_dir",
+    "tiny-concat-onnx",
+    "`tiny_hf_dir` exported with `--cache-concat` (the decoder takes the self-attention cache and returns it grown "
+    "by a Concat: the default export until the buffer became it, so directories exported before have it).",
+    buffered_cache=False,
+)
+tiny_multi_onnx_dir = _exported(
+    "tiny_multi_hf_dir", "tiny-multi-onnx", "`tiny_multi_hf_dir` exported by onnxmt (no default target language)."
+)
+tiny_zh_en_onnx_dir = _exported("tiny_zh_en_hf_dir", "tiny-zh-en-onnx", "`tiny_zh_en_hf_dir` exported by onnxmt.")
 
 
 @pytest.fixture(scope="session")
@@ -103,39 +116,6 @@ def tiny_buffered_onnx_dir(tiny_onnx_dir: Path) -> Path:
 
     assert read_manifest(tiny_onnx_dir).graphs["decoder"].has_input("past_length")
     return tiny_onnx_dir
-
-
-@pytest.fixture(scope="session")
-def tiny_concat_onnx_dir(tiny_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`tiny_hf_dir` exported with `--cache-concat` (the decoder takes the self-attention cache and returns it grown
-    by a Concat: the default export until the buffer became it, so directories exported before have it). Read-only."""
-    from onnxmt.export.exporter import ExportOptions, export
-
-    out = tmp_path_factory.mktemp("tiny-concat-onnx") / "model"
-    export(str(tiny_hf_dir), out, ExportOptions(buffered_cache=False), progress=lambda _: None)
-    return out
-
-
-@pytest.fixture(scope="session")
-def tiny_multi_onnx_dir(tiny_multi_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`tiny_multi_hf_dir` exported by onnxmt (no default target language). Read-only."""
-    from onnxmt.export.exporter import export
-
-    out = tmp_path_factory.mktemp("tiny-multi-onnx") / "model"
-    export(str(tiny_multi_hf_dir), out, progress=lambda _: None)
-    return out
-
-
-@pytest.fixture(scope="session")
-def tiny_zh_en_onnx_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random zh→en model (TINY_ZH_EN) exported by onnxmt. Read-only."""
-    from onnxmt.export.exporter import export
-    from onnxmt.testing import build_random_model
-
-    hf = build_random_model(tmp_path_factory.mktemp("tiny-zh-en-hf"), TINY_ZH_EN)
-    out = tmp_path_factory.mktemp("tiny-zh-en-onnx") / "model"
-    export(str(hf), out, progress=lambda _: None)
-    return out
 
 
 # Optimum exports of `tiny_hf_dir`. Optimum's exporter needs transformers < 4.58, so they are made in a venv of their
@@ -249,64 +229,11 @@ def make_transformersjs_variants(path: Path) -> None:
 TINY_M2M100 = M2M100Spec(eos_bias=4.5)
 TINY_NLLB = NllbSpec(eos_bias=5.0, seed=6)
 
-
-def assert_varied_m2m100(model_dir: Path, source: str, targets: tuple[str, ...]) -> None:
-    """Greedy and beam 4 over tests/helpers/sentences.py into `targets`: for each search (over the targets together)
-    some outputs end within 5 tokens, some run past 20 (greedy: to the length limit), with at least 5 lengths
-    (greedy: 6); and into each target alone, outputs of at least two lengths, one past 20 (no target ends every
-    output at its first step)."""
-    import torch
-
-    from tests.helpers.sentences import SENTENCES
-
-    tokenizer, model = hf_m2m100(model_dir)
-    tokenizer.src_lang = source
-    limit = model.config.max_position_embeddings
-    encoded = tokenizer(SENTENCES, return_tensors="pt", padding=True, truncation=True, max_length=limit)
-    for beams in (1, 4):
-        lengths = []
-        for target in targets:
-            with torch.no_grad():
-                out = model.generate(**encoded, num_beams=beams, forced_bos_token_id=hf_language_id(tokenizer, target))
-            alone = [int((row != model.generation_config.pad_token_id).sum()) for row in out[:, 1:]]
-            assert len(set(alone)) >= 2 and max(alone) > 20, (beams, target, sorted(alone))
-            lengths += alone
-        longest = limit - 1 if beams == 1 else 20
-        kinds = 6 if beams == 1 else 5
-        assert min(lengths) <= 5 and max(lengths) >= longest and len(set(lengths)) >= kinds, (beams, sorted(lengths))
-
-
-@pytest.fixture(scope="session")
-def tiny_m2m100_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from onnxmt.testing import build_random_model
-
-    directory = build_random_model(tmp_path_factory.mktemp("tiny-m2m100-hf"), TINY_M2M100)
-    assert_varied_m2m100(directory, M2M100_PAIRS[0], M2M100_PAIRS[1])
-    return directory
-
-
-@pytest.fixture(scope="session")
-def tiny_nllb_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from onnxmt.testing import build_random_model
-
-    directory = build_random_model(tmp_path_factory.mktemp("tiny-nllb-hf"), TINY_NLLB)
-    assert_varied_m2m100(directory, NLLB_PAIRS[0], NLLB_PAIRS[1])
-    return directory
-
-
-@pytest.fixture(scope="session")
-def tiny_m2m100_onnx_dir(tiny_m2m100_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from onnxmt.export.exporter import export
-
-    out = tmp_path_factory.mktemp("tiny-m2m100-onnx") / "model"
-    export(str(tiny_m2m100_hf_dir), out, progress=lambda _: None)
-    return out
-
-
-@pytest.fixture(scope="session")
-def tiny_nllb_onnx_dir(tiny_nllb_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from onnxmt.export.exporter import export
-
-    out = tmp_path_factory.mktemp("tiny-nllb-onnx") / "model"
-    export(str(tiny_nllb_hf_dir), out, progress=lambda _: None)
-    return out
+tiny_m2m100_hf_dir = _built(
+    TINY_M2M100, "tiny-m2m100-hf", "A tiny random M2M100 directory.", lambda d: assert_varied_m2m100(d, *M2M100_PAIRS)
+)
+tiny_nllb_hf_dir = _built(
+    TINY_NLLB, "tiny-nllb-hf", "A tiny random NLLB-200 directory.", lambda d: assert_varied_m2m100(d, *NLLB_PAIRS)
+)
+tiny_m2m100_onnx_dir = _exported("tiny_m2m100_hf_dir", "tiny-m2m100-onnx", "`tiny_m2m100_hf_dir` exported by onnxmt.")
+tiny_nllb_onnx_dir = _exported("tiny_nllb_hf_dir", "tiny-nllb-onnx", "`tiny_nllb_hf_dir` exported by onnxmt.")

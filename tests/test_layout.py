@@ -22,6 +22,7 @@ from onnxmt.manifest import MANIFEST_NAME, ModelDirError
 from onnxmt.models import resolve_model_dir
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translator
+from tests.helpers.hf import generated_ids
 from tests.helpers.skips import importorskip
 
 torch = importorskip("torch")
@@ -68,14 +69,7 @@ def _reference(hf_dir: Path, texts: list[str], beams: int) -> list[list[int]]:
     encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=64)
     with torch.no_grad():
         out = model.generate(**encoded, num_beams=beams)
-    pad = model.generation_config.pad_token_id
-    rows = []
-    for row in out.tolist():
-        row = row[1:]
-        while row and row[-1] == pad:
-            row.pop()
-        rows.append(row)
-    return rows
+    return generated_ids(out, model.generation_config.pad_token_id)
 
 
 @pytest.fixture(scope="module")

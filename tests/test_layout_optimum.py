@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from onnxmt.runtime.translator import Translator
+from tests.helpers.hf import generated_ids
 from tests.helpers.sentences import SENTENCES
 from tests.helpers.skips import importorskip
 
@@ -93,11 +94,7 @@ def reference(tiny_hf_dir: Path) -> Callable[[str, int], list[list[int]]]:
             encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=64)
             with torch.no_grad():
                 out = model.generate(**encoded, num_beams=beams, max_new_tokens=max_new_tokens)
-            rows = [row[1:] for row in out.tolist()]
-            for row in rows:
-                while row and row[-1] == pad:
-                    row.pop()
-            done[case, beams] = rows
+            done[case, beams] = generated_ids(out, pad)
         return done[case, beams]
 
     return generate

@@ -43,6 +43,13 @@ def _refused(directory: Path) -> str:
     return message
 
 
+def _assert_refused(directory: Path, case: tuple[Edit, str]) -> None:
+    """The manifest changed by the case's edit is refused with a message that contains the case's."""
+    edit, message = case
+    _rewrite(directory, edit)
+    assert message in _refused(directory)
+
+
 def test_an_exported_manifest_reads_back_unchanged(tiny_onnx_dir: Path) -> None:
     manifest = read_manifest(tiny_onnx_dir)
     assert Manifest.from_dict(json.loads(manifest.to_json())) == manifest
@@ -109,9 +116,7 @@ WRONG_TYPES: dict[str, tuple[Edit, str]] = {
 
 @pytest.mark.parametrize("case", WRONG_TYPES)
 def test_fields_of_the_wrong_type_are_refused(model_copy: Path, case: str) -> None:
-    edit, message = WRONG_TYPES[case]
-    _rewrite(model_copy, edit)
-    assert message in _refused(model_copy)
+    _assert_refused(model_copy, WRONG_TYPES[case])
 
 
 OUTSIDE = ["../../etc/passwd", "/etc/passwd", "sub/../../x.onnx", "..", "C:\\model\\x.onnx", "a\\..\\..\\x", ""]
@@ -192,9 +197,7 @@ BAD_IDS: dict[str, tuple[Edit, str]] = {
 
 @pytest.mark.parametrize("case", BAD_IDS)
 def test_token_ids_outside_the_vocabulary_are_refused(model_copy: Path, case: str) -> None:
-    edit, message = BAD_IDS[case]
-    _rewrite(model_copy, edit)
-    assert message in _refused(model_copy)
+    _assert_refused(model_copy, BAD_IDS[case])
 
 
 def test_token_ids_at_the_edges_are_accepted(model_copy: Path) -> None:

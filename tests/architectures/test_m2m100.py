@@ -12,7 +12,7 @@ import pytest
 from onnxmt.manifest import read_manifest
 from onnxmt.runtime.options import DecodeOptions, RuntimeOptions
 from onnxmt.runtime.translator import Translator
-from tests.helpers.hf import M2M100_PAIRS, NLLB_PAIRS, hf_language_id, hf_m2m100
+from tests.helpers.hf import M2M100_PAIRS, NLLB_PAIRS, generated_ids, hf_language_id, hf_m2m100
 from tests.helpers.sentences import SENTENCES
 from tests.helpers.skips import SHARED_DATA, importorskip
 
@@ -39,13 +39,7 @@ def _hf_generate(model_dir: Path, texts: list[str], source: str, target: str, be
     encoded = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=limit)
     with torch.no_grad():
         out = model.generate(**encoded, num_beams=beams, forced_bos_token_id=hf_language_id(tokenizer, target))
-    rows = []
-    for row in out.tolist():
-        row = row[1:]  # the decoder start token
-        while row and row[-1] == model.generation_config.pad_token_id:
-            row.pop()
-        rows.append(row)
-    return rows
+    return generated_ids(out, model.generation_config.pad_token_id)
 
 
 @pytest.mark.parametrize("family", ["m2m100", "nllb"])

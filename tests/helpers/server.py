@@ -9,11 +9,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from onnxmt.testing import generate_corpus
 
@@ -86,6 +88,22 @@ def start_server(model_dir: Path | list[Path], log_dir: Path, **settings: Any) -
         time.sleep(0.1)
     server.stop()
     raise AssertionError(f"the server was not ready within 60 s:\n{server.logs()}")
+
+
+def server_fixture(*models: str, log: str, **settings: Any) -> Any:
+    """A module-scoped fixture: `onnxmt serve` of the directories the fixtures named `models` give, with ONNXMT_*
+    `settings` (start_server), its log in a fresh folder `log`; stopped after the module's tests, and it must then
+    exit 0. Assigned to the fixture's name: `keyed = server_fixture("tiny_multi_onnx_dir", log="keyed", ...)`."""
+
+    @pytest.fixture(scope="module")
+    def fixture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+        model_dirs = [request.getfixturevalue(name) for name in models]
+        running = start_server(model_dirs, tmp_path_factory.mktemp(log), **settings)
+        yield running
+        assert running.stop() == 0, running.logs()
+
+    fixture.__doc__ = f"`onnxmt serve {' '.join(models)}` with {settings or 'the default settings'}."
+    return fixture
 
 
 def assert_error(response: httpx.Response, status: int) -> str:

@@ -31,7 +31,16 @@ from onnxmt.serve.batcher import BatchStats, ClientGone, MicroBatcher, QueueFull
 from onnxmt.serve.options import ServeOptions
 from tests.helpers import ROOT
 from tests.helpers.browser import headless_chromium, translation_done
-from tests.helpers.server import ONNXMT, TEXTS, Server, assert_error, free_port, metric_sample, start_server
+from tests.helpers.server import (
+    ONNXMT,
+    TEXTS,
+    Server,
+    assert_error,
+    free_port,
+    metric_sample,
+    server_fixture,
+    start_server,
+)
 
 KEYS = ("key-one", "key-two")
 
@@ -41,35 +50,20 @@ def translator(tiny_multi_onnx_dir: Path) -> Translator:
     return Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(batch_size=16))
 
 
-@pytest.fixture(scope="module")
-def server(tiny_multi_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The multi-target tiny model with small limits, so each limit is cheap to reach."""
-    running = start_server(
-        tiny_multi_onnx_dir,
-        tmp_path_factory.mktemp("serve"),
-        max_body_bytes=65536,
-        max_chars=2000,
-        max_texts=40,
-        max_batch_size=16,
-        batch_window_ms=20,
-    )
-    yield running
-    assert running.stop() == 0, running.logs()
-
-
-@pytest.fixture(scope="module")
-def strict_server(tiny_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """API keys, a queue of one request and one text per decoder batch."""
-    running = start_server(
-        tiny_onnx_dir,
-        tmp_path_factory.mktemp("serve-strict"),
-        api_keys=",".join(KEYS),
-        max_queue=1,
-        max_batch_size=1,
-        batch_window_ms=0,
-    )
-    yield running
-    assert running.stop() == 0, running.logs()
+# The multi-target tiny model with small limits, so each limit is cheap to reach.
+server = server_fixture(
+    "tiny_multi_onnx_dir",
+    log="serve",
+    max_body_bytes=65536,
+    max_chars=2000,
+    max_texts=40,
+    max_batch_size=16,
+    batch_window_ms=20,
+)
+# API keys, a queue of one request and one text per decoder batch.
+strict_server = server_fixture(
+    "tiny_onnx_dir", log="serve-strict", api_keys=",".join(KEYS), max_queue=1, max_batch_size=1, batch_window_ms=0
+)
 
 
 def post(server: Server, body: Any = None, **kwargs: Any) -> httpx.Response:

@@ -6,7 +6,6 @@ work. Servers are real `onnxmt serve` processes without torch (tests/helpers/ser
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from onnxmt.runtime.translator import Translation
 from onnxmt.runtime.tune import tune
 from onnxmt.serve.protocol import Languages
 from tests.helpers.sentences import SENTENCES
-from tests.helpers.server import Server, assert_error, start_server
+from tests.helpers.server import Server, assert_error, server_fixture
 
 SHORT = {"max_new_tokens": 16}  # the tiny model's outputs run long; the parity is the same at any length
 ENGLISH = SENTENCES[:12]  # texts of one word to a page, "Hello world." (which it renders as "") among them
@@ -36,11 +35,7 @@ def nllb(tiny_nllb_onnx_dir: Path) -> Translator:
     return Translator(tiny_nllb_onnx_dir, decoding=DecodeOptions(batch_size=16))
 
 
-@pytest.fixture(scope="module")
-def server(tiny_nllb_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_server(tiny_nllb_onnx_dir, tmp_path_factory.mktemp("nllb-serve"))
-    yield running
-    assert running.stop() == 0, running.logs()
+server = server_fixture("tiny_nllb_onnx_dir", log="nllb-serve")
 
 
 def translate(server: Server, body: dict[str, Any]) -> httpx.Response:
@@ -169,14 +164,8 @@ def marian(tiny_multi_onnx_dir: Path) -> Translator:
     return Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(batch_size=16))
 
 
-@pytest.fixture(scope="module")
-def pool(
-    tiny_multi_onnx_dir: Path, tiny_nllb_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    """opus-mt-en-zh's metadata (en → 13 Chinese targets) first, then NLLB: en → zh is Marian's, the rest NLLB's."""
-    running = start_server([tiny_multi_onnx_dir, tiny_nllb_onnx_dir], tmp_path_factory.mktemp("nllb-pool"))
-    yield running
-    assert running.stop() == 0, running.logs()
+# opus-mt-en-zh's metadata (en → 13 Chinese targets) first, then NLLB: en → zh is Marian's, the rest NLLB's.
+pool = server_fixture("tiny_multi_onnx_dir", "tiny_nllb_onnx_dir", log="nllb-pool")
 
 
 def test_pool_routes_each_pair_to_its_model(pool: Server, marian: Translator, nllb: Translator) -> None:

@@ -17,7 +17,7 @@ from onnxmt.documents import translate_document, translate_file, translate_strin
 from onnxmt.documents.html import parse
 from onnxmt.documents.subtitles import cues
 from onnxmt.testing import generate_corpus
-from tests.helpers.server import Server, start_server
+from tests.helpers.server import Server, server_fixture, start_server
 
 KEY = "document-key"
 ENGLISH = generate_corpus(11, lines=12)[0]
@@ -35,13 +35,7 @@ def translator(tiny_onnx_dir: Path) -> Translator:
     return Translator(tiny_onnx_dir, decoding=DecodeOptions(max_new_tokens=6))
 
 
-@pytest.fixture(scope="module")
-def server(tiny_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_server(
-        tiny_onnx_dir, tmp_path_factory.mktemp("serve-documents"), api_keys=KEY, max_body_bytes=65536
-    )
-    yield running
-    assert running.stop() == 0, running.logs()
+server = server_fixture("tiny_onnx_dir", log="serve-documents", api_keys=KEY, max_body_bytes=65536)
 
 
 def upload(server: Server, name: str, data: bytes, **fields: str) -> httpx.Response:

@@ -8,13 +8,11 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.helpers.server import Server, start_server
+from tests.helpers.server import Server, server_fixture
 
 pytest.importorskip("docx")  # the uploads are built on a python-docx document
 
@@ -30,12 +28,8 @@ def small_latency(server: Server) -> float:
     return time.perf_counter() - started
 
 
-@pytest.fixture(scope="module")
-def server(tiny_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    # Uploads up to 4 MiB, so the bombs reach the document code instead of the body limit; the rest as shipped.
-    running = start_server(tiny_onnx_dir, tmp_path_factory.mktemp("hostile"), max_body_bytes=4 << 20)
-    yield running
-    assert running.stop() == 0, running.logs()
+# Uploads up to 4 MiB, so the bombs reach the document code instead of the body limit; the rest as shipped.
+server = server_fixture("tiny_onnx_dir", log="hostile", max_body_bytes=4 << 20)
 
 
 def test_hostile_documents_get_4xx_or_200_fast_in_bounded_memory_and_starve_no_one(server: Server) -> None:

@@ -17,41 +17,18 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers.server import TEXTS, Server, start_server
+from tests.helpers.server import TEXTS, Server, server_fixture
 
 KEY = "sesame"
 OK_BODY = {"q": TEXTS[0], "target": "cmn_Hans", "max_new_tokens": 4}
 
 
-@pytest.fixture(scope="module")
-def server(tiny_multi_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """Default limits, the access log on (so it can be read), short slow-client settings."""
-    running = start_server(
-        tiny_multi_onnx_dir,
-        tmp_path_factory.mktemp("app"),
-        access_log="true",
-        request_timeout=2,
-        keep_alive_timeout=30,
-        max_connections=40,
-    )
-    yield running
-    assert running.stop() == 0, running.logs()
-
-
-@pytest.fixture(scope="module")
-def keyed(tiny_multi_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_server(tiny_multi_onnx_dir, tmp_path_factory.mktemp("app-keyed"), api_keys=KEY)
-    yield running
-    assert running.stop() == 0, running.logs()
-
-
-@pytest.fixture(scope="module")
-def protected(tiny_multi_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_server(
-        tiny_multi_onnx_dir, tmp_path_factory.mktemp("app-protected"), api_keys=KEY, protect_all="true"
-    )
-    yield running
-    assert running.stop() == 0, running.logs()
+# Default limits, the access log on (so it can be read), short slow-client settings.
+server = server_fixture(
+    "tiny_multi_onnx_dir", log="app", access_log="true", request_timeout=2, keep_alive_timeout=30, max_connections=40
+)
+keyed = server_fixture("tiny_multi_onnx_dir", log="app-keyed", api_keys=KEY)
+protected = server_fixture("tiny_multi_onnx_dir", log="app-protected", api_keys=KEY, protect_all="true")
 
 
 class Connection:

@@ -25,7 +25,7 @@ from onnxmt.serve.protocol import Languages
 from onnxmt.testing import generate_corpus
 from tests.helpers.browser import headless_chromium, translation_done
 from tests.helpers.node import run_node
-from tests.helpers.server import Server, assert_error, metric_sample, start_server
+from tests.helpers.server import Server, assert_error, metric_sample, server_fixture, start_server
 
 ENGLISH, CHINESE = (texts[:8] for texts in generate_corpus(7, lines=64))
 SHORT = {"max_new_tokens": 12}  # the tiny models' outputs run long; the parity is the same at any length
@@ -59,12 +59,8 @@ def server(models: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     assert running.stop() == 0, running.logs()
 
 
-@pytest.fixture(scope="module")
-def budget_server(models: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The directory of model directories, one model loaded at a time, no cache (every request reaches a model)."""
-    running = start_server(models, tmp_path_factory.mktemp("pool-budget"), max_loaded_models=1, cache_size=0)
-    yield running
-    assert running.stop() == 0, running.logs()
+# The directory of model directories, one model loaded at a time, no cache (every request reaches a model).
+budget_server = server_fixture("models", log="pool-budget", max_loaded_models=1, cache_size=0)
 
 
 def translate(server: Server, body: dict[str, Any]) -> httpx.Response:

@@ -6,30 +6,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.node import run_node
-from tests.helpers.server import ONNXMT, Server, start_server
+from tests.helpers.server import ONNXMT, Server, server_fixture
 
 TEXTS = ["Hello world", "The weather is nice today."]
 KEY = "client-key"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_multi_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_server(tiny_multi_onnx_dir, tmp_path_factory.mktemp("clients"))
-    yield running
-    assert running.stop() == 0, running.logs()
-
-
-@pytest.fixture(scope="module")
-def keyed(tiny_multi_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_server(tiny_multi_onnx_dir, tmp_path_factory.mktemp("clients-keyed"), api_keys=KEY)
-    yield running
-    assert running.stop() == 0, running.logs()
+server = server_fixture("tiny_multi_onnx_dir", log="clients")
+keyed = server_fixture("tiny_multi_onnx_dir", log="clients-keyed", api_keys=KEY)
 
 
 def cli_translations(model_dir: Path, target: str, texts: list[str]) -> list[str]:

@@ -20,7 +20,7 @@ import pytest
 from onnxmt import Translator
 from onnxmt.documents import translate_file, translate_string
 from onnxmt.documents.files import FORMATS
-from tests.helpers.server import Server, assert_error, start_server
+from tests.helpers.server import Server, assert_error, server_fixture
 
 TEXTS = ["Hello world", "The weather is nice today."]
 CHINESE = "他和三个朋友从城里来。"
@@ -28,22 +28,10 @@ KEY = "integration-key"
 TIMEOUT = 120
 
 
-@pytest.fixture(scope="module")
-def server(
-    tiny_multi_onnx_dir: Path, tiny_zh_en_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    """en→zh and zh→en in one service, no keys: a Mastodon or Discourse instance's translation server."""
-    running = start_server([tiny_multi_onnx_dir, tiny_zh_en_onnx_dir], tmp_path_factory.mktemp("integrations"))
-    yield running
-    assert running.stop() == 0, running.logs()
-
-
-@pytest.fixture(scope="module")
-def keyed(tiny_multi_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """`onnxmt serve opus-mt-en-zh-onnx --api-keys KEY`: one model, /translate behind a key."""
-    running = start_server(tiny_multi_onnx_dir, tmp_path_factory.mktemp("integrations-keyed"), api_keys=KEY)
-    yield running
-    assert running.stop() == 0, running.logs()
+# en→zh and zh→en in one service, no keys: a Mastodon or Discourse instance's translation server.
+server = server_fixture("tiny_multi_onnx_dir", "tiny_zh_en_onnx_dir", log="integrations")
+# `onnxmt serve opus-mt-en-zh-onnx --api-keys KEY`: one model, /translate behind a key.
+keyed = server_fixture("tiny_multi_onnx_dir", log="integrations-keyed", api_keys=KEY)
 
 
 @pytest.fixture(scope="module")

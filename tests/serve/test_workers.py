@@ -59,6 +59,18 @@ def run(test: object) -> None:
     asyncio.run(test)  # type: ignore[arg-type]
 
 
+async def _stopped(
+    workers: DocumentWorkers, error: type[Exception], deadline: float, leaves: object, first: int
+) -> None:
+    """A 60 s job run with `deadline` and `leaves` fails with `error` within 5 s, and its worker `first` is gone."""
+    started = time.monotonic()
+    with pytest.raises(error):
+        await workers.run(sleep_then_pid, (60,), deadline, leaves)
+    assert time.monotonic() - started < 5
+    await asyncio.sleep(0.2)
+    assert not alive(first)
+
+
 def test_a_job_runs_in_another_process_and_its_errors_come_back_by_kind() -> None:
     async def test() -> None:
         async for workers in _workers():
@@ -78,12 +90,7 @@ def test_past_the_deadline_the_worker_is_killed_and_replaced() -> None:
     async def test() -> None:
         async for workers in _workers():
             first = await workers.run(pid, (), 30, None)
-            started = time.monotonic()
-            with pytest.raises(WorkerTimeout):
-                await workers.run(sleep_then_pid, (60,), 0.5, None)
-            assert time.monotonic() - started < 5
-            await asyncio.sleep(0.2)
-            assert not alive(first)
+            await _stopped(workers, WorkerTimeout, 0.5, None, first)
             second = await workers.run(pid, (), 30, None)
             assert second != first
 
@@ -98,12 +105,7 @@ def test_a_client_that_leaves_stops_its_job() -> None:
             async def leaves() -> None:
                 await asyncio.sleep(0.3)
 
-            started = time.monotonic()
-            with pytest.raises(ClientLeft):
-                await workers.run(sleep_then_pid, (60,), 30, leaves)
-            assert time.monotonic() - started < 5
-            await asyncio.sleep(0.2)
-            assert not alive(first)
+            await _stopped(workers, ClientLeft, 30, leaves, first)
             assert await workers.run(pid, (), 30, never) != first  # a client that stays: its answer
 
     run(test())
