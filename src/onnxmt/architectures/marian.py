@@ -43,7 +43,7 @@ class Marian(Architecture):
     # target_vocab.json exists only for models with separate source/target vocabularies.
     optional_tokenizer_files = OPTIONAL_TOKENIZER_FILES
     build_hooks = "onnxmt.export.marian"
-    reads_optimum = True  # the opus-mt directories Optimum and onnx-community publish (tests/test_optimum_layout.py)
+    reads_optimum = True  # the opus-mt directories Optimum and onnx-community publish (tests/test_layout_optimum.py)
 
     def load_tokenizer(self, directory: Path) -> MarianTokenizer:
         return MarianTokenizer.from_dir(directory)

@@ -7,7 +7,7 @@ check waits until its models are opened, so Ray routes nothing to a replica stil
 models cannot be opened fails to start. `Gateway`, the HTTP ingress behind Ray's proxy, reads each request and
 forwards it whole to a replica through a deployment handle; when that replica dies with the request, the gateway
 sends it to another. Without the gateway (the app itself as the ingress), Ray's proxy answers 500 for a request
-running on a replica that dies: measured in tests/test_rayserve.py and docs/scale-out.md.
+running on a replica that dies: measured in tests/scale/test_rayserve.py and docs/scale-out.md.
 
 Three ways in: `onnxmt serve DIR --ray --replicas N`; `serve run onnxmt.scale.rayserve:app_builder model_dir=DIR`;
 a Serve config file whose `import_path` is `onnxmt.scale.rayserve:app_builder` (docs/scale-out.md).

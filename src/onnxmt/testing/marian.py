@@ -16,7 +16,7 @@ from .builder import ModelSpec, generate_corpus, spm_pieces, train_spm, write_js
 
 SPECIAL_PIECES = ("</s>", "<unk>")
 
-# The real opus-mt-en-zh metadata (hub snapshot 408d9bc4; tests/test_random_model.py compares these with the files
+# The real opus-mt-en-zh metadata (hub snapshot 408d9bc4; tests/testing/test_marian.py compares these with the files
 # under ../shared/data/opus-mt-en-zh/). Its tokenizer_config.json gives ISO 639-3 languages and no model_max_length.
 OPUS_MT_EN_ZH_TOKENIZER_CONFIG = '{"target_lang": "zho", "source_lang": "eng"}'
 # Helsinki-NLP/opus-mt-zh-en's, for zh→en models. Derived from en-zh's (the same writer, the languages swapped):
