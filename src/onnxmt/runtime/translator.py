@@ -309,8 +309,12 @@ class Translator:
         finally:
             steps.close()  # the consumer has gone: the batch stops here
         for i, hyps in zip(indices, hypotheses, strict=True):
-            first, *rest = (Translation(self.detokenize(h.tokens), h.tokens, h.score) for h in hyps)
-            yield Event(i, None, Translation(first.text, first.token_ids, first.score, tuple(rest), hyps[0].cancelled))
+            yield Event(i, None, self.translation(hyps))
+
+    def translation(self, hypotheses: Sequence[Hypothesis]) -> Translation:
+        """A text's hypotheses from the decoding loop as a `Translation`: the best, the others its alternatives."""
+        first, *rest = (Translation(self.detokenize(h.tokens), h.tokens, h.score) for h in hypotheses)
+        return Translation(first.text, first.token_ids, first.score, tuple(rest), hypotheses[0].cancelled)
 
 
 def _per_text(value: str | Sequence[str | None] | None, n: int, name: str) -> list[str | None]:

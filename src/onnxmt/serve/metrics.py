@@ -10,6 +10,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .batcher import BatchStats
+from .inflight import StepStats
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -39,6 +40,22 @@ class Metrics:
             "onnxmt_batch_duration_seconds", "Inference time of one batch.", m, buckets=LATENCY_BUCKETS, registry=r
         )
         self.queue_depth = Gauge("onnxmt_queue_depth", "Requests waiting for the decoder.", m, registry=r)
+        # In-flight batching: a "batch" above is the requests that joined the running batch at one step.
+        self.step_rows = Histogram(
+            "onnxmt_step_rows", "Decoder rows per call of the running batch.", m, buckets=BATCH_BUCKETS, registry=r
+        )
+        self.step_requests = Histogram(
+            "onnxmt_step_requests", "Requests with rows in a step of the running batch.", m, buckets=BATCH_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.step_duration = Histogram(
+            "onnxmt_step_duration_seconds", "Time of one step of the running batch.", m, buckets=LATENCY_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.join_wait = Histogram(
+            "onnxmt_join_wait_seconds", "Time a request waited to join the running batch.", m,
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.generated_tokens = Counter("onnxmt_generated_tokens", "Tokens generated.", m, registry=r)
         self.texts = Counter("onnxmt_translated_texts", "Texts translated by the decoder.", m, registry=r)
         self.rejected = Counter(
@@ -62,6 +79,7 @@ class Metrics:
         """Every per-model series at zero from the start, so /metrics lists each model before its first batch."""
         labelled: tuple[MetricWrapperBase, ...] = (
             *(self.batch_size, self.batch_requests, self.batch_duration, self.queue_depth, self.model_loaded),
+            *(self.step_rows, self.step_requests, self.step_duration, self.join_wait),
             *(self.generated_tokens, self.texts, self.model_loads, self.model_unloads),
             *(self.cache_hits, self.cache_misses),
         )
@@ -75,6 +93,19 @@ class Metrics:
         self.batch_duration.labels(model).observe(stats.seconds)
         self.generated_tokens.labels(model).inc(stats.generated_tokens)
         self.texts.labels(model).inc(sum(stats.decoder_batches))
+
+    def observe_step(self, model: str, stats: StepStats) -> None:
+        for rows in stats.rows:
+            self.step_rows.labels(model).observe(rows)
+        self.step_requests.labels(model).observe(stats.requests)
+        self.step_duration.labels(model).observe(stats.seconds)
+        for wait in stats.join_waits:
+            self.join_wait.labels(model).observe(wait)
+        if stats.admitted_requests:
+            self.batch_requests.labels(model).observe(stats.admitted_requests)
+            self.batch_size.labels(model).observe(stats.admitted_texts)
+            self.texts.labels(model).inc(stats.admitted_texts)
+        self.generated_tokens.labels(model).inc(stats.generated_tokens)
 
     def observe_cache(self, model: str, hits: int, misses: int, entries: int) -> None:
         if hits:

@@ -31,6 +31,7 @@ from .cache import TranslationCache
 from .catalog import Catalog, Leg
 from .detect import Detected, Detector
 from .downloads import Downloads
+from .inflight import InflightBatcher
 from .metrics import Metrics
 from .options import ServeOptions
 from .pool import RETRY_AFTER, ModelEntry, ModelPool, batch_invariant, model_bytes
@@ -156,7 +157,25 @@ class Service:
         return Translator(entry.directory, self.runtime, self.decoding)
 
     def _make_batcher(self, entry: ModelEntry) -> MicroBatcher:
-        assert self._executor is not None
+        """In-flight batching for a decoder that takes one cache length per row; static micro-batches otherwise
+        (directories exported before format 4, Optimum's)."""
+        assert self._executor is not None and entry.translator is not None
+        on_queue = self.metrics.queue_depth.labels(entry.name).set
+        if in_flight(entry.translator):
+            return InflightBatcher(
+                entry.translator,
+                self._executor,
+                max_batch_size=self.options.max_batch_size,
+                max_queue=self.options.max_queue,
+                max_batch_cost=self.options.max_batch_cost or None,
+                on_queue=on_queue,
+                on_step=partial(self.metrics.observe_step, entry.name),
+            )
+        log.info(
+            "model %s: static batches (its decoder takes one cache length for all rows; `onnxmt export` it again "
+            "for in-flight batching)",
+            entry.name,
+        )
         return MicroBatcher(
             partial(_translate, entry),
             self._executor,
@@ -164,7 +183,7 @@ class Service:
             window=self.options.batch_window_ms / 1000,
             max_queue=self.options.max_queue,
             max_batch_cost=self.options.max_batch_cost or None,
-            on_queue=self.metrics.queue_depth.labels(entry.name).set,
+            on_queue=on_queue,
             on_batch=partial(self.metrics.observe_batch, entry.name),
         )
 
@@ -398,6 +417,7 @@ class Service:
                 "error": e.error,
                 "languages": _languages_info(e.languages),
                 "batch_invariant": batch_invariant(e.manifest, o.max_batch_size),
+                "in_flight": None if e.translator is None else in_flight(e.translator),
                 **_model_info(e),
             }
             for e in catalog.entries
@@ -416,7 +436,10 @@ class Service:
             "max_queue": o.max_queue,
         }
         if catalog.single:
-            answer["batching"]["batch_invariant"] = batch_invariant(catalog.entries[0].manifest, o.max_batch_size)
+            entry = catalog.entries[0]
+            answer["batching"]["batch_invariant"] = batch_invariant(entry.manifest, o.max_batch_size)
+            # In flight: requests join the running decoder batch at every step; else static micro-batches.
+            answer["batching"]["in_flight"] = None if entry.translator is None else in_flight(entry.translator)
         answer["limits"] = {
             "max_chars": o.max_chars,
             "max_texts": o.max_texts,
@@ -441,6 +464,11 @@ def _translate(
     """Runs on the inference thread, in the model's batcher."""
     assert entry.translator is not None
     return entry.translator.translate_prepared(prepared, cancel=tokens, on_batch=on_batch)
+
+
+def in_flight(translator: Translator) -> bool:
+    """Whether the service batches this model in flight (its decoder takes one cache length per row)."""
+    return bool(getattr(translator.graphs, "per_row", False))
 
 
 def _holds_models(path: Path) -> bool:

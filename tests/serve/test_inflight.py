@@ -1,0 +1,78 @@
+"""In-flight batching in the service (serve/inflight.py): a short request joins the running decoder batch and is
+answered while long ones run, every answer is the library's, and old decoders keep static batches."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from onnxmt import Translator
+from onnxmt.serve.app import create_app
+from onnxmt.serve.options import ServeOptions
+from onnxmt.testing import generate_corpus
+from tests.helpers.server import metric_sample, start_server
+
+TEXTS = generate_corpus(41, lines=64)[0]
+
+
+def test_a_short_request_is_answered_while_long_ones_run(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    server = start_server(tiny_onnx_dir, tmp_path, max_batch_size=32, max_request_cost=0, max_batch_cost=0)
+    long_body = {"q": TEXTS[:8], "beams": 1, "max_new_tokens": 60}
+    short_body = {"q": "Hello world.", "beams": 1, "max_new_tokens": 3}
+
+    async def run() -> tuple[list[httpx.Response], httpx.Response, float, list[float]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            done_at: list[float] = []
+
+            async def long() -> httpx.Response:
+                response = await client.post("/translate", json=long_body)
+                done_at.append(time.monotonic())
+                return response
+
+            longs = [asyncio.create_task(long()) for _ in range(3)]
+            # The long requests are in the server (being decoded, or queued behind a static batch).
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                metrics = (await client.get("/metrics")).text
+                if metric_sample(metrics, "onnxmt_batch_requests_sum", model="model") >= 3:
+                    break
+                await asyncio.sleep(0.005)
+            assert not done_at, "the long requests finished before the short one was sent: nothing was tested"
+            short = await client.post("/translate", json=short_body)
+            short_done = time.monotonic()
+            return await asyncio.gather(*longs), short, short_done, done_at
+
+    try:
+        longs, short, short_done, long_done = asyncio.run(run())
+        metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    finally:
+        assert server.stop() == 0, server.logs()
+    assert short.status_code == 200 and all(r.status_code == 200 for r in longs)
+    assert short_done < min(long_done), "the short request waited for the long ones"
+    translator = Translator(tiny_onnx_dir)
+    assert short.json()["translatedText"] == translator.translate(["Hello world."], beams=1, max_new_tokens=3)[0].text
+    expected = [t.text for t in translator.translate(TEXTS[:8], beams=1, max_new_tokens=60)]
+    assert all(r.json()["translatedText"] == expected for r in longs)
+    # The requests shared decoder calls: some steps carried more than one request's rows.
+    assert metric_sample(metrics, "onnxmt_step_requests_bucket", le="1.0", model="model") < metric_sample(
+        metrics, "onnxmt_step_requests_count", model="model"
+    )
+
+
+@pytest.mark.parametrize("form", ["rows", "concat"])
+def test_info_says_whether_a_model_runs_in_flight(form: str, tiny_onnx_dir: Path, tiny_concat_onnx_dir: Path) -> None:
+    directory = tiny_onnx_dir if form == "rows" else tiny_concat_onnx_dir
+    with TestClient(create_app(directory, ServeOptions())) as client:
+        deadline = time.monotonic() + 60
+        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        info = client.get("/info").json()
+        answer = client.post("/translate", json={"q": TEXTS[:4], "beams": 2, "max_new_tokens": 12})
+    assert info["batching"]["in_flight"] is (form == "rows")
+    expected = Translator(directory).translate(TEXTS[:4], beams=2, max_new_tokens=12)
+    assert answer.json()["translatedText"] == [t.text for t in expected]
