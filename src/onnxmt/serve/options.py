@@ -19,9 +19,11 @@ class ServeOptions:
 
     host: str = option("127.0.0.1", help="Address to listen on.")
     port: int = option(5000, help="Port to listen on.", min=0, max=65535)  # LibreTranslate's, so clients' defaults work
-    max_batch_size: int = option(16, help="Most texts per decoder batch.", min=1)
+    max_batch_size: int = option(16, help="Most texts in the running decoder batch.", min=1)
     # A short window trades a little latency at low load for much throughput at high load.
-    batch_window_ms: float = option(10.0, help="How long a request waits for others to batch with.", min=0)
+    batch_window_ms: float = option(
+        10.0, help="Static batches (decoders before format 4): how long a request waits for others.", min=0
+    )
     # Beyond the running batch; so memory and latency stay bounded under overload.
     max_queue: int = option(256, help="Requests that may wait; more get 503 + Retry-After.", min=1)
     timeout: float = option(60.0, help="Seconds a request may wait and run (0: no limit).", min=0)
@@ -34,7 +36,9 @@ class ServeOptions:
         help="Most tokens x beams per request ((source + max new tokens) x beams, summed); more get 413 (0: none).",
         min=0,
     )
-    max_batch_cost: int = option(65536, help="Most tokens x beams per decoder batch: bounds memory (0: none).", min=0)
+    max_batch_cost: int = option(
+        65536, help="Most tokens x beams in the running decoder batch: bounds memory (0: none).", min=0
+    )
     api_keys: tuple[str, ...] = option((), help="Comma-separated API keys; when set, /translate needs one.")
     protect_all: bool = option(False, help="Every endpoint but /health and /ready needs a key too.")
     cors_origins: tuple[str, ...] = option((), help="Comma-separated origins allowed from browsers, or *.")
