@@ -44,9 +44,22 @@ def _alone(translator: Translator, prepared: Prepared) -> tuple[list[int], float
     return translation.token_ids, translation.score
 
 
+@pytest.fixture(scope="module")
+def per_row_int8_dir(tiny_multi_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The multi-target model in int8 with a scale per row: batch-invariant, so in-flight batching is exact too."""
+    from onnxmt.export.quantize import QuantizeOptions, quantize
+
+    out = tmp_path_factory.mktemp("int8-rows") / "model"
+    quantize(tiny_multi_onnx_dir, out, QuantizeOptions(per_row_scales=True), progress=lambda _: None)
+    return out
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8-rows"])
 @pytest.mark.parametrize("beams", [1, 3])
-def test_texts_joining_mid_batch_translate_as_alone(tiny_multi_onnx_dir: Path, beams: int) -> None:
-    translator = Translator(tiny_multi_onnx_dir)
+def test_texts_joining_mid_batch_translate_as_alone(
+    tiny_multi_onnx_dir: Path, per_row_int8_dir: Path, beams: int, precision: str
+) -> None:
+    translator = Translator(tiny_multi_onnx_dir if precision == "fp32" else per_row_int8_dir)
     # Groups of different lengths, settings and target languages joining at different steps; short ones leave early.
     groups = [
         (0, translator.prepare(ENGLISH[0:3], beams=beams, max_new_tokens=24, target_lang="cmn_Hans")),
