@@ -351,6 +351,24 @@ class _Beams:
         return _Beams(*(a[keep] for a in self.__dict__.values()))
 
 
+def initial_beams(sentences: int, s: Settings) -> _Beams:
+    """Every sentence's beams before the first step: the decoder start token, and only beam 0 real."""
+    k = s.num_beams
+    running = np.full((sentences, k, s.max_length), s.pad, dtype=np.int64)
+    running[:, :, 0] = s.decoder_start
+    running_scores = np.zeros((sentences, k), dtype=np.float32)
+    running_scores[:, 1:] = BEAM_FLOOR  # only beam 0 is real at the start, so the k beams do not duplicate it
+    return _Beams(
+        running=running,
+        running_scores=running_scores,
+        finished=running.copy(),
+        finished_scores=np.full((sentences, k), BEAM_FLOOR, dtype=np.float32),
+        is_finished=np.zeros((sentences, k), dtype=bool),
+        improvable=np.ones(sentences, dtype=bool),
+        ids=np.arange(sentences),
+    )
+
+
 def beam_search(
     graphs: Graphs, cache: Cache, s: Settings, processors: list[LogitsProcessor], cancelled: Cancelled | None = None
 ) -> list[list[Hypothesis]]:
@@ -358,19 +376,7 @@ def beam_search(
     cancelled = cancelled or _none_cancelled(batch)
     gone: dict[int, int] = {}  # sentence -> its length when its request was cancelled
     keep = max(2, 1 + len(s.eos_ids)) * k  # continuations kept per step: enough to have k live ones after eos
-    running = np.full((batch, k, s.max_length), s.pad, dtype=np.int64)
-    running[:, :, 0] = s.decoder_start
-    running_scores = np.zeros((batch, k), dtype=np.float32)
-    running_scores[:, 1:] = BEAM_FLOOR  # only beam 0 is real at the start, so the k beams do not duplicate it
-    state = _Beams(
-        running=running,
-        running_scores=running_scores,
-        finished=running.copy(),
-        finished_scores=np.full((batch, k), BEAM_FLOOR, dtype=np.float32),
-        is_finished=np.zeros((batch, k), dtype=bool),
-        improvable=np.ones(batch, dtype=bool),
-        ids=np.arange(batch),
-    )
+    state = initial_beams(batch, s)
     results: dict[int, _Beams] = {}
     for cur_len in range(1, s.max_length):
         n = len(state.ids)

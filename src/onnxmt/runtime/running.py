@@ -21,16 +21,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .decoding import (
-    BEAM_FLOOR,
     Hypothesis,
     LogitsProcessor,
     Settings,
     _advance,
     _apply,
-    _Beams,
     _cancelled_hypotheses,
     _hypotheses,
     build_processors,
+    initial_beams,
 )
 from .graphs import Cache, Graphs, VocabOps
 
@@ -75,13 +74,20 @@ class _Cohort:
         processors: list[LogitsProcessor],
         cancelled: Callable[[], np.ndarray],
         ops: VocabOps,
+        collapsed: bool = False,
     ) -> None:
         self.keys = list(keys)
         self.s = settings
         self.processors = processors
         self.cancelled = cancelled
         self.ops = ops
+        self.collapsed = collapsed  # beam search: its first step on one row per sentence
         self.cur_len = 1
+        self._start()
+
+    def _start(self) -> None:
+        """The search state of the texts admitted."""
+        raise NotImplementedError
 
     @property
     def rows(self) -> int:
@@ -101,16 +107,8 @@ class _Cohort:
 
 
 class _GreedyCohort(_Cohort):
-    def __init__(
-        self,
-        keys: Sequence[object],
-        settings: Settings,
-        processors: list[LogitsProcessor],
-        cancelled: Callable[[], np.ndarray],
-        ops: VocabOps,
-    ) -> None:
-        super().__init__(keys, settings, processors, cancelled, ops)
-        n, s = len(self.keys), settings
+    def _start(self) -> None:
+        n, s = len(self.keys), self.s
         self.sequences = np.full((n, s.max_length), s.pad, dtype=np.int64)  # (n, max_length)
         self.sequences[:, 0] = s.decoder_start
         self.totals = np.zeros(n, dtype=np.float32)
@@ -149,32 +147,9 @@ class _GreedyCohort(_Cohort):
 
 
 class _BeamCohort(_Cohort):
-    def __init__(
-        self,
-        keys: Sequence[object],
-        settings: Settings,
-        processors: list[LogitsProcessor],
-        cancelled: Callable[[], np.ndarray],
-        ops: VocabOps,
-        collapsed: bool,
-    ) -> None:
-        super().__init__(keys, settings, processors, cancelled, ops)
-        n, s, k = len(self.keys), settings, settings.num_beams
-        running = np.full((n, k, s.max_length), s.pad, dtype=np.int64)
-        running[:, :, 0] = s.decoder_start
-        running_scores = np.zeros((n, k), dtype=np.float32)
-        running_scores[:, 1:] = BEAM_FLOOR  # only beam 0 is real at the start, so the k beams do not duplicate it
-        self.state = _Beams(
-            running=running,
-            running_scores=running_scores,
-            finished=running.copy(),
-            finished_scores=np.full((n, k), BEAM_FLOOR, dtype=np.float32),
-            is_finished=np.zeros((n, k), dtype=bool),
-            improvable=np.ones(n, dtype=bool),
-            ids=np.arange(n),
-        )
-        self.collapsed = collapsed  # its first step on one row per sentence
-        self.keep = max(2, 1 + len(s.eos_ids)) * k  # continuations kept per step: k live ones after eos
+    def _start(self) -> None:
+        self.state = initial_beams(len(self.keys), self.s)
+        self.keep = max(2, 1 + len(self.s.eos_ids)) * self.s.num_beams  # continuations kept per step
 
     @property
     def rows(self) -> int:
@@ -287,7 +262,7 @@ class RunningBatch:
                     cache = cache.expand_beams(self.beams)
                     forced = None if forced is None else np.repeat(forced, self.beams)
                 processors = build_processors(settings, ops.log_softmax_inplace, forced)
-                cohort = _BeamCohort(join.keys, settings, processors, join.cancelled, ops, collapsed)
+                cohort = _BeamCohort(join.keys, settings, processors, join.cancelled, ops, collapsed=collapsed)
             self.cache = cache if self.cache is None else self.cache.joined(cache)
             self.cohorts.append(cohort)
         self._joining = []

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -62,21 +62,12 @@ class InflightBatcher(MicroBatcher):
         translator: Translator,
         executor: Executor,
         *,
-        max_batch_size: int,
-        max_queue: int,
-        max_batch_cost: int | None = None,
-        on_queue: Callable[[int], None] = lambda depth: None,
         on_step: Callable[[StepStats], None] = lambda stats: None,
+        **limits: Any,
     ) -> None:
-        super().__init__(
-            _unused,
-            executor,
-            max_batch_size=max_batch_size,
-            window=0.0,
-            max_queue=max_queue,
-            max_batch_cost=max_batch_cost,
-            on_queue=on_queue,
-        )
+        """`limits`: MicroBatcher's max_batch_size, max_queue, max_batch_cost and on_queue (no window: requests
+        join at the next step)."""
+        super().__init__(_unused, executor, window=0.0, **limits)
         self.translator = translator
         self._on_step = on_step
         self._batches: dict[int, RunningBatch] = {}
