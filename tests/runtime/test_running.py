@@ -66,6 +66,8 @@ def test_texts_joining_mid_batch_translate_as_alone(
         (0, translator.prepare(ENGLISH[11:13], beams=beams, max_new_tokens=9, target_lang="yue_Hant")),
         (2, translator.prepare(ENGLISH[3:4], beams=beams, max_new_tokens=5, target_lang="cmn_Hant")),
         (3, translator.prepare(ENGLISH[4:7], beams=beams, max_new_tokens=16, target_lang="yue_Hant")),
+        # Same setting, same step, another target: merged into one cohort with the group above.
+        (3, translator.prepare(ENGLISH[14:16], beams=beams, max_new_tokens=16, target_lang="cmn_Hans")),
         (9, translator.prepare([ENGLISH[7] * 3], beams=beams, max_new_tokens=30, target_lang="cmn_Hans")),
         (9, translator.prepare(ENGLISH[8:10], beams=beams, max_new_tokens=3, target_lang="cmn_Hans")),
     ]
@@ -83,15 +85,16 @@ def test_texts_joining_mid_batch_translate_as_alone(
 def test_forced_target_languages_mix_in_a_running_batch(tiny_nllb_onnx_dir: Path) -> None:
     """NLLB: each text's target language is its forced first token, joining a batch of other languages."""
     translator = Translator(tiny_nllb_onnx_dir)
-    languages = ["zho_Hans", "fra_Latn", "deu_Latn"]
+    languages = ["zho_Hans", "fra_Latn", "deu_Latn", "zho_Hans"]
+    # The last two join at the same step with one setting: one cohort, each row its own forced target.
     groups = [
-        (step, translator.prepare(ENGLISH[5 * step : 5 * step + 2], source_lang="eng_Latn", target_lang=lang))
+        (min(step, 2), translator.prepare(ENGLISH[5 * step : 5 * step + 2], source_lang="eng_Latn", target_lang=lang))
         for step, lang in enumerate(languages)
     ]
     for beams in (1, 2):
         groups = [(s, translator.prepare([p.text for p in items], beams=beams, source_lang="eng_Latn",
-                                         target_lang=languages[s], max_new_tokens=12))
-                  for s, items in groups]  # fmt: skip
+                                         target_lang=languages[g], max_new_tokens=12))
+                  for g, (s, items) in enumerate(groups)]  # fmt: skip
         results = _run(translator, groups, beams)
         for g, (_, items) in enumerate(groups):
             for i, prepared in enumerate(items):

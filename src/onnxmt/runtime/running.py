@@ -197,6 +197,30 @@ class _BeamCohort(_Cohort):
         return _Advance(rows.reshape(n, k)[live].reshape(-1), live)
 
 
+def _merged(joining: list[_Joining]) -> list[_Joining]:
+    """Texts admitted at one step with one setting, as one cohort: one processors pass, one search step and one
+    encoder call for all of them (many requests of one text each join together under load)."""
+    groups: dict[Settings, list[_Joining]] = {}
+    for join in joining:
+        groups.setdefault(join.settings, []).append(join)
+    merged = []
+    for settings, parts in groups.items():
+        if len(parts) == 1:
+            merged.append(parts[0])
+            continue
+        polls = [part.cancelled for part in parts]
+        merged.append(
+            _Joining(
+                ids=[ids for part in parts for ids in part.ids],
+                settings=settings,
+                keys=[key for part in parts for key in part.keys],
+                forced_bos=[f for part in parts for f in (part.forced_bos or [None] * len(part.ids))],
+                cancelled=lambda polls=polls: np.concatenate([poll() for poll in polls]),  # type: ignore[misc]
+            )
+        )
+    return merged
+
+
 class RunningBatch:
     """The decoder batch of one beam width, rows joining (`admit`) and leaving (`step`) at step boundaries.
 
@@ -246,8 +270,9 @@ class RunningBatch:
         from .translator import _forced_bos, pad_batch
 
         ops = self.graphs.ops
-        collapsed = self.beams > 1 and not self.cohorts and len(self._joining) == 1
-        for join in self._joining:
+        joining = _merged(self._joining)
+        collapsed = self.beams > 1 and not self.cohorts and len(joining) == 1
+        for join in joining:
             input_ids, mask = pad_batch(join.ids, self.pad)
             settings = join.settings
             cache = self.graphs.encode(input_ids, mask, max_positions=settings.max_length - 1)

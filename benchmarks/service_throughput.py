@@ -1,0 +1,96 @@
+"""The service's throughput under many clients against the library's offline throughput, same model and decoding.
+
+    python benchmarks/service_throughput.py MODEL_DIR --target zh              # 32 and 64 clients, beam 4, 3 rounds
+
+Offline: one `Translator.translate` call over N texts (batches of `--batch-size`, sorted by length). Service: `onnxmt
+serve` on 127.0.0.1 (`--max-batch-size` = `--batch-size`), C clients sending the same N texts one per request, with
+the same decoding (`max_new_tokens` `--tokens`: a random model rarely ends a text sooner). Tokens/s count the tokens
+generated (the service's from its /metrics counter), so they compare the same work. Rounds interleave offline and
+each concurrency; medians are reported, with the load average. Writes benchmarks/results/service-throughput-NAME.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import machine
+from load import batch_sizes, free_port, run_level, sentences, start_server
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_dir", type=Path)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[32, 64])
+    p.add_argument("--texts", type=int, default=192)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--beams", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--target", default=None)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--name", default=None)
+    p.add_argument("--out", type=Path, default=HERE / "results")
+    args = p.parse_args()
+    from onnxmt import DecodeOptions, RuntimeOptions, Translator
+
+    texts = sentences(args.texts, "en")
+    forced = {"beams": args.beams, "max_new_tokens": args.tokens}
+    translator = Translator(args.model_dir, RuntimeOptions(threads=args.threads), DecodeOptions(**forced))
+    target = translator.target_token(args.target) and args.target
+    os.environ.update(
+        ONNXMT_MAX_BATCH_SIZE=str(args.batch_size), ONNXMT_THREADS=str(args.threads),
+        ONNXMT_BEAMS=str(args.beams), ONNXMT_MAX_NEW_TOKENS=str(args.tokens),
+        ONNXMT_MAX_QUEUE="1024", ONNXMT_MAX_TEXTS="64", ONNXMT_TIMEOUT="0",
+    )  # fmt: skip
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start_server([args.model_dir], port, Path(tempfile.gettempdir()) / f"onnxmt-throughput-{port}.log")
+    body = {"target": target} if target else {}
+    figures: dict[str, list[float]] = {"offline": [], **{f"service {c}": [] for c in args.concurrency}}
+    try:
+        translator.translate(texts[:4], target_lang=target)  # warm-up, both sides
+        asyncio.run(run_level(url, [body], [texts], 4, 8, 60))
+        for _ in range(args.rounds):
+            started = time.perf_counter()
+            done = translator.translate(texts, target_lang=target, batch_size=args.batch_size)
+            figures["offline"].append(sum(len(t.token_ids) for t in done) / (time.perf_counter() - started))
+            for concurrency in args.concurrency:
+                before = batch_sizes(url)["generated_tokens"]
+                latencies, errors, elapsed = asyncio.run(run_level(url, [body], [texts], concurrency, len(texts), 600))
+                if errors or len(latencies) != len(texts):
+                    raise SystemExit(f"{concurrency} clients: {errors}, {len(latencies)} answered")
+                generated = batch_sizes(url)["generated_tokens"] - before
+                figures[f"service {concurrency}"].append(generated / elapsed)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+    medians = {k: round(statistics.median(v), 1) for k, v in figures.items()}
+    result = {
+        "settings": {**vars(args), "model_dir": str(args.model_dir), "out": str(args.out)},
+        "tokens_per_s": figures,
+        "medians": medians,
+        "ratios": {k: round(v / medians["offline"], 3) for k, v in medians.items()},
+        "load_average_end": os.getloadavg(),
+        "machine": machine.describe(),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"service-throughput-{args.name or args.model_dir.name}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print("| | tokens/s (median) | / offline |\n| --- | --- | --- |")
+    for key, value in medians.items():
+        print(f"| {key} | {value} | {result['ratios'][key]:.2f} |")
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
