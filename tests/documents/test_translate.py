@@ -234,3 +234,22 @@ def test_any_markup_parses_losslessly_or_raises_value_error() -> None:
     assert translate_html("", upper) == ""
     with pytest.raises(ValueError, match="malformed HTML"):
         translate_html("<![<p>", upper)
+
+
+def test_a_plan_carries_each_sentences_ids_and_bounds_their_total(translator: Translator) -> None:
+    """The ids a plan carries are what `prepare` would make (so no sentence is tokenized twice), and their total is
+    bounded (the service's --max-document-cost): one token over the bound is refused, the bound itself is not."""
+    from onnxmt.documents.limits import DocumentLimits, DocumentTooLarge
+    from onnxmt.documents.translate import counting, plan_texts
+
+    text = " ".join(ENGLISH[:6])
+    plan = plan_texts([text], counting(translator), tokenizer=translator.tokenizer)
+    prepared = translator.prepare(plan.sentences)
+    assert [tuple(ids) for ids in plan.ids] == [p.ids for p in prepared]
+    total = sum(plan.tokens)
+    assert plan_texts([text], counting(translator), DocumentLimits(max_tokens=total)).tokens == plan.tokens
+    with pytest.raises(DocumentTooLarge, match="max_document_cost"):
+        plan_texts([text], counting(translator), DocumentLimits(max_tokens=total - 1))
+    # Twice the text, twice the tokens: the bound scales with the document, as the cost it stands for.
+    doubled = plan_texts([text + " " + text], counting(translator), DocumentLimits(max_tokens=2 * total + 2))
+    assert 2 * total - 2 <= sum(doubled.tokens) <= 2 * total + 2
