@@ -291,6 +291,28 @@ def decode(
     return beam_search(graphs, cache, s, build_processors(s, graphs.ops.log_softmax_inplace, forced_bos), cancelled)
 
 
+def forced_bos_rows(forced: Sequence[int | None], settings: Settings) -> np.ndarray | None:
+    """The rows' forced first tokens for `decode`, or None when no prompt forces one (the model's own
+    forced_bos_token_id, if any, then applies to all rows)."""
+    if all(f is None for f in forced):
+        return None
+    fallback = settings.forced_bos
+    if any(f is None for f in forced) and fallback is None:
+        raise ValueError("a batch cannot mix texts with and without a forced first token")
+    return np.array([fallback if f is None else f for f in forced], dtype=np.int64)
+
+
+def pad_batch(ids: Sequence[Sequence[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token id lists as one right-padded (rows, longest) batch and its attention mask (1 for real tokens)."""
+    width = max(len(x) for x in ids)
+    input_ids = np.full((len(ids), width), pad, dtype=np.int64)
+    mask = np.zeros((len(ids), width), dtype=np.int64)
+    for row, x in enumerate(ids):
+        input_ids[row, : len(x)] = x
+        mask[row, : len(x)] = 1
+    return input_ids, mask
+
+
 def _none_cancelled(batch: int) -> Cancelled:
     return lambda: np.zeros(batch, dtype=bool)
 

@@ -29,7 +29,9 @@ from .decoding import (
     _cancelled_hypotheses,
     _hypotheses,
     build_processors,
+    forced_bos_rows,
     initial_beams,
+    pad_batch,
 )
 from .graphs import Cache, Graphs, VocabOps
 
@@ -267,8 +269,6 @@ class RunningBatch:
     def _join(self) -> None:
         """The admitted cohorts encoded and added. A lone cohort joining an empty beam batch takes its first step
         once per sentence (its beams are all the same row then); any other joins on all its beams."""
-        from .translator import _forced_bos, pad_batch
-
         ops = self.graphs.ops
         joining = _merged(self._joining)
         collapsed = self.beams > 1 and not self.cohorts and len(joining) == 1
@@ -276,7 +276,7 @@ class RunningBatch:
             input_ids, mask = pad_batch(join.ids, self.pad)
             settings = join.settings
             cache = self.graphs.encode(input_ids, mask, max_positions=settings.max_length - 1)
-            forced = _forced_bos(list(join.forced_bos) or [None] * len(join.ids), settings)
+            forced = forced_bos_rows(list(join.forced_bos) or [None] * len(join.ids), settings)
             cohort: _Cohort
             if self.beams == 1:
                 cohort = _GreedyCohort(

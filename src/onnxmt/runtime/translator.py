@@ -14,7 +14,7 @@ import numpy as np
 from ..architectures import LanguageScheme, Prompt, scheme_for
 from ..manifest import Manifest, ModelDirError, verify_files
 from .cancel import CancelToken
-from .decoding import Hypothesis, Settings, decode, resolve_settings
+from .decoding import Hypothesis, Settings, decode, forced_bos_rows, pad_batch, resolve_settings
 from .graphs import Graphs, open_graphs
 from .modeldir import load_manifest
 from .options import DecodeOptions, RuntimeOptions
@@ -297,7 +297,7 @@ class Translator:
         cancelled = None
         if any(t is not None for t in tokens):
             cancelled = lambda: np.array([_is_cancelled(t) for t in tokens])  # noqa: E731
-        forced_bos = _forced_bos([p.prompt.forced_bos for p in batch], settings)
+        forced_bos = forced_bos_rows([p.prompt.forced_bos for p in batch], settings)
         steps = decode(self.graphs, input_ids, mask, settings, cancelled, forced_bos=forced_bos)
         try:
             while True:
@@ -325,17 +325,6 @@ def _per_text(value: str | Sequence[str | None] | None, n: int, name: str) -> li
     return list(value)
 
 
-def _forced_bos(forced: Sequence[int | None], settings: Settings) -> np.ndarray | None:
-    """The rows' forced first tokens for `decode`, or None when no prompt forces one (the model's own
-    forced_bos_token_id, if any, then applies to all rows)."""
-    if all(f is None for f in forced):
-        return None
-    fallback = settings.forced_bos
-    if any(f is None for f in forced) and fallback is None:
-        raise ValueError("a batch cannot mix texts with and without a forced first token")
-    return np.array([fallback if f is None else f for f in forced], dtype=np.int64)
-
-
 def _tokens(cancel: CancelToken | Sequence[CancelToken | None] | None, n: int) -> list[CancelToken | None] | None:
     if cancel is None or isinstance(cancel, CancelToken):
         return None if cancel is None else [cancel] * n
@@ -361,8 +350,8 @@ def _batches(
     first text alone)."""
     if not in_order:
         # Sorting by length keeps padding, and so wasted work, small; texts of one setting together.
-        settings = list(dict.fromkeys(prepared[i].settings for i in todo))
-        todo = sorted(todo, key=lambda i: (settings.index(prepared[i].settings), len(prepared[i].ids)))
+        rank = {s: r for r, s in enumerate(dict.fromkeys(prepared[i].settings for i in todo))}
+        todo = sorted(todo, key=lambda i: (rank[prepared[i].settings], len(prepared[i].ids)))
     batch: list[int] = []
     total = 0
     for i in todo:
@@ -376,17 +365,6 @@ def _batches(
         total += cost
     if batch:
         yield batch
-
-
-def pad_batch(ids: Sequence[Sequence[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token id lists as one right-padded (rows, longest) batch and its attention mask (1 for real tokens)."""
-    width = max(len(x) for x in ids)
-    input_ids = np.full((len(ids), width), pad, dtype=np.int64)
-    mask = np.zeros((len(ids), width), dtype=np.int64)
-    for row, x in enumerate(ids):
-        input_ids[row, : len(x)] = x
-        mask[row, : len(x)] = 1
-    return input_ids, mask
 
 
 def _check_texts(texts: object) -> None:
