@@ -23,7 +23,7 @@ def _run(translator: Translator, joins: Sequence[tuple[int, list[Prepared]]], be
     results: dict[object, list] = {}
     pending = sorted(joins, key=lambda join: join[0])
     step, group = 0, 0
-    rows_seen = []
+    rows_seen, capacities = [], []
     while pending or batch.rows:
         while pending and pending[0][0] <= step:
             _, items = pending.pop(0)
@@ -34,8 +34,11 @@ def _run(translator: Translator, joins: Sequence[tuple[int, list[Prepared]]], be
             rows_seen.append(batch.rows)
             for key, hypotheses in batch.step().finished:
                 results[key] = hypotheses
+            if batch.slots is not None:
+                capacities.append(batch.slots.capacity)
         step += 1
     results["rows"] = rows_seen
+    results["capacities"] = capacities
     return results
 
 
@@ -80,6 +83,30 @@ def test_texts_joining_mid_batch_translate_as_alone(
             assert hypothesis.score == pytest.approx(score, abs=1e-5)
     rows = results["rows"]
     assert max(rows) > beams * 3 and rows[-1] < max(rows)  # groups shared calls; finished rows left
+
+
+@pytest.mark.parametrize("beams", [1, 2])
+def test_a_batch_that_grows_past_its_buffers_and_empties_again_translates_as_alone(
+    tiny_onnx_dir: Path, beams: int
+) -> None:
+    """Two texts join per step with their own length, 60 in all, then a long one joins the few left: the cache
+    buffers grow (rows, source width, positions), rows leave from everywhere in the batch, and the buffers shrink
+    when little of them is used; every text is what it is alone."""
+    translator = Translator(tiny_onnx_dir)
+    texts = [ENGLISH[i % 40] for i in range(60)]
+    groups = [
+        (i, translator.prepare(texts[2 * i : 2 * i + 2], beams=beams, max_new_tokens=n, min_new_tokens=n))
+        for i, n in enumerate(2 + (7 * i) % 23 for i in range(30))
+    ]
+    groups.append((48, translator.prepare([ENGLISH[3]], beams=beams, max_new_tokens=40, min_new_tokens=40)))
+    results = _run(translator, groups, beams)
+    for g, (_, items) in enumerate(groups):
+        for i, prepared in enumerate(items):
+            assert results[(g, i)][0].tokens == _alone(translator, prepared)[0], (g, i)
+    capacities = np.array(results["capacities"])  # (steps, 4): rows, sentences, width, positions
+    peak = capacities.max(axis=0)
+    assert peak[0] > 16 and peak[3] > 16, peak  # rows and positions outgrew their first buffers
+    assert capacities[-1][0] < peak[0] and capacities[-1][1] < peak[1]  # and shrank once the batch emptied
 
 
 def test_forced_target_languages_mix_in_a_running_batch(tiny_nllb_onnx_dir: Path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -33,7 +34,8 @@ from .decoding import (
     initial_beams,
     pad_batch,
 )
-from .graphs import Cache, Graphs, VocabOps
+from .graphs import Graphs
+from .slots import CacheSlots
 
 
 @dataclass
@@ -67,7 +69,8 @@ class _Advance:
 
 class _Cohort:
     """Texts admitted together: one setting, one length. `keys` name them to the caller; `cancelled` polls which
-    are no longer wanted ((n,) bool for the texts admitted)."""
+    are no longer wanted ((n,) bool for the texts admitted). `processors`: the settings' logits processors but the
+    renormalisation, which the batch does once for all its rows."""
 
     def __init__(
         self,
@@ -75,16 +78,15 @@ class _Cohort:
         settings: Settings,
         processors: list[LogitsProcessor],
         cancelled: Callable[[], np.ndarray],
-        ops: VocabOps,
         collapsed: bool = False,
     ) -> None:
         self.keys = list(keys)
         self.s = settings
         self.processors = processors
         self.cancelled = cancelled
-        self.ops = ops
         self.collapsed = collapsed  # beam search: its first step on one row per sentence
         self.cur_len = 1
+        self.keep = max(2, 1 + len(settings.eos_ids)) * settings.num_beams  # beam search: continuations per row
         self._start()
 
     def _start(self) -> None:
@@ -99,13 +101,13 @@ class _Cohort:
     def sentences(self) -> int:
         raise NotImplementedError
 
-    def inputs(self) -> np.ndarray:
-        """(rows, 1): each row's last token."""
+    def history(self) -> np.ndarray:
+        """(rows, cur_len): each row's tokens so far, as the processors see them."""
         raise NotImplementedError
 
-    def advance(self, logits: np.ndarray, step: Step) -> _Advance:
-        """Take this step's logits (rows, vocab) of this cohort's rows; tell `step` what happened."""
-        raise NotImplementedError
+    def inputs(self) -> np.ndarray:
+        """(rows, 1): each row's last token."""
+        return self.history()[:, -1:]
 
 
 class _GreedyCohort(_Cohort):
@@ -125,16 +127,14 @@ class _GreedyCohort(_Cohort):
     def sentences(self) -> int:
         return len(self.active)
 
-    def inputs(self) -> np.ndarray:
-        return self.sequences[self.active, self.cur_len - 1 : self.cur_len]
+    def history(self) -> np.ndarray:
+        return self.sequences[self.active, : self.cur_len]
 
-    def advance(self, logits: np.ndarray, step: Step) -> _Advance:
-        """As `greedy_search`'s step, for this cohort's rows."""
+    def advance(self, chosen: np.ndarray, log_probs: np.ndarray, step: Step) -> _Advance:
+        """As `greedy_search`'s step, for this cohort's rows: the tokens they chose from their processed logits and
+        those tokens' log-probabilities."""
         s, active, cur_len = self.s, self.active, self.cur_len
-        _apply(self.processors, self.sequences[active, :cur_len], logits)
-        chosen = logits.argmax(axis=-1)
-        log_probs = self.ops.log_softmax_inplace(logits)  # the logits are not needed any more
-        self.totals[active] += np.take_along_axis(log_probs, chosen[:, None], axis=1)[:, 0]
+        self.totals[active] += log_probs
         self.sequences[active, cur_len] = chosen
         step.tokens += [(self.keys[i], t) for i, t in zip(active.tolist(), chosen.tolist(), strict=True)]
         done = np.isin(chosen, self.eos) | (cur_len + 1 >= s.max_length)
@@ -151,7 +151,6 @@ class _GreedyCohort(_Cohort):
 class _BeamCohort(_Cohort):
     def _start(self) -> None:
         self.state = initial_beams(len(self.keys), self.s)
-        self.keep = max(2, 1 + len(self.s.eos_ids)) * self.s.num_beams  # continuations kept per step
 
     @property
     def rows(self) -> int:
@@ -161,22 +160,17 @@ class _BeamCohort(_Cohort):
     def sentences(self) -> int:
         return len(self.state.ids)
 
-    def inputs(self) -> np.ndarray:
-        flat = self.state.running.reshape(self.sentences * self.s.num_beams, -1)
-        rows = flat[:: self.s.num_beams] if self.collapsed else flat
-        return rows[:, self.cur_len - 1 : self.cur_len]
+    def history(self) -> np.ndarray:
+        flat = self.state.running.reshape(self.sentences * self.s.num_beams, -1)[:, : self.cur_len]
+        return flat[:: self.s.num_beams] if self.collapsed else flat
 
-    def advance(self, logits: np.ndarray, step: Step) -> _Advance:
-        """As `beam_search`'s step, for this cohort's sentences."""
+    def advance(self, values: np.ndarray, tokens: np.ndarray, vocab: int, step: Step) -> _Advance:
+        """As `beam_search`'s step, for this cohort's sentences: each row's best `keep` processed log-probabilities
+        and their tokens, (rows, keep) each."""
         s, k, state, cur_len = self.s, self.s.num_beams, self.state, self.cur_len
         n = self.sentences
-        flat = state.running.reshape(n * k, -1)[:, :cur_len]
-        scores = self.ops.log_softmax_inplace(logits)  # (rows, vocab), in the logits' buffer
-        _apply(self.processors, flat[::k] if self.collapsed else flat, scores)
-        values, tokens = self.ops.topk(scores, self.keep)
         if self.collapsed:
             values, tokens = np.repeat(values, k, axis=0), np.repeat(tokens, k, axis=0)
-        vocab = scores.shape[-1]
         totals = (values.reshape(n, k, self.keep) + state.running_scores[:, :, None]).reshape(n, k * self.keep)
         flat_ids = (np.arange(k)[None, :, None] * vocab + tokens.reshape(n, k, self.keep)).reshape(n, k * self.keep)
         rows = _advance(state, totals, flat_ids, vocab, self.keep, cur_len, s)  # (n * k,) into the old rows
@@ -232,13 +226,13 @@ class RunningBatch:
     """
 
     def __init__(self, graphs: Graphs, beams: int, pad: int) -> None:
-        if not getattr(graphs, "per_row", False):
+        if not getattr(graphs, "per_row", False) or not getattr(graphs, "per_sentence", False):
             raise ValueError("in-flight batching needs a decoder that takes one cache length per row (format 4)")
         self.graphs = graphs
         self.beams = beams
         self.pad = pad
         self.cohorts: list[_Cohort] = []
-        self.cache: Cache | None = None
+        self.slots: CacheSlots | None = None
         self._joining: list[_Joining] = []
 
     @property
@@ -269,7 +263,6 @@ class RunningBatch:
     def _join(self) -> None:
         """The admitted cohorts encoded and added. A lone cohort joining an empty beam batch takes its first step
         once per sentence (its beams are all the same row then); any other joins on all its beams."""
-        ops = self.graphs.ops
         joining = _merged(self._joining)
         collapsed = self.beams > 1 and not self.cohorts and len(joining) == 1
         for join in joining:
@@ -277,38 +270,71 @@ class RunningBatch:
             settings = join.settings
             cache = self.graphs.encode(input_ids, mask, max_positions=settings.max_length - 1)
             forced = forced_bos_rows(list(join.forced_bos) or [None] * len(join.ids), settings)
-            cohort: _Cohort
-            if self.beams == 1:
-                cohort = _GreedyCohort(
-                    join.keys, settings, build_processors(settings, None, forced), join.cancelled, ops
-                )
-            else:
-                if not collapsed:  # its first step on every beam: each row's forced token is its sentence's
-                    cache = cache.expand_beams(self.beams)
-                    forced = None if forced is None else np.repeat(forced, self.beams)
-                processors = build_processors(settings, ops.log_softmax_inplace, forced)
-                cohort = _BeamCohort(join.keys, settings, processors, join.cancelled, ops, collapsed=collapsed)
-            self.cache = cache if self.cache is None else self.cache.joined(cache)
-            self.cohorts.append(cohort)
+            if self.beams > 1 and not collapsed:  # its first step on every beam: each row's forced token is its own
+                cache = cache.expand_beams(self.beams)
+                forced = None if forced is None else np.repeat(forced, self.beams)
+            kind = _GreedyCohort if self.beams == 1 else _BeamCohort
+            processors = build_processors(settings, None, forced)  # renormalised by `step`, for all rows at once
+            self.cohorts.append(kind(join.keys, settings, processors, join.cancelled, collapsed=collapsed))
+            if self.slots is None:
+                self.slots = CacheSlots.like(cache)
+            self.slots.add(cache)
         self._joining = []
 
     def step(self) -> Step:
         """One decoder call for every row; the tokens taken and the texts finished (which leave the batch)."""
         self._join()
-        assert self.cache is not None and self.cohorts
+        assert self.slots is not None and self.cohorts
         tokens = np.concatenate([c.inputs() for c in self.cohorts])  # (rows, 1)
-        logits, cache = self.graphs.step(tokens, self.cache)  # (rows, vocab)
-        step = Step()
-        rows, sentences = [], []
-        row0 = sentence0 = 0
+        logits, cache = self.graphs.step(tokens, self.slots.view())  # (rows, vocab)
+        self.slots.stepped(cache)
+        spans, row0 = [], 0
         for cohort in self.cohorts:
-            n_rows, n_sentences = cohort.rows, cohort.sentences
-            advance = cohort.advance(logits[row0 : row0 + n_rows], step)
-            rows.append(advance.rows + row0)
+            spans.append(slice(row0, row0 + cohort.rows))
+            row0 += cohort.rows
+        step = Step()
+        counts = [c.sentences for c in self.cohorts]  # before the step
+        advances = self._greedy(logits, spans, step) if self.beams == 1 else self._beam(logits, spans, step)
+        rows, sentences = [], []
+        sentence0 = 0
+        for count, span, advance in zip(counts, spans, advances, strict=True):
+            rows.append(advance.rows + span.start)
             sentences.append(advance.sentences + sentence0)
-            row0, sentence0 = row0 + n_rows, sentence0 + n_sentences
+            sentence0 += count
         self.cohorts = [c for c in self.cohorts if c.sentences]
-        kept = np.concatenate(rows)
         # Beams reordered, finished rows gone; a collapsed cohort's one row per sentence becomes its beams' rows.
-        self.cache = cache.gather(kept, np.concatenate(sentences)) if len(kept) else None
+        self.slots.keep(np.concatenate(rows), np.concatenate(sentences))
         return step
+
+    def _greedy(self, logits: np.ndarray, spans: list[slice], step: Step) -> list[_Advance]:
+        """Every cohort's processors on its rows' logits; then the argmax and the log-softmax of all rows at once."""
+        for cohort, span in zip(self.cohorts, spans, strict=True):
+            _apply(cohort.processors, cohort.history(), logits[span])
+        chosen = logits.argmax(axis=-1)
+        log_probs = self.graphs.ops.log_softmax_inplace(logits)  # the logits are not needed any more
+        picked = np.take_along_axis(log_probs, chosen[:, None], axis=1)[:, 0]
+        return [
+            cast(_GreedyCohort, cohort).advance(chosen[span], picked[span], step)
+            for cohort, span in zip(self.cohorts, spans, strict=True)
+        ]
+
+    def _beam(self, logits: np.ndarray, spans: list[slice], step: Step) -> list[_Advance]:
+        """The log-softmax of all rows; every cohort's processors on its rows; the renormalisation and the top-k
+        of all rows at once (a cohort keeping fewer takes the first of them: top-k is sorted, ties to the lower
+        index)."""
+        ops = self.graphs.ops
+        scores = ops.log_softmax_inplace(logits)  # (rows, vocab), in the logits' buffer
+        for cohort, span in zip(self.cohorts, spans, strict=True):
+            _apply(cohort.processors, cohort.history(), scores[span])
+        renormalize = [c.s.renormalize for c in self.cohorts]
+        if all(renormalize):
+            ops.log_softmax_inplace(scores)
+        else:
+            for span in (span for span, r in zip(spans, renormalize, strict=True) if r):
+                ops.log_softmax_inplace(scores[span])
+        values, tokens = ops.topk(scores, max(c.keep for c in self.cohorts))
+        vocab = scores.shape[-1]
+        return [
+            cast(_BeamCohort, cohort).advance(values[span, : cohort.keep], tokens[span, : cohort.keep], vocab, step)
+            for cohort, span in zip(self.cohorts, spans, strict=True)
+        ]
