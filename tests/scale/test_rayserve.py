@@ -173,7 +173,7 @@ def test_app_builder_reads_serve_run_arguments(tiny_onnx_dir: Path) -> None:
     assert (runtime.threads, decoding.beams) == (1, 2)
     scaled = app_builder({"model_dirs": [str(tiny_onnx_dir)], "min_replicas": 1, "max_replicas": "3"})
     config = scaled._bound_deployment.init_args[0]._bound_deployment._deployment_config.autoscaling_config
-    assert (config.min_replicas, config.max_replicas, config.target_ongoing_requests) == (1, 3, 16)
+    assert (config.min_replicas, config.max_replicas, config.target_ongoing_requests) == (1, 3, 32)
     with pytest.raises(ValueError, match="unknown argument.*replicass"):
         app_builder({"model_dir": str(tiny_onnx_dir), "replicass": "2"})
     with pytest.raises(ValueError, match="needs model_dir"):

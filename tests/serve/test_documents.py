@@ -137,6 +137,26 @@ def test_stream_sends_sentences_then_the_whole_translation(server: Server, trans
     assert len(pieces) >= 6  # one event a sentence (and the trailing line break)
 
 
+def test_greedy_stream_sends_tokens_as_the_running_batch_makes_them(server: Server, translator: Translator) -> None:
+    """Greedy search on an in-flight model: the pieces come token by token (the last held back until the next
+    shows it does not join a word), and join to what the library translates."""
+    body = {"q": TEXT, "source": "en", "api_key": KEY, "max_new_tokens": 12, "beams": 1}
+    events = sse(httpx.post(f"{server.url}/translate/stream", json=body, timeout=60))
+    pieces = [data["translatedText"] for kind, data in events if kind == "message"]
+    assert events[-1][0] == "done"
+    expected = translate_document(translator, TEXT, beams=1, max_new_tokens=12)
+    assert "".join(pieces) == events[-1][1]["translatedText"] == expected
+    # The first sentence is decoded alone and streamed token by token: as many pieces as its tokens (less the end
+    # token), until its text is all there; the next ones come in a chunk, the first unfinished streaming.
+    (first,) = translator.translate([ENGLISH[0]], beams=1, max_new_tokens=12)
+    assert len(first.token_ids) >= 6
+    shown, count = "", 0
+    while len(shown) < len(first.text):
+        shown += pieces[count]
+        count += 1
+    assert shown == first.text and count >= len([t for t in first.token_ids if t != translator.manifest.tokens["eos"]])
+
+
 def test_stream_refusals_are_ordinary_errors(server: Server) -> None:
     url = f"{server.url}/translate/stream"
     assert httpx.post(url, json={"q": "hi"}).status_code == 403

@@ -71,26 +71,49 @@ def _updates(translator: Translator, prepared: list[Prepared], batching: dict[st
         events.close()  # the consumer has gone: the batch stops at its next step
 
 
+class Joiner:
+    """The text of a document's `pieces` as its sentences' translations come in: `update(partial, finished)` with
+    the current sentence's translation so far (sentences in order) gives the new text to show; `end()` what
+    follows the last sentence. Shown text is never taken back: a partial that does not extend what was shown waits
+    for one that does, or for the sentence's end."""
+
+    def __init__(self, pieces: list[Piece]) -> None:
+        self._pieces = pieces
+        self._next = 0  # the piece of the current sentence
+        self._space = ""
+        self._previous: str | None = None
+        self._shown, self._started = "", False
+        self._untranslated()
+
+    def _untranslated(self) -> None:
+        while self._next < len(self._pieces) and not self._pieces[self._next].translate:
+            self._space += self._pieces[self._next].text
+            self._next += 1
+
+    def update(self, partial: str, finished: bool) -> Iterator[str]:
+        if not self._started and (partial or finished):
+            # The separator depends on the sentence's first character: known once any of it is.
+            between = separator(self._previous, self._space, partial)
+            if between:
+                yield between
+            self._started = True
+        if partial.startswith(self._shown) and len(partial) > len(self._shown):
+            yield partial[len(self._shown) :]
+            self._shown = partial
+        if finished:
+            self._space, self._previous = "", self._shown
+            self._shown, self._started = "", False
+            self._next += 1
+            self._untranslated()
+
+    def end(self) -> Iterator[str]:
+        if self._space:
+            yield self._space
+
+
 def _joined(pieces: list[Piece], updates: Iterator[Update]) -> Iterator[str]:
     """The text of `pieces` with each sentence's translation streamed in as `updates` bring it."""
-    space, previous = "", None
-    for piece in pieces:
-        if not piece.translate:
-            space += piece.text
-            continue
-        shown, started = "", False
-        for _, partial, finished in updates:
-            if not started and (partial or finished):
-                # The separator depends on the sentence's first character: known once any of it is.
-                between = separator(previous, space, partial)
-                if between:
-                    yield between
-                started = True
-            if partial.startswith(shown) and len(partial) > len(shown):
-                yield partial[len(shown) :]
-                shown = partial
-            if finished:
-                break
-        space, previous = "", shown
-    if space:
-        yield space
+    joiner = Joiner(pieces)
+    for _, partial, finished in updates:
+        yield from joiner.update(partial, finished)
+    yield from joiner.end()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from .decoding import Hypothesis, Settings, decode, forced_bos_rows, pad_batch, 
 from .graphs import Graphs, open_graphs
 from .modeldir import load_manifest
 from .options import DecodeOptions, RuntimeOptions
+from .running import RunningBatch
 from .tokenizer import load_tokenizer
 
 # How many texts the streaming variant reads ahead: enough to sort into full batches of similar length.
@@ -255,13 +257,15 @@ class Translator:
         batch_size: int | None = None,
         max_batch_cost: int | None = None,
         in_order: bool = False,
+        refill: bool = False,
     ) -> Generator[Event, None, None]:
         """The decoding of prepared texts, step by step: an `Event` with each new token of a text (greedy search;
         beam search knows its best hypothesis only at the end) and one with its `Translation` when it is done.
         Texts run in decoder batches of at most `batch_size` texts and `max_batch_cost` tokens x beams (default:
         this translator's DecodeOptions), sorted by length so that padding stays small, or, `in_order`, of
-        consecutive texts with the first alone, so that the first text comes soonest (streams). Closing the
-        iterator stops the batch running at its next step."""
+        consecutive texts with the first alone, so that the first text comes soonest (streams). `refill`
+        (decoders of format 4): one running batch, the next texts by length joining as others finish, within the
+        same limits (runtime/running.py). Closing the iterator stops the batch running at its next step."""
         tokens = _tokens(cancel, len(prepared)) or [None] * len(prepared)
         todo = []
         for i, item in enumerate(prepared):
@@ -270,6 +274,9 @@ class Translator:
             else:
                 todo.append(i)
         batching = self._batching({"batch_size": batch_size, "max_batch_cost": max_batch_cost})
+        if refill and getattr(self.graphs, "per_row", False) and not in_order:
+            yield from self._refilled(prepared, todo, tokens, **batching)
+            return
         for batch in _batches(prepared, todo, in_order=in_order, **batching):
             # Texts cancelled before their batch starts are never encoded.
             for i in [i for i in batch if _is_cancelled(tokens[i])]:
@@ -279,6 +286,54 @@ class Translator:
                 if on_batch is not None:
                     on_batch(len(batch))
                 yield from self._decode_batch([prepared[i] for i in batch], batch, [tokens[i] for i in batch])
+
+    def _refilled(
+        self,
+        prepared: Sequence[Prepared],
+        todo: list[int],
+        tokens: list[CancelToken | None],
+        batch_size: int,
+        max_batch_cost: int | None,
+    ) -> Iterator[Event]:
+        """`generate`'s events from running batches (one per beam width) that admit the next texts, shortest
+        first, whenever texts have left and the limits allow (a text alone always fits)."""
+        waiting = deque(sorted(todo, key=lambda i: len(prepared[i].ids)))
+        batches: dict[int, RunningBatch] = {}
+        running: dict[int, int] = {}  # text -> its cost, while it runs
+        pad = self.manifest.tokens["pad"]
+        while waiting or running:
+            joining: dict[Settings, list[int]] = {}
+            while waiting:
+                i = waiting[0]
+                over = max_batch_cost is not None and sum(running.values()) + prepared[i].cost > max_batch_cost
+                if running and (len(running) == batch_size or over):
+                    break
+                waiting.popleft()
+                if _is_cancelled(tokens[i]):
+                    yield Event(i, None, Translation(text="", token_ids=[], score=0.0, cancelled=True))
+                    continue
+                running[i] = prepared[i].cost
+                joining.setdefault(prepared[i].settings, []).append(i)
+            for settings, group in joining.items():
+                batch = batches.setdefault(settings.num_beams, RunningBatch(self.graphs, settings.num_beams, pad))
+                polled = [tokens[i] for i in group]
+                batch.admit(
+                    [prepared[i].ids for i in group],
+                    settings,
+                    group,
+                    [prepared[i].prompt.forced_bos for i in group],
+                    lambda polled=polled: np.array([_is_cancelled(t) for t in polled]),  # type: ignore[misc]
+                )
+            for beams, batch in list(batches.items()):
+                if not batch.rows:
+                    del batches[beams]
+                    continue
+                step = batch.step()
+                for key, token in step.tokens:
+                    yield Event(cast(int, key), token, None)
+                for key, hyps in step.finished:
+                    del running[cast(int, key)]
+                    yield Event(cast(int, key), None, self.translation(hyps))
 
     def _batching(self, overrides: dict[str, Any]) -> dict[str, Any]:
         """The decoder batches' limits for a call: its overrides, else this translator's DecodeOptions."""

@@ -51,6 +51,9 @@ class _Job:
     future: asyncio.Future[list[Translation]] = field(repr=False)
     token: CancelToken = field(default_factory=CancelToken, repr=False)
     cost: int = 0  # tokens x beams (Prepared.cost, summed)
+    # Told (text index, token id) of each token a text generates, where the batcher knows them as they come (in
+    # flight, greedy); on the event loop.
+    on_token: Callable[[int, int], None] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -118,11 +121,13 @@ class MicroBatcher:
         timeout: float | None,
         *,
         disconnected: Callable[[], Awaitable[object]] | None = None,
+        on_token: Callable[[int, int], None] | None = None,
     ) -> list[Translation]:
         """Queue `texts` (prepared, of one setting) and wait for their translations; QueueFull at once when the
         queue is full, TimeoutError after `timeout` seconds, ClientGone as soon as `disconnected()` returns. In every
         case but success the request's work is cancelled: dropped from the queue, or stopped at the next decoder
-        step."""
+        step. `on_token(text index, token id)`: each token as it is generated, where this batcher can tell (the
+        in-flight batcher's greedy rows; a beam's tokens are not final until its text is)."""
         if len(self._pending) >= self.max_queue:
             raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)")
         loop = asyncio.get_running_loop()
@@ -130,7 +135,7 @@ class MicroBatcher:
         settings = texts[0].settings
         if any(t.settings != settings for t in texts):
             raise ValueError("a request's texts are prepared with one setting")
-        job = _Job(texts, settings, loop.time(), loop.create_future(), token, sum(t.cost for t in texts))
+        job = _Job(texts, settings, loop.time(), loop.create_future(), token, sum(t.cost for t in texts), on_token)
         self._pending.append(job)
         self._on_queue(len(self._pending))
         self._wakeup.set()

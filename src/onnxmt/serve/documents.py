@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -25,7 +25,8 @@ from starlette.routing import BaseRoute
 
 from ..documents import prepare
 from ..documents.files import FORMATS
-from ..documents.segment import Piece, separator
+from ..documents.segment import Piece
+from ..documents.stream import Joiner, Update
 from ..documents.translate import Plan, join_texts
 from .downloads import TooLargeToStore
 from .fields import query_api_key, read_fields, with_api_key
@@ -259,9 +260,9 @@ async def download_file(request: Request) -> Response:
 
 async def translate_stream(request: Request) -> Response:
     """Translate one text (`q`, a string; fields as /translate's) as Server-Sent Events: `data: {"translatedText":
-    piece}` for each sentence as soon as it is translated (with what separates it from the one before), then
-    `event: done` with the whole translation. An error before the first sentence is an ordinary error answer; one
-    after it, an `event: error` with `{"error", "status"}`."""
+    piece}` with each piece of the translation as soon as it is known (token by token with greedy search on a model
+    batched in flight, else sentence by sentence), then `event: done` with the whole translation. An error before
+    the first piece is an ordinary error answer; one after it, an `event: error` with `{"error", "status"}`."""
     service = _service(request)
     query_key = query_api_key(request)
     if service.options.api_keys and query_key is not None:
@@ -279,46 +280,68 @@ async def translate_stream(request: Request) -> Response:
     # what a detector makes of it alone.
     parsed, plan, cost, _ = await _plan(service, parsed, prepare.TEXTS, parsed.texts, partial(_gone, request))
     pivot = catalog.route(parsed.source, parsed.target).pivot  # said in the last event, as /translate says it
-    events = _sentences(service, parsed, plan, cost)
-    # The first sentence before the answer starts: its errors (400, 413, 503) keep their status.
-    first = await anext(events, None)
-    return StreamingResponse(_events(plan.layouts[0], first, events, pivot), media_type="text/event-stream")
+    updates = _updates(service, parsed, plan, cost)
+    # The first update before the answer starts: errors until then (400, 413, 503) keep their status.
+    first = await anext(updates, None)
+    return StreamingResponse(_events(plan.layouts[0], first, updates, pivot), media_type="text/event-stream")
 
 
-async def _sentences(service: Service, request: TranslateRequest, plan: Plan, cost: Cost) -> AsyncIterator[str]:
-    """Each sentence's translation, in order: the first alone (soonest), then in chunks of one decoder batch."""
+async def _updates(service: Service, request: TranslateRequest, plan: Plan, cost: Cost) -> AsyncGenerator[Update]:
+    """The current sentence's translation so far, after each of its tokens where the model's batcher tells them,
+    and each sentence's whole translation, in order: the first sentence alone (soonest), then in chunks of one
+    decoder batch. Leaving this generator early cancels the chunk running."""
+    current = 0  # the first sentence not yet finished: the only one whose tokens are shown
     for chunk, ids in _chunks(service, plan, cost, first=1, size=service.options.max_batch_size):
-        answer = await service.translate(replace(request, texts=chunk, batch=True), ids=ids)
+        told: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
+        start = current
+
+        def on_partial(i: int, text: str, start: int = start, told: asyncio.Queue = told) -> None:
+            told.put_nowait((start + i, text))
+
+        def ended(_: object, told: asyncio.Queue = told) -> None:
+            told.put_nowait(None)
+
+        task = asyncio.ensure_future(
+            service.translate(replace(request, texts=chunk, batch=True), ids=ids, on_partial=on_partial)
+        )
+        task.add_done_callback(ended)
+        try:
+            while (item := await told.get()) is not None:
+                if item[0] == current:
+                    yield current, item[1], False
+            answer = task.result()
+        finally:
+            task.cancel()  # a no-op once done
         for text in answer["translatedText"]:
-            yield text
+            yield current, text, True
+            current += 1
 
 
 async def _events(
-    pieces: list[Piece], first: str | None, rest: AsyncIterator[str], pivot: str | None = None
+    pieces: list[Piece], first: Update | None, rest: AsyncGenerator[Update], pivot: str | None = None
 ) -> AsyncIterator[str]:
     out: list[str] = []
-    space, previous = "", None
-    pending = first
+    joiner = Joiner(pieces)
     try:
-        for piece in pieces:
-            if not piece.translate:
-                space += piece.text
-                continue
-            text = pending if pending is not None else await anext(rest)
-            pending = None
-            chunk = separator(previous, space, text) + text
-            out.append(chunk)
-            yield _sse({"translatedText": chunk})
-            space, previous = "", text
-        if space:
-            out.append(space)
-            yield _sse({"translatedText": space})
+        if first is not None:
+            for text in joiner.update(*first[1:]):
+                out.append(text)
+                yield _sse({"translatedText": text})
+        async for _, partial_text, finished in rest:
+            for text in joiner.update(partial_text, finished):
+                out.append(text)
+                yield _sse({"translatedText": text})
+        for text in joiner.end():
+            out.append(text)
+            yield _sse({"translatedText": text})
         done: dict[str, Any] = {"translatedText": "".join(out)}
         if pivot is not None:
             done["pivot"] = pivot
         yield _sse(done, event="done")
     except ApiError as e:
         yield _sse({"error": e.message, "status": e.status}, event="error")
+    finally:
+        await rest.aclose()  # the client gone: the sentence running stops at its next step
 
 
 def _sse(data: dict[str, Any], event: str | None = None) -> str:

@@ -98,7 +98,8 @@ class Metrics:
         for rows in stats.rows:
             self.step_rows.labels(model).observe(rows)
         self.step_requests.labels(model).observe(stats.requests)
-        self.step_duration.labels(model).observe(stats.seconds)
+        for seconds in stats.seconds:
+            self.step_duration.labels(model).observe(seconds)
         for wait in stats.join_waits:
             self.join_wait.labels(model).observe(wait)
         if stats.admitted_requests:

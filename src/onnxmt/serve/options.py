@@ -19,7 +19,9 @@ class ServeOptions:
 
     host: str = option("127.0.0.1", help="Address to listen on.")
     port: int = option(5000, help="Port to listen on.", min=0, max=65535)  # LibreTranslate's, so clients' defaults work
-    max_batch_size: int = option(16, help="Most texts in the running decoder batch.", min=1)
+    # In flight, a request that finds the running batch full waits for a text to leave it: 32 lets 16 long requests
+    # run while short ones still join at the next step (rows cost step time, not waiting: docs/benchmarks.md).
+    max_batch_size: int = option(32, help="Most texts in the running decoder batch.", min=1)
     # A short window trades a little latency at low load for much throughput at high load.
     batch_window_ms: float = option(
         10.0, help="Static batches (decoders before format 4): how long a request waits for others.", min=0

@@ -224,10 +224,14 @@ class Service:
         request: TranslateRequest,
         disconnected: Callable[[], Awaitable[object]] | None = None,
         ids: Sequence[Sequence[int]] | None = None,
+        on_partial: Callable[[int, str], None] | None = None,
     ) -> dict[str, Any]:
         """Answer a checked /translate request in LibreTranslate's shape. `disconnected()` returns when the client
         has gone: the request's work is then cancelled. `ids`: the texts' source ids for the model that reads
-        them first, where the caller has them (a document's sentences, counted when it was cut)."""
+        them first, where the caller has them (a document's sentences, counted when it was cut). `on_partial(text
+        index, translation so far, its last token held back)`: told after each token a text generates, where its
+        model's batcher tells tokens as they come (in flight, greedy; the last model of a pivot); not for texts
+        found in the cache."""
         catalog, _ = self.require_ready()
         detected, source = await self._source(catalog, request)
         route = catalog.route(source, request.target)
@@ -240,7 +244,8 @@ class Service:
             # The second leg of a pivot reads the pivot language, not the request's source.
             read = source if i == 0 else route.pivot
             given = ids if i == 0 else None
-            results = await self._leg(leg, texts, request, alternatives, disconnected, read, given)
+            partial = on_partial if last else None
+            results = await self._leg(leg, texts, request, alternatives, disconnected, read, given, partial)
             texts = [r.text for r in results]
         return _answer(request, results, detected, route.pivot)
 
@@ -298,6 +303,7 @@ class Service:
         disconnected: Callable[[], Awaitable[object]] | None,
         source: str | None,
         ids: Sequence[Sequence[int]] | None = None,
+        on_partial: Callable[[int, str], None] | None = None,
     ) -> list[Translation]:
         """`texts` translated by one model: prepared once (tokenized, checked, costed), then from the cache where
         it has them, the others through its batcher. `source`: the language this model reads (the request's, or
@@ -310,14 +316,16 @@ class Service:
                 return []
             self._check_cost(prepared)
             if not self.cache.size:
-                return await self._queue(batcher, prepared, disconnected)
+                return await self._queue(batcher, prepared, disconnected, _partials(translator, on_partial))
             found = [self.cache.get((entry.name, p)) for p in prepared]
             missing = list(dict.fromkeys(p for p, hit in zip(prepared, found, strict=True) if hit is None))
             hits = len(prepared) - sum(hit is None for hit in found)
             self.metrics.observe_cache(entry.name, hits, len(prepared) - hits, len(self.cache))
             made: dict[Prepared, Translation] = {}
             if missing:
-                made = dict(zip(missing, await self._queue(batcher, missing, disconnected), strict=True))
+                where = {p: [i for i, q in enumerate(prepared) if q == p] for p in missing}
+                told = _partials(translator, on_partial, [where[p] for p in missing])
+                made = dict(zip(missing, await self._queue(batcher, missing, disconnected, told), strict=True))
                 for p, translation in made.items():
                     self.cache.put((entry.name, p), translation)
                 self.metrics.cache_entries.set(len(self.cache))
@@ -350,10 +358,11 @@ class Service:
         batcher: MicroBatcher,
         prepared: list[Prepared],
         disconnected: Callable[[], Awaitable[object]] | None,
+        on_token: Callable[[int, int], None] | None = None,
     ) -> list[Translation]:
         timeout = self.options.timeout or None
         try:
-            return await batcher.translate(prepared, timeout, disconnected=disconnected)
+            return await batcher.translate(prepared, timeout, disconnected=disconnected, on_token=on_token)
         except QueueFull as e:
             raise ApiError(503, f"server busy: {e}; retry later", RETRY_AFTER) from e
         except ClientGone as e:
@@ -464,6 +473,28 @@ def _translate(
     """Runs on the inference thread, in the model's batcher."""
     assert entry.translator is not None
     return entry.translator.translate_prepared(prepared, cancel=tokens, on_batch=on_batch)
+
+
+def _partials(
+    translator: Translator,
+    on_partial: Callable[[int, str], None] | None,
+    positions: Sequence[Sequence[int]] | None = None,
+) -> Callable[[int, int], None] | None:
+    """A batcher's token listener that tells `on_partial` each text's translation so far, its last token held back
+    (the next may join it into one word, as `onnxmt.documents.translate_stream` holds it): the text queued as j is
+    the request's texts `positions[j]` (the same text asked twice is queued once; default: j itself)."""
+    if on_partial is None:
+        return None
+    tokens: dict[int, list[int]] = {}
+
+    def told(j: int, token: int) -> None:
+        so_far = tokens.setdefault(j, [])
+        so_far.append(token)
+        text = translator.detokenize(so_far[:-1])
+        for i in positions[j] if positions is not None else (j,):
+            on_partial(i, text)
+
+    return told
 
 
 def in_flight(translator: Translator) -> bool:
