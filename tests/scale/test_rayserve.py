@@ -1,5 +1,6 @@
-"""The service as a Ray Serve deployment, on a local Ray cluster (2 CPUs): 2 replicas answer as the single-process
-app does (/translate, /languages, errors), and what a replica killed under load does to the requests it holds."""
+"""The service as a Ray Serve deployment, on a local Ray cluster (3 logical CPUs on 2 cores): 2 replicas answer as
+the single-process app does (/translate, /languages, errors), /metrics sums them, a client's disconnect stops its
+work in the replica, and what a replica killed under load does to the requests it holds."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ psutil = importorskip("psutil")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
+from onnxmt.runtime.options import DecodeOptions  # noqa: E402
 from onnxmt.scale.rayserve import RayServeOptions, app_builder, application  # noqa: E402
 from onnxmt.serve.app import create_app  # noqa: E402
 from onnxmt.serve.options import ServeOptions  # noqa: E402
@@ -42,7 +44,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """A local Ray cluster with Serve's proxy on a free port; the base URL."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # Three: the two replicas of `deployed` and the one of `heavy` (which idles but for its test).
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, configure_logging=False)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield f"http://127.0.0.1:{port}"
@@ -112,6 +115,69 @@ def test_two_replicas_answer_as_the_single_process_app(deployed: str, local: Tes
     assert page.status_code == 200 and page.text == local.get("/").text
 
 
+def _metric(base: str, name: str, **labels: str) -> float:
+    """A sample of the deployment's /metrics, summed over its label sets matching `labels`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def _eventually(check: Any, seconds: float = 15.0) -> Any:
+    """`check()` once it is truthy (replicas push their metrics every second), or its last value."""
+    deadline = time.monotonic() + seconds
+    while not (value := check()) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    return value
+
+
+@pytest.mark.timeout(300)
+def test_metrics_are_the_sum_over_the_replicas(deployed: str, target: str) -> None:
+    assert _eventually(lambda: _metric(deployed, "onnxmt_replicas_reporting") == 2)
+    before = _metric(deployed, "onnxmt_translated_texts_total")
+    bodies = [{"q": f"{TEXTS[i % 24]} {i}", "target": target, "max_new_tokens": 8} for i in range(24)]
+    with ThreadPoolExecutor(8) as pool:  # concurrent: Ray spreads them over both replicas
+        assert {r.status_code for r in pool.map(lambda body: _post(deployed, body), bodies)} == {200}
+    # Every text counted once, wherever it ran: one replica's counters would hold only its part.
+    assert _eventually(lambda: _metric(deployed, "onnxmt_translated_texts_total") - before == 24)
+    histogram = _metric(deployed, "onnxmt_step_rows_count")
+    assert histogram > 0 and "# TYPE onnxmt_step_rows histogram" in httpx.get(f"{deployed}/metrics").text
+
+
+@pytest.fixture(scope="module")
+def heavy(cluster: str, tiny_onnx_dir: Path) -> Iterator[str]:
+    """One replica whose every text runs to 63 tokens (min_new_tokens), under /heavy: a request that takes long."""
+    options = ServeOptions(timeout=120, max_texts=256, max_request_cost=0, cache_size=0)
+    decoding = DecodeOptions(max_new_tokens=63, min_new_tokens=63)
+    app = application(tiny_onnx_dir, options, decoding=decoding, scaling=RayServeOptions(name="heavy"))
+    serve.run(app, name="heavy", route_prefix="/heavy")
+    yield f"{cluster}/heavy"
+    serve.delete("heavy")
+
+
+@pytest.mark.timeout(300)
+def test_a_client_that_disconnects_cancels_its_work_in_the_replica(heavy: str) -> None:
+    """The client of a long request leaves: Ray cancels the gateway's call and the replica's, the replica's app is
+    told the client has gone (499, as in one process) and its work stops, so the next request is answered soon."""
+    body = {"q": [f"{TEXTS[i % 24]} {i}" for i in range(256)], "beams": 8}  # ~20 s of work on one core
+    assert _post(heavy, {"q": "a", "max_new_tokens": 3}).status_code == 200  # warm
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{heavy}/translate", json=body, timeout=1.0)  # closes its connection
+    started = time.monotonic()
+    small = httpx.post(f"{heavy}/translate", json={"q": "a"}, timeout=60)
+    took = time.monotonic() - started
+    assert small.status_code == 200, small.text
+    assert took < 8, took  # the heavy request's work stopped (within the replica's grace: 5 s)
+    counted = _eventually(lambda: _metric(heavy, "onnxmt_requests_total", path="/translate", status="499") == 1)
+    lines = [line for line in httpx.get(f"{heavy}/metrics").text.splitlines() if "requests_total" in line]
+    assert counted, lines
+
+
 @pytest.mark.timeout(300)
 def test_a_killed_replica_is_replaced(deployed: str, target: str) -> None:
     """A replica SIGKILLed while requests are in flight: every request is answered 200 (the gateway sends those
@@ -168,7 +234,7 @@ def test_app_builder_reads_serve_run_arguments(tiny_onnx_dir: Path) -> None:
     app = app_builder({"model_dir": str(tiny_onnx_dir), "replicas": "2", "max_batch_size": "4", "beams": "2"})
     deployment = app._bound_deployment.init_args[0]._bound_deployment  # behind the gateway
     assert deployment.num_replicas == 2 and deployment.max_ongoing_requests == 8
-    model_dirs, options, runtime, decoding = deployment.init_args
+    model_dirs, options, runtime, decoding, _board = deployment.init_args
     assert model_dirs == [str(tiny_onnx_dir)] and options.max_batch_size == 4
     assert (runtime.threads, decoding.beams) == (1, 2)
     scaled = app_builder({"model_dirs": [str(tiny_onnx_dir)], "min_replicas": 1, "max_replicas": "3"})

@@ -193,6 +193,22 @@ class _BeamCohort(_Cohort):
         return _Advance(rows.reshape(n, k)[live].reshape(-1), live)
 
 
+def _layout(cohorts: list[_Cohort], spans: list[slice], advances: list[_Advance]) -> list[int]:
+    """The cohorts left after a step, in their new order (by index before it): as they were, except that the
+    physically last cohort takes the place of one that left entirely, when it has as many rows, so that its rows
+    are the only ones that move instead of every row after the gap (rows must be contiguous per cohort; which
+    cohort comes first does not matter). Under one-text requests most cohorts have the same number of rows."""
+    anchors = {j: j for j, cohort in enumerate(cohorts) if cohort.sentences}  # j -> the place it takes
+    for gone in (j for j, cohort in enumerate(cohorts) if not cohort.sentences):
+        if not anchors:
+            break
+        last = max(anchors, key=anchors.__getitem__)
+        size = spans[gone].stop - spans[gone].start
+        if anchors[last] > gone and len(advances[last].rows) == size == spans[last].stop - spans[last].start:
+            anchors[last] = gone
+    return sorted(anchors, key=anchors.__getitem__)
+
+
 def _merged(joining: list[_Joining]) -> list[_Joining]:
     """Texts admitted at one step with one setting, as one cohort: one processors pass, one search step and one
     encoder call for all of them (many requests of one text each join together under load)."""
@@ -295,15 +311,15 @@ class RunningBatch:
         step = Step()
         counts = [c.sentences for c in self.cohorts]  # before the step
         advances = self._greedy(logits, spans, step) if self.beams == 1 else self._beam(logits, spans, step)
-        rows, sentences = [], []
-        sentence0 = 0
-        for count, span, advance in zip(counts, spans, advances, strict=True):
-            rows.append(advance.rows + span.start)
-            sentences.append(advance.sentences + sentence0)
-            sentence0 += count
-        self.cohorts = [c for c in self.cohorts if c.sentences]
+        starts = np.cumsum([0, *counts[:-1]])  # each cohort's first sentence before the step
+        order = _layout(self.cohorts, spans, advances)
         # Beams reordered, finished rows gone; a collapsed cohort's one row per sentence becomes its beams' rows.
-        self.slots.keep(np.concatenate(rows), np.concatenate(sentences))
+        rows = [advances[j].rows + spans[j].start for j in order]
+        sentences = [advances[j].sentences + starts[j] for j in order]
+        self.cohorts = [self.cohorts[j] for j in order]
+        self.slots.keep(
+            np.concatenate(rows or [np.zeros(0, np.int64)]), np.concatenate(sentences or [np.zeros(0, np.int64)])
+        )
         return step
 
     def _greedy(self, logits: np.ndarray, spans: list[slice], step: Step) -> list[_Advance]:

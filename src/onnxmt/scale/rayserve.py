@@ -12,8 +12,12 @@ running on a replica that dies: measured in tests/scale/test_rayserve.py and doc
 Three ways in: `onnxmt serve DIR --ray --replicas N`; `serve run onnxmt.scale.rayserve:app_builder model_dir=DIR`;
 a Serve config file whose `import_path` is `onnxmt.scale.rayserve:app_builder` (docs/scale-out.md).
 
-What is per replica, not per deployment: /metrics (the replica that answers shows its own counters), the
-translation cache, and the models a multi-model replica has loaded.
+`/metrics` is the deployment's: each replica pushes its counters to a third deployment, `MetricsBoard`, every
+METRICS_PUSH_SECONDS, and the gateway answers /metrics with their sum over the replicas (counters, histograms and
+gauges added up; `onnxmt_replicas_reporting` says how many replicas it summed). A client that disconnects cancels
+its request in the replica that holds it: Ray cancels the gateway's call and its call to the replica, and the
+replica tells its app that the client has gone, so the work stops and the request is counted as 499, as in one
+process. What is per replica: the translation cache, and the models a multi-model replica has loaded.
 """
 
 from __future__ import annotations
@@ -88,19 +92,41 @@ class Replica:
         options: ServeOptions,
         runtime: RuntimeOptions,
         decoding: DecodeOptions,
+        board: Any = None,
     ) -> None:
+        import asyncio
+        import uuid
+
         from ..serve.app import create_app
 
         self.app: FastAPI = create_app(model_dirs, options, runtime, decoding)
         self.service = self.app.state.service
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()
+        self._board, self._id = board, uuid.uuid4().hex
+        self._pushing = asyncio.ensure_future(self._push()) if board is not None else None
 
     async def __del__(self) -> None:
         """Ray calls this when it stops the replica, after the requests it holds are answered."""
+        pushing = getattr(self, "_pushing", None)
+        if pushing is not None:
+            pushing.cancel()
+            self._board.drop.remote(self._id)  # not awaited: the board may be stopping too (the app deleted)
         lifespan = getattr(self, "_lifespan", None)  # None: the constructor failed before the service started
         if lifespan is not None:
             await lifespan.__aexit__(None, None, None)
+
+    async def _push(self) -> None:
+        """This replica's /metrics text to the board, every METRICS_PUSH_SECONDS."""
+        import asyncio
+        import logging
+
+        while True:
+            try:
+                await self._board.put.remote(self._id, self.service.metrics.render().decode())
+            except Exception as e:  # the board restarting: the next push makes up for it
+                logging.getLogger("ray.serve").warning("could not push this replica's metrics: %s", e)
+            await asyncio.sleep(METRICS_PUSH_SECONDS)
 
     async def check_health(self) -> None:
         """Ray's health check: it fails while the models cannot be opened or the service stops (Ray then
@@ -111,10 +137,13 @@ class Replica:
             raise RuntimeError(f"onnxmt replica not ready: {reason}")
 
     async def answer(self, scope: dict[str, Any], body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """One HTTP request through the app: (status, headers, body)."""
+        """One HTTP request through the app: (status, headers, body). When Ray cancels this call (the client
+        disconnected from the proxy), the app is told the client has gone, as uvicorn tells it, and given
+        DISCONNECT_GRACE_SECONDS to stop its work and count the request (499)."""
         import asyncio
 
         delivered = False
+        gone = asyncio.Event()
         messages: list[dict[str, Any]] = []
 
         async def receive() -> dict[str, Any]:
@@ -122,13 +151,20 @@ class Replica:
             if not delivered:
                 delivered = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.Event().wait()  # a client that leaves cancels this call at the gateway instead
-            raise AssertionError("unreachable")
+            await gone.wait()
+            return {"type": "http.disconnect"}
 
         async def send(message: MutableMapping[str, Any]) -> None:
             messages.append(dict(message))
 
-        await self.app(scope, receive, send)
+        running = asyncio.ensure_future(self.app(scope, receive, send))
+        try:
+            await asyncio.shield(running)
+        except asyncio.CancelledError:
+            gone.set()
+            await asyncio.wait([running], timeout=DISCONNECT_GRACE_SECONDS)
+            running.cancel()
+            raise
         start = next(m for m in messages if m["type"] == "http.response.start")
         content = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
         return start["status"], list(start.get("headers", [])), content
@@ -144,8 +180,9 @@ class Gateway:
     request again, to another replica (a translation has no side effect, so it is safe to repeat), `retries`
     times at most; then 503. Ray's own proxy answers such a request 500 and does not repeat it."""
 
-    def __init__(self, replicas: Any, max_body_bytes: int, retries: int = 3) -> None:
+    def __init__(self, replicas: Any, max_body_bytes: int, board: Any = None, retries: int = 3) -> None:
         self.replicas = replicas
+        self.board = board
         self.max_body_bytes = max_body_bytes
         self.retries = retries
         self.repeated = 0  # requests sent again after their replica died
@@ -185,6 +222,13 @@ class Gateway:
         forwarded["client"] = tuple(scope["client"]) if scope.get("client") else None
         forwarded["server"] = tuple(scope["server"]) if scope.get("server") else None
         status, headers, body = await self._forward(forwarded, b"".join(chunks))
+        path = str(scope.get("path", ""))
+        path = path[len(scope.get("root_path", "")) :] if path.startswith(scope.get("root_path", "")) else path
+        if status == 200 and path == "/metrics" and self.board is not None:
+            # A replica answered (it checks access as the app does); the answer is every replica's, summed.
+            body = merged_metrics(await self.board.texts.remote())
+            headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -207,6 +251,69 @@ class Gateway:
         message = json.dumps({"error": f"the replicas died {self.retries + 1} times while translating; retry later"})
         headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
         return 503, headers, message.encode()
+
+
+# How often each replica pushes its metrics to the board: /metrics lags the replicas by at most this.
+METRICS_PUSH_SECONDS = 1.0
+# A replica silent this long (killed, not stopped) leaves the sum.
+METRICS_STALE_SECONDS = 30.0
+# How long a replica gives a request whose client disconnected to stop its work and be counted.
+DISCONNECT_GRACE_SECONDS = 5.0
+
+
+class MetricsBoard:
+    """Each replica's /metrics text as it last pushed it (one replica of this deployment, no CPU)."""
+
+    def __init__(self) -> None:
+        self._texts: dict[str, tuple[float, str]] = {}
+
+    def put(self, replica: str, text: str) -> None:
+        self._texts[replica] = (time.monotonic(), text)
+
+    def drop(self, replica: str) -> None:
+        self._texts.pop(replica, None)
+
+    def texts(self) -> list[str]:
+        now = time.monotonic()
+        self._texts = {k: (t, text) for k, (t, text) in self._texts.items() if now - t < METRICS_STALE_SECONDS}
+        return [text for _, text in self._texts.values()]
+
+
+def merged_metrics(texts: Sequence[str]) -> bytes:
+    """Prometheus texts of several replicas as one: every sample (name and labels) summed over them; the process's
+    own families (process_*, python_*) left out, which do not add up. `onnxmt_replicas_reporting` counts them."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            if family.name.startswith(("process_", "python_")):
+                continue
+            families.setdefault(family.name, family)
+            sums = values.setdefault(family.name, {})
+            for point in family.samples:
+                key = (point.name, tuple(sorted(point.labels.items())))
+                sums[key] = sums.get(key, 0.0) + point.value
+    merged = []
+    for name, family in families.items():
+        out = Metric(name, family.documentation, family.type)
+        for (sample_name, labels), value in values[name].items():
+            out.add_sample(sample_name, dict(labels), value)
+        merged.append(out)
+    replicas = GaugeMetricFamily("onnxmt_replicas_reporting", "Replicas whose metrics this answer sums.")
+    replicas.add_metric([], len(texts))
+    merged.append(replicas)
+
+    class Collected:
+        def collect(self) -> list[Metric]:
+            return merged
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collected())
+    return generate_latest(registry)
 
 
 def application(
@@ -242,9 +349,10 @@ def application(
         }
     else:
         settings["num_replicas"] = scaling.replicas
-    replicas = serve.deployment(Replica, **settings).bind([str(d) for d in given], options, runtime, decoding)
+    board = serve.deployment(MetricsBoard, name="metrics", ray_actor_options={"num_cpus": 0}).bind()
+    replicas = serve.deployment(Replica, **settings).bind([str(d) for d in given], options, runtime, decoding, board)
     gateway = serve.deployment(serve.ingress()(Gateway), name="gateway", ray_actor_options={"num_cpus": 0})
-    return gateway.bind(replicas, options.max_body_bytes)
+    return gateway.bind(replicas, options.max_body_bytes, board)
 
 
 def run(

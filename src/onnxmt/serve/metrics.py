@@ -136,7 +136,10 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"] if scope["path"] in self.paths else "other"
+        # Behind a route prefix (Ray Serve's route_prefix, a proxy's root_path) the path includes the prefix.
+        root = scope.get("root_path", "")
+        route = scope["path"][len(root) :] if root and scope["path"].startswith(root) else scope["path"]
+        path = route if route in self.paths else "other"
         started = time.perf_counter()
         status = 500  # what the client sees if the app raises before answering
 
