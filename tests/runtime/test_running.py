@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from onnxmt import Translator
+from onnxmt.runtime.cancel import CancelToken
 from onnxmt.runtime.running import RunningBatch
 from onnxmt.runtime.translator import Prepared
 from onnxmt.testing import generate_corpus
@@ -152,3 +153,42 @@ def test_old_decoders_are_refused(tiny_concat_onnx_dir: Path) -> None:
     translator = Translator(tiny_concat_onnx_dir)
     with pytest.raises(ValueError, match="one cache length per row"):
         RunningBatch(translator.graphs, 1, 0)
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_a_refilled_batch_translates_as_fixed_batches_within_the_limits(
+    tiny_multi_onnx_dir: Path, beams: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`generate(refill=True)`: one running batch the next texts join as others finish, never more than
+    batch_size texts nor more than max_batch_cost running; the same translations as sorted fixed batches (fp32);
+    a text cancelled before its turn is never started."""
+    translator = Translator(tiny_multi_onnx_dir)
+    targets = ["cmn_Hans", "yue_Hant", "cmn_Hant"]
+    texts = ENGLISH[:18]
+    prepared = translator.prepare(
+        texts, beams=beams, max_new_tokens=14, target_lang=[targets[i % 3] for i in range(len(texts))]
+    )
+    fixed = {e.index: e.translation for e in translator.generate(prepared, batch_size=4) if e.translation}
+    running: list[int] = []
+    step = RunningBatch.step
+
+    def counted(self: RunningBatch) -> object:
+        running.append(self.texts)
+        return step(self)
+
+    monkeypatch.setattr(RunningBatch, "step", counted)
+    gone = CancelToken()
+    gone.cancel()
+    cancel = [gone if i == 7 else None for i in range(len(texts))]
+    events = list(translator.generate(prepared, batch_size=4, refill=True, cancel=cancel))
+    refilled = {e.index: e.translation for e in events if e.translation}
+    assert sorted(refilled) == list(range(len(texts)))
+    assert refilled[7].cancelled and refilled[7].token_ids == []
+    for i in set(range(len(texts))) - {7}:
+        assert refilled[i].token_ids == fixed[i].token_ids, i
+    assert max(running) == 4 and len(running) < sum(len(t.token_ids) for t in fixed.values())  # shared steps
+    # A cost budget of twice the cheapest text: never three running (a text alone always fits).
+    running.clear()
+    budget = 2 * min(p.cost for p in prepared)
+    list(translator.generate(prepared, batch_size=16, max_batch_cost=budget, refill=True))
+    assert 1 <= max(running) <= 2

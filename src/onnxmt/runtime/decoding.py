@@ -330,7 +330,6 @@ def greedy_search(
     totals = np.zeros(batch, dtype=np.float32)
     lengths = np.full(batch, s.max_length, dtype=np.int64)
     active = np.arange(batch)  # rows still generating; finished rows leave the decoder batch
-    eos = np.array(s.eos_ids)
     gone = np.zeros(batch, dtype=bool)  # rows that left because their request was cancelled
     cancelled = cancelled or _none_cancelled(batch)
     for cur_len in range(1, s.max_length):
@@ -344,7 +343,7 @@ def greedy_search(
         sequences[active, cur_len] = chosen
         yield active, chosen  # (active,) rows and the token each took
         # Rows that produced eos, or reached the length limit, are done; so are rows nobody waits for any more.
-        done = np.isin(chosen, eos) | (cur_len + 1 >= s.max_length)
+        done = is_eos(chosen, s.eos_ids) | (cur_len + 1 >= s.max_length)
         dropped = cancelled()[active] & ~done
         gone[active[dropped]] = True
         done |= dropped
@@ -459,31 +458,38 @@ def _advance(
     """One beam-search step on the candidates' `totals` (n, c) at `flat_ids` (beam * vocab + token, (n, c));
     updates `state`, returns the cache rows to keep."""
     n, k = state.running_scores.shape
+    rows = np.arange(n)[:, None]  # plain fancy indexing: take_along_axis's own overhead is most of its cost here
     # Top continuations over all beams of a sentence; ties go to the lower beam*vocab+token, as over the full row.
     order = topk(totals, keep, tiebreak=flat_ids)  # (n, keep)
-    top = np.take_along_axis(flat_ids, order, axis=1)
-    top_scores = np.take_along_axis(totals, order, axis=1)
+    top = flat_ids[rows, order]
+    top_scores = totals[rows, order]
     source, token = top // vocab, top % vocab  # beam each continuation extends, and its new token
-    candidates = np.take_along_axis(state.running, source[:, :, None], axis=1)  # (n, keep, max_length)
+    candidates = state.running[rows, source]  # (n, keep, max_length)
     candidates[:, :, cur_len] = token
-    hits = np.isin(token, s.eos_ids) | (cur_len + 1 >= s.max_length)  # (n, keep)
+    hits = is_eos(token, s.eos_ids) | (cur_len + 1 >= s.max_length)  # (n, keep)
 
     # Live beams for the next step: the best k continuations that did not just finish.
     live_scores = top_scores + hits.astype(np.float32) * BEAM_FLOOR
     best = topk(live_scores, k)  # (n, k)
-    state.running = np.take_along_axis(candidates, best[:, :, None], axis=1)
-    state.running_scores = np.take_along_axis(live_scores, best, axis=1)
-    cache_rows = (np.arange(n)[:, None] * k + np.take_along_axis(source, best, axis=1)).reshape(-1)
+    state.running = candidates[rows, best]
+    state.running_scores = live_scores[rows, best]
+    cache_rows = (rows * k + source[rows, best]).reshape(-1)
 
     _update_finished(state, candidates, top_scores, hits, cur_len, s)
     _update_improvable(state, cur_len + 1, s)
     return cache_rows
 
 
+def is_eos(tokens: np.ndarray, eos_ids: Sequence[int]) -> np.ndarray:
+    """Which `tokens` end a text: one comparison for one end token (np.isin sorts, for every call)."""
+    return tokens == eos_ids[0] if len(eos_ids) == 1 else np.isin(tokens, eos_ids)
+
+
 def _update_finished(
     state: _Beams, candidates: np.ndarray, top_scores: np.ndarray, hits: np.ndarray, cur_len: int, s: Settings
 ) -> None:
     k = state.finished_scores.shape[1]
+    rows = np.arange(len(hits))[:, None]
     # Only the top k of the kept continuations may become finished hypotheses.
     just_finished = hits & (np.arange(hits.shape[1]) < k)[None, :]
     normalised = top_scores / np.float32(cur_len**s.length_penalty)
@@ -492,9 +498,9 @@ def _update_finished(
     normalised = normalised + (~just_finished) * BEAM_FLOOR
     merged_scores = np.concatenate([state.finished_scores, normalised.astype(np.float32)], axis=1)
     best = topk(merged_scores, k)
-    state.finished = np.take_along_axis(np.concatenate([state.finished, candidates], axis=1), best[:, :, None], axis=1)
-    state.finished_scores = np.take_along_axis(merged_scores, best, axis=1)
-    state.is_finished = np.take_along_axis(np.concatenate([state.is_finished, just_finished], axis=1), best, axis=1)
+    state.finished = np.concatenate([state.finished, candidates], axis=1)[rows, best]
+    state.finished_scores = merged_scores[rows, best]
+    state.is_finished = np.concatenate([state.is_finished, just_finished], axis=1)[rows, best]
 
 
 def _update_improvable(state: _Beams, cur_len: int, s: Settings) -> None:

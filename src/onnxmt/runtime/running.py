@@ -32,6 +32,7 @@ from .decoding import (
     build_processors,
     forced_bos_rows,
     initial_beams,
+    is_eos,
     pad_batch,
 )
 from .graphs import Graphs
@@ -117,7 +118,6 @@ class _GreedyCohort(_Cohort):
         self.sequences[:, 0] = s.decoder_start
         self.totals = np.zeros(n, dtype=np.float32)
         self.active = np.arange(n)  # texts still generating, in row order
-        self.eos = np.array(s.eos_ids)
 
     @property
     def rows(self) -> int:
@@ -137,7 +137,7 @@ class _GreedyCohort(_Cohort):
         self.totals[active] += log_probs
         self.sequences[active, cur_len] = chosen
         step.tokens += [(self.keys[i], t) for i, t in zip(active.tolist(), chosen.tolist(), strict=True)]
-        done = np.isin(chosen, self.eos) | (cur_len + 1 >= s.max_length)
+        done = is_eos(chosen, s.eos_ids) | (cur_len + 1 >= s.max_length)
         dropped = self.cancelled()[active] & ~done
         for i, gone in zip(active[done | dropped].tolist(), dropped[done | dropped].tolist(), strict=True):
             tokens = self.sequences[i, 1 : cur_len + 1].tolist()
