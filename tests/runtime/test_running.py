@@ -24,7 +24,7 @@ def _run(translator: Translator, joins: Sequence[tuple[int, list[Prepared]]], be
     results: dict[object, list] = {}
     pending = sorted(joins, key=lambda join: join[0])
     step, group = 0, 0
-    rows_seen, capacities = [], []
+    rows_seen, capacities, cohorts = [], [], []
     while pending or batch.rows:
         while pending and pending[0][0] <= step:
             _, items = pending.pop(0)
@@ -37,9 +37,11 @@ def _run(translator: Translator, joins: Sequence[tuple[int, list[Prepared]]], be
                 results[key] = hypotheses
             if batch.slots is not None:
                 capacities.append(batch.slots.capacity)
+            cohorts.append(len(batch.cohorts))
         step += 1
     results["rows"] = rows_seen
     results["capacities"] = capacities
+    results["cohorts"] = cohorts
     return results
 
 
@@ -127,6 +129,22 @@ def test_forced_target_languages_mix_in_a_running_batch(tiny_nllb_onnx_dir: Path
         for g, (_, items) in enumerate(groups):
             for i, prepared in enumerate(items):
                 assert results[(g, i)][0].tokens == _alone(translator, prepared)[0], (beams, g, i)
+
+
+def test_greedy_texts_of_one_setting_joining_one_by_one_run_as_one_cohort(tiny_nllb_onnx_dir: Path) -> None:
+    """One-text requests of one setting joining at every step (what a service under load sees), each with its own
+    target language: one cohort whose texts are at different lengths, each text what it is alone."""
+    translator = Translator(tiny_nllb_onnx_dir)
+    languages = ["zho_Hans", "fra_Latn", "deu_Latn"]
+    groups = [
+        (step, translator.prepare([ENGLISH[step]], source_lang="eng_Latn", target_lang=languages[step % 3],
+                                  beams=1, max_new_tokens=10))
+        for step in range(12)
+    ]  # fmt: skip
+    results = _run(translator, groups, beams=1)
+    for g, (_, (prepared,)) in enumerate(groups):
+        assert results[(g, 0)][0].tokens == _alone(translator, prepared)[0], g
+    assert max(results["cohorts"]) == 1 and max(results["rows"]) >= 5
 
 
 def test_a_cancelled_text_leaves_at_the_next_step_and_the_others_are_unchanged(tiny_onnx_dir: Path) -> None:

@@ -112,40 +112,92 @@ class _Cohort:
 
 
 class _GreedyCohort(_Cohort):
+    """Greedy texts of one setting, each at its own length: texts that join later with the same setting are merged
+    into the running cohort (`merge`), so that a step's bookkeeping is one set of array operations for all of them,
+    not one per request. The processors run on each run of rows of one length, with that run's history, as they
+    would alone. Arrays hold the texts still running only; a text that
+    leaves gives its row to the last one (`_filled`)."""
+
     def _start(self) -> None:
         n, s = len(self.keys), self.s
         self.sequences = np.full((n, s.max_length), s.pad, dtype=np.int64)  # (n, max_length)
         self.sequences[:, 0] = s.decoder_start
+        self.lengths = np.ones(n, dtype=np.int64)  # tokens so far, the decoder start counted
         self.totals = np.zeros(n, dtype=np.float32)
-        self.active = np.arange(n)  # texts still generating, in row order
+        self.polls = [(self.cancelled, i) for i in range(n)]  # each text's request poll, and its place in it
+        self.forced: np.ndarray | None = None  # each text's forced first token, where texts have their own
 
     @property
     def rows(self) -> int:
-        return len(self.active)
+        return len(self.keys)
 
     @property
     def sentences(self) -> int:
-        return len(self.active)
+        return len(self.keys)
 
     def history(self) -> np.ndarray:
-        return self.sequences[self.active, : self.cur_len]
+        raise AssertionError("greedy texts have a length each: see `process`")
+
+    def inputs(self) -> np.ndarray:
+        return self.sequences[np.arange(len(self.keys)), self.lengths - 1][:, None]
+
+    def merges(self, other: _GreedyCohort) -> bool:
+        return other.s == self.s and (other.forced is None) == (self.forced is None)
+
+    def merge(self, other: _GreedyCohort) -> None:
+        """`other`'s texts (just admitted) after this cohort's."""
+        self.keys += other.keys
+        self.sequences = np.concatenate([self.sequences, other.sequences])
+        self.lengths = np.concatenate([self.lengths, other.lengths])
+        self.totals = np.concatenate([self.totals, other.totals])
+        self.polls += other.polls
+        if self.forced is not None and other.forced is not None:
+            self.forced = np.concatenate([self.forced, other.forced])
+
+    def process(self, logits: np.ndarray) -> None:
+        """The processors on each run of texts of one length, with that run's history (and its forced tokens)."""
+        bounds = np.flatnonzero(np.diff(self.lengths)) + 1
+        for start, stop in zip([0, *bounds.tolist()], [*bounds.tolist(), len(self.keys)], strict=True):
+            length = int(self.lengths[start])
+            processors = self.processors
+            if length == 1 and self.forced is not None:
+                processors = build_processors(self.s, None, self.forced[start:stop])
+            _apply(processors, self.sequences[start:stop, :length], logits[start:stop])
+
+    def _cancelled(self) -> np.ndarray:
+        polled: dict[int, np.ndarray] = {}
+        return np.array([polled.setdefault(id(poll), poll())[i] for poll, i in self.polls], dtype=bool)
 
     def advance(self, chosen: np.ndarray, log_probs: np.ndarray, step: Step) -> _Advance:
         """As `greedy_search`'s step, for this cohort's rows: the tokens they chose from their processed logits and
         those tokens' log-probabilities."""
-        s, active, cur_len = self.s, self.active, self.cur_len
-        self.totals[active] += log_probs
-        self.sequences[active, cur_len] = chosen
-        step.tokens += [(self.keys[i], t) for i, t in zip(active.tolist(), chosen.tolist(), strict=True)]
-        done = is_eos(chosen, s.eos_ids) | (cur_len + 1 >= s.max_length)
-        dropped = self.cancelled()[active] & ~done
-        for i, gone in zip(active[done | dropped].tolist(), dropped[done | dropped].tolist(), strict=True):
-            tokens = self.sequences[i, 1 : cur_len + 1].tolist()
-            step.finished.append((self.keys[i], [Hypothesis(tokens, float(self.totals[i]), gone)]))
-        keep = np.flatnonzero(~(done | dropped))
-        self.active = active[keep]
-        self.cur_len += 1
+        s, n = self.s, len(self.keys)
+        self.totals += log_probs
+        self.sequences[np.arange(n), self.lengths] = chosen
+        step.tokens += list(zip(self.keys, chosen.tolist(), strict=True))
+        done = is_eos(chosen, s.eos_ids) | (self.lengths + 1 >= s.max_length)
+        dropped = self._cancelled() & ~done
+        for i in np.flatnonzero(done | dropped).tolist():
+            tokens = self.sequences[i, 1 : self.lengths[i] + 1].tolist()
+            step.finished.append((self.keys[i], [Hypothesis(tokens, float(self.totals[i]), bool(dropped[i]))]))
+        self.lengths += 1
+        keep = _filled(done | dropped)
+        if len(keep) < n:
+            self.keys = [self.keys[i] for i in keep.tolist()]
+            self.sequences, self.lengths, self.totals = self.sequences[keep], self.lengths[keep], self.totals[keep]
+            self.polls = [self.polls[i] for i in keep.tolist()]
+            self.forced = None if self.forced is None else self.forced[keep]
         return _Advance(keep, keep)
+
+
+def _filled(gone: np.ndarray) -> np.ndarray:
+    """The rows left when the rows `gone` (bool) leave, each gap taken by one of the last rows: only those move
+    in the cache, where closing up in order would move every row after the first gap (in a cohort the oldest texts,
+    at the front, finish first). Row order within a greedy cohort does not matter."""
+    left = len(gone) - int(gone.sum())
+    order = np.arange(left)
+    order[np.flatnonzero(gone[:left])] = np.flatnonzero(~gone[left:]) + left
+    return order
 
 
 class _BeamCohort(_Cohort):
@@ -289,9 +341,17 @@ class RunningBatch:
             if self.beams > 1 and not collapsed:  # its first step on every beam: each row's forced token is its own
                 cache = cache.expand_beams(self.beams)
                 forced = None if forced is None else np.repeat(forced, self.beams)
-            kind = _GreedyCohort if self.beams == 1 else _BeamCohort
             processors = build_processors(settings, None, forced)  # renormalised by `step`, for all rows at once
-            self.cohorts.append(kind(join.keys, settings, processors, join.cancelled, collapsed=collapsed))
+            if self.beams > 1:
+                self.cohorts.append(_BeamCohort(join.keys, settings, processors, join.cancelled, collapsed=collapsed))
+            else:
+                cohort = _GreedyCohort(join.keys, settings, processors, join.cancelled)
+                cohort.forced = forced
+                last = self.cohorts[-1] if self.cohorts else None
+                if isinstance(last, _GreedyCohort) and last.merges(cohort):
+                    last.merge(cohort)  # its rows are the last ones: the slots append this cohort's after them
+                else:
+                    self.cohorts.append(cohort)
             if self.slots is None:
                 self.slots = CacheSlots.like(cache)
             self.slots.add(cache)
@@ -325,7 +385,7 @@ class RunningBatch:
     def _greedy(self, logits: np.ndarray, spans: list[slice], step: Step) -> list[_Advance]:
         """Every cohort's processors on its rows' logits; then the argmax and the log-softmax of all rows at once."""
         for cohort, span in zip(self.cohorts, spans, strict=True):
-            _apply(cohort.processors, cohort.history(), logits[span])
+            cast(_GreedyCohort, cohort).process(logits[span])
         chosen = logits.argmax(axis=-1)
         log_probs = self.graphs.ops.log_softmax_inplace(logits)  # the logits are not needed any more
         picked = np.take_along_axis(log_probs, chosen[:, None], axis=1)[:, 0]
