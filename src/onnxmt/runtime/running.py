@@ -115,8 +115,8 @@ class _GreedyCohort(_Cohort):
     """Greedy texts of one setting, each at its own length: texts that join later with the same setting are merged
     into the running cohort (`merge`), so that a step's bookkeeping is one set of array operations for all of them,
     not one per request. The processors run on each run of rows of one length, with that run's history, as they
-    would alone. Arrays hold the texts still running only; a text that
-    leaves gives its row to the last one (`_filled`)."""
+    would alone. Arrays hold the texts still running only; a text that leaves gives its row to the last one
+    (`_filled`)."""
 
     def _start(self) -> None:
         n, s = len(self.keys), self.s
@@ -165,8 +165,12 @@ class _GreedyCohort(_Cohort):
             _apply(processors, self.sequences[start:stop, :length], logits[start:stop])
 
     def _cancelled(self) -> np.ndarray:
+        """(rows,) bool: each request's poll called once, each text's flag taken from its request's answer."""
         polled: dict[int, np.ndarray] = {}
-        return np.array([polled.setdefault(id(poll), poll())[i] for poll, i in self.polls], dtype=bool)
+        for poll, _ in self.polls:
+            if id(poll) not in polled:
+                polled[id(poll)] = poll()
+        return np.array([polled[id(poll)][i] for poll, i in self.polls], dtype=bool)
 
     def advance(self, chosen: np.ndarray, log_probs: np.ndarray, step: Step) -> _Advance:
         """As `greedy_search`'s step, for this cohort's rows: the tokens they chose from their processed logits and
