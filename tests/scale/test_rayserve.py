@@ -139,6 +139,7 @@ def _eventually(check: Any, seconds: float = 15.0) -> Any:
 @pytest.mark.timeout(300)
 def test_metrics_are_the_sum_over_the_replicas(deployed: str, target: str) -> None:
     assert _eventually(lambda: _metric(deployed, "onnxmt_replicas_reporting") == 2)
+    assert _metric(deployed, "onnxmt_gateway_repeated_requests_total") == 0
     before = _metric(deployed, "onnxmt_translated_texts_total")
     bodies = [{"q": f"{TEXTS[i % 24]} {i}", "target": target, "max_new_tokens": 8} for i in range(24)]
     with ThreadPoolExecutor(8) as pool:  # concurrent: Ray spreads them over both replicas
@@ -217,6 +218,7 @@ def test_a_killed_replica_is_replaced(deployed: str, target: str) -> None:
     assert before > 0 and statuses.count(200) > before  # the other replica kept answering
     assert set(statuses) == {200}, (counts, errors[:3])
     assert repeated >= 1  # the killed replica held requests: the gateway sent them again
+    assert _metric(deployed, "onnxmt_gateway_repeated_requests_total") == repeated  # and /metrics says so
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # Ray notices the dead actor and starts another

@@ -226,7 +226,7 @@ class Gateway:
         path = path[len(scope.get("root_path", "")) :] if path.startswith(scope.get("root_path", "")) else path
         if status == 200 and path == "/metrics" and self.board is not None:
             # A replica answered (it checks access as the app does); the answer is every replica's, summed.
-            body = merged_metrics(await self.board.texts.remote())
+            body = merged_metrics(await self.board.texts.remote(), self.repeated)
             headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
             headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -279,11 +279,12 @@ class MetricsBoard:
         return [text for _, text in self._texts.values()]
 
 
-def merged_metrics(texts: Sequence[str]) -> bytes:
+def merged_metrics(texts: Sequence[str], repeated: int = 0) -> bytes:
     """Prometheus texts of several replicas as one: every sample (name and labels) summed over them; the process's
-    own families (process_*, python_*) left out, which do not add up. `onnxmt_replicas_reporting` counts them."""
+    own families (process_*, python_*) left out, which do not add up. `onnxmt_replicas_reporting` counts them;
+    `onnxmt_gateway_repeated_requests_total` is `repeated`, the requests the gateway sent again."""
     from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
     from prometheus_client.parser import text_string_to_metric_families
 
     families: dict[str, Metric] = {}
@@ -306,6 +307,11 @@ def merged_metrics(texts: Sequence[str]) -> bytes:
     replicas = GaugeMetricFamily("onnxmt_replicas_reporting", "Replicas whose metrics this answer sums.")
     replicas.add_metric([], len(texts))
     merged.append(replicas)
+    again = CounterMetricFamily(
+        "onnxmt_gateway_repeated_requests", "Requests the gateway sent again after their replica died."
+    )
+    again.add_metric([], repeated)
+    merged.append(again)
 
     class Collected:
         def collect(self) -> list[Metric]:
