@@ -11,16 +11,22 @@ import pytest
 
 from onnxmt import Translator
 from onnxmt.runtime.cancel import CancelToken
-from onnxmt.runtime.running import RunningBatch
+from onnxmt.runtime.running import RunningBatch, encode_texts
 from onnxmt.runtime.translator import Prepared
 from onnxmt.testing import generate_corpus
 
 ENGLISH = generate_corpus(31, lines=40)[0]
 
 
-def _run(translator: Translator, joins: Sequence[tuple[int, list[Prepared]]], beams: int) -> dict[object, list]:
-    """Admit each group of prepared texts at its step; step until every text is done. Keys: (group, index)."""
-    batch = RunningBatch(translator.graphs, beams, translator.manifest.tokens["pad"])
+def _run(
+    translator: Translator, joins: Sequence[tuple[int, list[Prepared]]], beams: int, ahead: bool = False
+) -> dict[object, list]:
+    """Admit each group of prepared texts at its step; step until every text is done. Keys: (group, index).
+    `ahead`: every text encoded at the start, in one call (as the service encodes requests waiting for a place),
+    and admitted with its encoding."""
+    pad = translator.manifest.tokens["pad"]
+    batch = RunningBatch(translator.graphs, beams, pad)
+    encoded = iter(encode_texts(translator.graphs, pad, [p.ids for _, items in joins for p in items]) if ahead else [])
     results: dict[object, list] = {}
     pending = sorted(joins, key=lambda join: join[0])
     step, group = 0, 0
@@ -29,7 +35,9 @@ def _run(translator: Translator, joins: Sequence[tuple[int, list[Prepared]]], be
         while pending and pending[0][0] <= step:
             _, items = pending.pop(0)
             keys = [(group, i) for i in range(len(items))]
-            batch.admit([p.ids for p in items], items[0].settings, keys, [p.prompt.forced_bos for p in items])
+            caches = [next(encoded) for _ in items] if ahead else None
+            forced = [p.prompt.forced_bos for p in items]
+            batch.admit([p.ids for p in items], items[0].settings, keys, forced, encoded=caches)
             group += 1
         if batch.rows:
             rows_seen.append(batch.rows)
@@ -60,11 +68,14 @@ def per_row_int8_dir(tiny_multi_onnx_dir: Path, tmp_path_factory: pytest.TempPat
     return out
 
 
+@pytest.mark.parametrize("encoded", ["joining", "ahead"])
 @pytest.mark.parametrize("precision", ["fp32", "int8-rows"])
 @pytest.mark.parametrize("beams", [1, 3])
 def test_texts_joining_mid_batch_translate_as_alone(
-    tiny_multi_onnx_dir: Path, per_row_int8_dir: Path, beams: int, precision: str
+    tiny_multi_onnx_dir: Path, per_row_int8_dir: Path, beams: int, precision: str, encoded: str
 ) -> None:
+    """`encoded`: each group encoded as it joins, or all texts encoded together before any joins (padded to the
+    longest of all, in groups by length)."""
     translator = Translator(tiny_multi_onnx_dir if precision == "fp32" else per_row_int8_dir)
     # Groups of different lengths, settings and target languages joining at different steps; short ones leave early.
     groups = [
@@ -77,7 +88,7 @@ def test_texts_joining_mid_batch_translate_as_alone(
         (9, translator.prepare([ENGLISH[7] * 3], beams=beams, max_new_tokens=30, target_lang="cmn_Hans")),
         (9, translator.prepare(ENGLISH[8:10], beams=beams, max_new_tokens=3, target_lang="cmn_Hans")),
     ]
-    results = _run(translator, groups, beams)
+    results = _run(translator, groups, beams, ahead=encoded == "ahead")
     for g, (_, items) in enumerate(groups):
         for i, prepared in enumerate(items):
             (hypothesis,) = results[(g, i)]

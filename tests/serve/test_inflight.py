@@ -76,3 +76,27 @@ def test_info_says_whether_a_model_runs_in_flight(form: str, tiny_onnx_dir: Path
     assert info["batching"]["in_flight"] is (form == "rows")
     expected = Translator(directory).translate(TEXTS[:4], beams=2, max_new_tokens=12)
     assert answer.json()["translatedText"] == [t.text for t in expected]
+
+
+def test_requests_waiting_for_a_place_are_encoded_together(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    """16 one-text requests at once into 4 places: those waiting are encoded in the call of the first that joins
+    (fewer encoder calls than texts, every text encoded once), and each answer is the library's for its text."""
+    server = start_server(tiny_onnx_dir, tmp_path, max_batch_size=4, max_request_cost=0, max_batch_cost=0)
+    texts = TEXTS[10:26]
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            body = {"beams": 1, "max_new_tokens": 40}
+            return await asyncio.gather(*(client.post("/translate", json={"q": t, **body}) for t in texts))
+
+    try:
+        answers = asyncio.run(run())
+        metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    finally:
+        assert server.stop() == 0, server.logs()
+    assert all(r.status_code == 200 for r in answers)
+    translator = Translator(tiny_onnx_dir)
+    expected = [translator.translate([t], beams=1, max_new_tokens=40)[0].text for t in texts]
+    assert [r.json()["translatedText"] for r in answers] == expected
+    assert metric_sample(metrics, "onnxmt_encoder_texts_sum", model="model") == len(texts)
+    assert metric_sample(metrics, "onnxmt_encoder_texts_count", model="model") < len(texts) / 2

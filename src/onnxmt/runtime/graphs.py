@@ -292,7 +292,7 @@ class Graphs:
         self.heads = int(manifest.model["num_heads"])
         self.head_dim = int(manifest.model["head_dim"])
 
-    def _empty_self_kv(self, rows: int, capacity: int = 0) -> tuple[np.ndarray, ...]:
+    def empty_self_kv(self, rows: int, capacity: int = 0) -> tuple[np.ndarray, ...]:
         """Per layer key, value: (rows, heads, capacity, head_dim) zeros, each its own array (buffers are written)."""
         shape = (rows, self.heads, capacity, self.head_dim)
         return tuple(np.zeros(shape, dtype=np.float32) for _ in range(2 * self.layers))
@@ -413,7 +413,7 @@ class OnnxmtGraphs(Graphs):
         # copies one position per row; they grow at the second step (next_capacity).
         return Cache(
             mask=attention_mask,
-            self_kv=self._empty_self_kv(len(input_ids), capacity=1 if self.buffered else 0),
+            self_kv=self.empty_self_kv(len(input_ids), capacity=1 if self.buffered else 0),
             cross_kv=tuple(cross),
             per_sentence=self.per_sentence,
             self_len=np.zeros(len(input_ids), dtype=np.int64) if self.buffered else None,
@@ -507,7 +507,7 @@ class OptimumGraphs(Graphs):
             feed[spec.input_name("use_cache_branch")] = np.array([not first])
         if spec.has_input("past_key.0"):
             rows = len(tokens)
-            self_kv = self._empty_self_kv(rows) if first else cache.self_kv
+            self_kv = self.empty_self_kv(rows) if first else cache.self_kv
             cross_kv = self._placeholder_cross(rows) if first else cache.cross_kv
             feed.update(zip((spec.input_name(r) for r in _kv_roles("past", self.layers)), self_kv, strict=True))
             assert cross_kv is not None
@@ -528,7 +528,7 @@ class OptimumGraphs(Graphs):
 
     def _placeholder_cross(self, rows: int) -> tuple[np.ndarray, ...]:
         # The merged graph's first-step branch ignores its past inputs, but they must be fed.
-        return self._empty_self_kv(rows)
+        return self.empty_self_kv(rows)
 
     def _placeholder_states(self, rows: int) -> np.ndarray:
         # Likewise its later-step branch ignores the encoder states (it has the cross-attention K/V): an empty

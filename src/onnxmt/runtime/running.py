@@ -16,7 +16,7 @@ copies give the same logits.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 import numpy as np
@@ -35,7 +35,7 @@ from .decoding import (
     is_eos,
     pad_batch,
 )
-from .graphs import Graphs
+from .graphs import Cache, Graphs
 from .slots import CacheSlots
 
 
@@ -57,6 +57,7 @@ class _Joining:
     keys: Sequence[object]
     forced_bos: Sequence[int | None]
     cancelled: Callable[[], np.ndarray]
+    caches: list[Cache] | None = None  # each text's encoder cache (`encode_texts`); None: encoded when it joins
 
 
 @dataclass
@@ -284,9 +285,53 @@ def _merged(joining: list[_Joining]) -> list[_Joining]:
                 keys=[key for part in parts for key in part.keys],
                 forced_bos=[f for part in parts for f in (part.forced_bos or [None] * len(part.ids))],
                 cancelled=lambda polls=polls: np.concatenate([poll() for poll in polls]),  # type: ignore[misc]
+                caches=[cache for part in parts for cache in part.caches or []],
             )
         )
     return merged
+
+
+def encode_texts(graphs: Graphs, pad: int, ids: Sequence[Sequence[int]]) -> list[Cache]:
+    """Texts' encoder caches from one encoder call over all of them (`Graphs.encode` groups them by length), each
+    text's its own (one row, cut to its length; views into the call's arrays). A text's is what encoding it alone
+    gives (exact in fp32 and per-row int8). Requests that wait for a place are encoded together this way before
+    they join: one by one, under load, the encoder would run once per text."""
+    if not ids:
+        return []
+    input_ids, mask = pad_batch(ids, pad)
+    cache = graphs.encode(input_ids, mask)
+    assert cache.cross_kv is not None
+    return [
+        replace(
+            cache,
+            mask=cache.mask[i : i + 1, : len(text)],
+            self_kv=(),
+            cross_kv=tuple(a[i : i + 1, :, : len(text)] for a in cache.cross_kv),
+            self_len=None,
+        )
+        for i, text in enumerate(ids)
+    ]
+
+
+def _stacked(graphs: Graphs, caches: list[Cache], max_positions: int) -> Cache:
+    """One cohort's encoder cache from its texts' (`encode_texts`): the source arrays padded to the longest, empty
+    self-attention buffers with room for the first step (as `Graphs.encode` makes them)."""
+    width = max(c.mask.shape[1] for c in caches)
+    mask = np.zeros((len(caches), width), caches[0].mask.dtype)
+    cross = [np.zeros((len(caches), a.shape[1], width, a.shape[3]), a.dtype) for a in caches[0].cross_kv or ()]
+    for i, cache in enumerate(caches):
+        n = cache.mask.shape[1]
+        mask[i, :n] = cache.mask[0]
+        for stacked, part in zip(cross, cache.cross_kv or (), strict=True):
+            stacked[i, :, :n] = part[0]
+    return Cache(
+        mask=mask,
+        self_kv=graphs.empty_self_kv(len(caches), capacity=1),
+        cross_kv=tuple(cross),
+        per_sentence=True,
+        self_len=np.zeros(len(caches), dtype=np.int64),
+        max_positions=max_positions,
+    )
 
 
 class RunningBatch:
@@ -323,24 +368,32 @@ class RunningBatch:
         keys: Sequence[object],
         forced_bos: Sequence[int | None] = (),
         cancelled: Callable[[], np.ndarray] | None = None,
+        encoded: list[Cache] | None = None,
     ) -> None:
-        """Admit texts (their source ids) as one cohort: they are encoded and take their first step with the next
-        `step`. `keys` name them in what `step` returns; `forced_bos`: each text's forced first token (its target
-        language), if any; `cancelled()`: (texts,) bool, polled once a step."""
+        """Admit texts (their source ids) as one cohort: they take their first step with the next `step`. `keys`
+        name them in what `step` returns; `forced_bos`: each text's forced first token (its target language), if
+        any; `cancelled()`: (texts,) bool, polled once a step; `encoded`: their encoder caches (`encode_texts`),
+        if encoded already, else they are encoded with the next step, together with the other texts joining."""
         if settings.num_beams != self.beams:
             raise ValueError(f"this running batch searches with {self.beams} beams, not {settings.num_beams}")
+        if encoded is not None and len(encoded) != len(ids):
+            raise ValueError(f"{len(ids)} texts admitted with {len(encoded)} encoder caches")
         polled = cancelled or (lambda: np.zeros(len(ids), dtype=bool))
-        self._joining.append(_Joining(ids, settings, keys, forced_bos, polled))
+        self._joining.append(_Joining(ids, settings, keys, forced_bos, polled, encoded))
 
     def _join(self) -> None:
-        """The admitted cohorts encoded and added. A lone cohort joining an empty beam batch takes its first step
-        once per sentence (its beams are all the same row then); any other joins on all its beams."""
+        """The admitted cohorts encoded (those not encoded yet in one call) and added. A lone cohort joining an
+        empty beam batch takes its first step once per sentence (its beams are all the same row then); any other
+        joins on all its beams."""
+        missing = [join for join in self._joining if join.caches is None]
+        caches = iter(encode_texts(self.graphs, self.pad, [ids for join in missing for ids in join.ids]))
+        for join in missing:
+            join.caches = [next(caches) for _ in join.ids]
         joining = _merged(self._joining)
         collapsed = self.beams > 1 and not self.cohorts and len(joining) == 1
         for join in joining:
-            input_ids, mask = pad_batch(join.ids, self.pad)
             settings = join.settings
-            cache = self.graphs.encode(input_ids, mask, max_positions=settings.max_length - 1)
+            cache = _stacked(self.graphs, join.caches or [], max_positions=settings.max_length - 1)
             forced = forced_bos_rows(list(join.forced_bos) or [None] * len(join.ids), settings)
             if self.beams > 1 and not collapsed:  # its first step on every beam: each row's forced token is its own
                 cache = cache.expand_beams(self.beams)

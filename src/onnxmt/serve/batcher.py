@@ -26,6 +26,7 @@ from typing import Any
 
 from ..runtime.cancel import CancelToken
 from ..runtime.decoding import Settings
+from ..runtime.graphs import Cache
 from ..runtime.translator import Prepared, Translation
 
 log = logging.getLogger("onnxmt.serve")
@@ -54,6 +55,8 @@ class _Job:
     # Told (text index, token id) of each token a text generates, where the batcher knows them as they come (in
     # flight, greedy); on the event loop.
     on_token: Callable[[int, int], None] | None = field(default=None, repr=False)
+    # In flight: its texts' encoder caches (those with ids), once encoded while it waited for a place.
+    encoded: list[Cache] | None = field(default=None, repr=False)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -23,7 +23,7 @@ import numpy as np
 
 from ..runtime.cancel import CancelToken
 from ..runtime.decoding import Hypothesis
-from ..runtime.running import RunningBatch
+from ..runtime.running import RunningBatch, encode_texts
 from ..runtime.translator import Translation, Translator
 from .batcher import MicroBatcher, _Job
 
@@ -44,6 +44,7 @@ class StepStats:
     admitted_requests: int = 0
     admitted_texts: int = 0
     join_waits: list[float] = field(default_factory=list)
+    encoded_texts: int = 0  # texts encoded in one call (admitted and waiting ones), 0: no encoder call
 
 
 @dataclass
@@ -54,6 +55,7 @@ class _Round:
     finished: list[Finished] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)  # per decoder call
     seconds: list[float] = field(default_factory=list)  # per step
+    encoded: int = 0  # texts encoded
 
 
 # Steps the inference thread takes at most before it hands back to the event loop when nothing calls for it sooner
@@ -105,11 +107,12 @@ class InflightBatcher(MicroBatcher):
                 self._wakeup.clear()
                 await self._wakeup.wait()
             admitted = self._admit(loop.time())
+            ahead = self._ahead(admitted)
             self._on_queue(len(self._pending))
             self._running = [r.job for r in self._admitted.values()]
             started = loop.time()
             try:
-                done = await loop.run_in_executor(self._executor, self._steps, admitted)
+                done = await loop.run_in_executor(self._executor, self._steps, admitted, ahead)
             except Exception as e:  # a failed step fails the requests running; the next ones start afresh
                 self._fail_running(e)
                 continue
@@ -118,6 +121,7 @@ class InflightBatcher(MicroBatcher):
             stats.admitted_requests = len(admitted)
             stats.admitted_texts = sum(len(r.job.texts) for r in admitted)
             stats.join_waits = [started - r.job.arrived for r in admitted]
+            stats.encoded_texts = done.encoded
             self._on_step(stats)
 
     def _admit(self, now: float) -> list[_Running]:
@@ -143,11 +147,31 @@ class InflightBatcher(MicroBatcher):
             admitted.append(entry)
         return admitted
 
-    def _steps(self, admitted: list[_Running]) -> _Round:
-        """On the inference thread: the admitted requests join their running batch, then every running batch takes
-        steps, until a text finishes, a waiting request would fit, or a token is awaited by a stream (at most
+    def _ahead(self, admitted: list[_Running]) -> list[_Job]:
+        """The waiting requests to encode with the admitted ones, when some of those need encoding: the oldest not
+        encoded yet, up to `max_batch_size` texts in all. Under load requests join one by one as places free up,
+        and encoding each alone cost the encoder's batching (greedy opus-mt int8: 8% of the service's time);
+        encoded while they wait, they join with their caches ready."""
+        new = [r.job for r in admitted if r.job.encoded is None]
+        if not new:
+            return []
+        texts = sum(len(job.texts) for job in new)
+        ahead = []
+        for job in self._pending:
+            if texts + len(job.texts) > self.max_batch_size:
+                break
+            if job.encoded is None and not (job.future.done() or job.token.cancelled):
+                ahead.append(job)
+                texts += len(job.texts)
+        return ahead
+
+    def _steps(self, admitted: list[_Running], ahead: Sequence[_Job] = ()) -> _Round:
+        """On the inference thread: the admitted requests not encoded yet are encoded with the waiting ones `ahead`
+        (one encoder call), the admitted join their running batch, then every running batch takes steps, until a
+        text finishes, a waiting request would fit, or a token is awaited by a stream (at most
         MAX_STEPS_PER_ROUND). Texts with nothing to translate are done at once."""
         done = _Round()
+        done.encoded = self._encode([r.job for r in admitted if r.job.encoded is None] + list(ahead))
         for entry in admitted:
             job = entry.job
             todo = [i for i, p in enumerate(job.texts) if p.ids]
@@ -165,7 +189,9 @@ class InflightBatcher(MicroBatcher):
                 [(id(job), i) for i in todo],
                 [job.texts[i].prompt.forced_bos for i in todo],
                 cancelled=_polled(job.token, len(todo)),
+                encoded=job.encoded,
             )
+            job.encoded = None  # the running batch holds them now
         listening = any(r.job.on_token is not None for r in self._admitted.values())
         while self._batches and not done.finished:
             started = time.perf_counter()
@@ -181,6 +207,15 @@ class InflightBatcher(MicroBatcher):
             if (listening and done.tokens) or self._fits_waiting() or len(done.seconds) >= MAX_STEPS_PER_ROUND:
                 break
         return done
+
+    def _encode(self, jobs: list[_Job]) -> int:
+        """Each job's texts (those with ids) encoded, in one call for all the jobs; how many texts."""
+        todo = [[p.ids for p in job.texts if p.ids] for job in jobs]
+        pad = self.translator.manifest.tokens["pad"]
+        caches = iter(encode_texts(self.translator.graphs, pad, [ids for texts in todo for ids in texts]))
+        for job, ids in zip(jobs, todo, strict=True):
+            job.encoded = [next(caches) for _ in ids]
+        return sum(len(ids) for ids in todo)
 
     def _fits_waiting(self) -> bool:
         """Whether the oldest waiting request would be admitted now (read on the inference thread: the event loop

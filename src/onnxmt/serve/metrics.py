@@ -56,6 +56,10 @@ class Metrics:
             "onnxmt_join_wait_seconds", "Time a request waited to join the running batch.", m,
             buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        self.encoder_texts = Histogram(
+            "onnxmt_encoder_texts", "Texts per encoder call of the running batch (waiting requests encoded together).",
+            m, buckets=BATCH_BUCKETS, registry=r,
+        )  # fmt: skip
         self.generated_tokens = Counter("onnxmt_generated_tokens", "Tokens generated.", m, registry=r)
         self.texts = Counter("onnxmt_translated_texts", "Texts translated by the decoder.", m, registry=r)
         self.rejected = Counter(
@@ -79,7 +83,7 @@ class Metrics:
         """Every per-model series at zero from the start, so /metrics lists each model before its first batch."""
         labelled: tuple[MetricWrapperBase, ...] = (
             *(self.batch_size, self.batch_requests, self.batch_duration, self.queue_depth, self.model_loaded),
-            *(self.step_rows, self.step_requests, self.step_duration, self.join_wait),
+            *(self.step_rows, self.step_requests, self.step_duration, self.join_wait, self.encoder_texts),
             *(self.generated_tokens, self.texts, self.model_loads, self.model_unloads),
             *(self.cache_hits, self.cache_misses),
         )
@@ -102,6 +106,8 @@ class Metrics:
             self.step_duration.labels(model).observe(seconds)
         for wait in stats.join_waits:
             self.join_wait.labels(model).observe(wait)
+        if stats.encoded_texts:
+            self.encoder_texts.labels(model).observe(stats.encoded_texts)
         if stats.admitted_requests:
             self.batch_requests.labels(model).observe(stats.admitted_requests)
             self.batch_size.labels(model).observe(stats.admitted_texts)
