@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 import machine
@@ -118,6 +119,14 @@ def start_server(model_dirs: list[Path], port: int, log: Path) -> subprocess.Pop
     sys.exit(f"the server was not ready within 300 s; see {log}")
 
 
+def client_session(url: str, concurrency: int, timeout: float = 600) -> aiohttp.ClientSession:
+    """The load's HTTP client: aiohttp, whose requests cost this process ~0.3 ms of CPU each against httpx's ~1.9 ms
+    (measured on 1000 cached /translate requests): the clients share the server's cores, and what they take is
+    taken from the server's throughput."""
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    return aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=timeout))
+
+
 async def run_level(
     url: str,
     bodies: list[dict[str, Any]],
@@ -135,7 +144,7 @@ async def run_level(
     sent = 0
     deadline = time.monotonic() + duration
 
-    async def client_loop(client: httpx.AsyncClient) -> None:
+    async def client_loop(client: aiohttp.ClientSession) -> None:
         nonlocal sent
         while sent < requests and time.monotonic() < deadline:
             body, pool = bodies[sent % len(bodies)], texts[sent % len(bodies)]
@@ -146,17 +155,17 @@ async def run_level(
             sent += 1
             started = time.perf_counter()
             try:
-                response = await client.post("/translate", json=fields)
-                status = str(response.status_code)
-            except httpx.HTTPError as e:
+                async with client.post("/translate", json=fields) as response:
+                    await response.read()
+                    status = str(response.status)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 status = type(e).__name__
             if status == "200":
                 latencies.append(time.perf_counter() - started)
             else:
                 errors[status] = errors.get(status, 0) + 1
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+    async with client_session(url, concurrency) as client:
         started = time.perf_counter()
         await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
         elapsed = time.perf_counter() - started

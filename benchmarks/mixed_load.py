@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 import machine
-from load import cpu_seconds, free_port, percentile, rss_mb, sentences, start_server
+from load import client_session, cpu_seconds, free_port, percentile, rss_mb, sentences, start_server
 
 HERE = Path(__file__).resolve().parent
 
@@ -53,13 +53,14 @@ async def client(
     """Requests back to back until `until` (monotonic) or `count` are done; the latencies of those answered 200."""
     rng = random.Random(seed)
     latencies: list[float] = []
-    async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+    async with client_session(url, 1, timeout=300) as http:
         while time.monotonic() < until and len(latencies) < count:
             fields = {**body, "q": rng.choice(texts), "max_new_tokens": rng.randint(*tokens)}
             started = time.perf_counter()
-            response = await http.post("/translate", json=fields)
-            if response.status_code != 200:
-                raise SystemExit(f"the server answered {response.status_code}: {response.text}")
+            async with http.post("/translate", json=fields) as response:
+                text = await response.text()
+            if response.status != 200:
+                raise SystemExit(f"the server answered {response.status}: {text}")
             latencies.append(time.perf_counter() - started)
     return latencies
 
