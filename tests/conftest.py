@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from onnxmt.testing import M2M100Spec, MarianSpec, ModelSpec, NllbSpec
+from onnxmt.testing import M2M100Spec, MarianSpec, MBart50Spec, ModelSpec, NllbSpec
 from onnxmt.testing.marian import OPUS_MT_EN_ZH_TARGETS
-from tests.helpers.hf import M2M100_PAIRS, NLLB_PAIRS, assert_varied_m2m100, assert_varied_outputs
+from tests.helpers.hf import M2M100_PAIRS, MBART50_PAIRS, NLLB_PAIRS, assert_varied_m2m100, assert_varied_outputs
 
 # init_std and eos_bias chosen by measurement so that outputs have many lengths (assert_varied_outputs): with
 # larger weights a random model loops until the length limit, with a larger eos bias it stops at the first step.
@@ -237,3 +237,14 @@ tiny_nllb_hf_dir = _built(
 )
 tiny_m2m100_onnx_dir = _exported("tiny_m2m100_hf_dir", "tiny-m2m100-onnx", "`tiny_m2m100_hf_dir` exported by onnxmt.")
 tiny_nllb_onnx_dir = _exported("tiny_nllb_hf_dir", "tiny-nllb-onnx", "`tiny_nllb_hf_dir` exported by onnxmt.")
+
+# A tiny random mBART-50 many-to-many model (onnxmt/testing/mbart.py), with the real checkpoint's metadata; the eos
+# bias and seed were measured so that outputs have many lengths (assert_varied_m2m100).
+TINY_MBART50 = MBart50Spec(eos_bias=3.0, seed=1)
+tiny_mbart50_hf_dir = _built(
+    TINY_MBART50, "tiny-mbart50-hf", "A tiny random mBART-50 directory.",
+    lambda d: assert_varied_m2m100(d, *MBART50_PAIRS),
+)  # fmt: skip
+tiny_mbart50_onnx_dir = _exported(
+    "tiny_mbart50_hf_dir", "tiny-mbart50-onnx", "`tiny_mbart50_hf_dir` exported by onnxmt."
+)

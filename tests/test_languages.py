@@ -79,6 +79,30 @@ def test_public_codes_are_iso_639_1_where_one_exists() -> None:
     assert public_codes(["arb_Arab", "zsm_Latn"]) == {"arb_Arab": "ar", "zsm_Latn": "ms"}  # FLORES members
 
 
+def test_fairseq_codes_with_territories_are_iso_codes_for_clients() -> None:
+    """mBART-50's codes (`en_XX`, `zh_CN`, `ar_AR`): XX is no territory; a territory is shown and required only where
+    the model has the language more than once."""
+    from onnxmt.architectures.mbart import ML50_CODES
+
+    tokens = {code: code for code in ML50_CODES}
+    languages = ModelLanguages({"source_tokens": tokens, "target_tokens": tokens, "default_source": "en_XX"})
+    assert [languages.public[c] for c in ("en_XX", "zh_CN", "ar_AR", "de_DE", "pt_XX", "sw_KE", "tl_XX")] == [
+        "en", "zh", "ar", "de", "pt", "sw", "fil",
+    ]  # fmt: skip
+    for code, expected in [("zh", "zh_CN"), ("zh-Hans", "zh_CN"), ("zh-CN", "zh_CN"), ("en-US", "en_XX"),
+                           ("de", "de_DE"), ("ar", "ar_AR"), ("pt-BR", "pt_XX"), ("fr", "fr_XX")]:  # fmt: skip
+        assert languages.resolve_target(code) == expected, code
+    for code in ("zt", "zh-TW", "de-AT", "ar-EG"):  # another script, another territory
+        with pytest.raises(ValueError, match="unknown target language"):
+            languages.resolve_target(code)
+    for code, public in languages.public.items():
+        assert match(public, ML50_CODES) == code
+    # Two territories of one language: each shows and needs its own, a bare code is ambiguous.
+    assert public_codes(["pt_BR", "pt_PT"]) == {"pt_BR": "pb", "pt_PT": "pt-PT"}
+    assert match("pt", ["pt_BR", "pt_PT"]) is None and match("pt-PT", ["pt_BR", "pt_PT"]) == "pt_PT"
+    assert public_codes(["pt_BR"]) == {"pt_BR": "pb"}  # LibreTranslate's code for it
+
+
 def test_names_are_english() -> None:
     names = {code: display_name(code) for code in ("eng", "cmn_Hans", "cmn_Hant", "cmn", "yue", "yue_Hant", "zho")}
     assert names == {

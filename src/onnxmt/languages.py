@@ -20,6 +20,7 @@ from functools import cache
 import langcodes
 
 AUTO = "auto"
+UNKNOWN_TERRITORY = "XX"
 # LibreTranslate's own codes, which are not BCP-47.
 LIBRETRANSLATE_ALIASES = {"zt": "zh-Hant", "pb": "pt-BR"}
 LIBRETRANSLATE_CODES = {tag: code for code, tag in LIBRETRANSLATE_ALIASES.items()}
@@ -67,11 +68,13 @@ def parse(code: str) -> Code | None:
         language = langcodes.Language.get(langcodes.standardize_tag(text, macro=True))
         if not language.language or not language.is_valid():
             return None
+        # fairseq's codes (mBART-50) write XX, ISO 3166's "unknown", for a language without a territory: en_XX.
+        territory = None if language.territory == UNKNOWN_TERRITORY else language.territory
         # The language's usual script where it is written (zh-TW: Hant), whatever script the code names.
-        likely = langcodes.Language.make(language=language.language, territory=language.territory).maximize()
+        likely = langcodes.Language.make(language=language.language, territory=territory).maximize()
     except (ValueError, LookupError):
         return None
-    return Code(code, language.language, language.script, likely.script, language.territory)
+    return Code(code, language.language, language.script, likely.script, territory)
 
 
 def match(code: str, candidates: Iterable[str]) -> str | None:
@@ -79,7 +82,9 @@ def match(code: str, candidates: Iterable[str]) -> str | None:
 
     The same code (`cmn_Hans`, `>>cmn_Hans<<`) first; then the same language in the same script, where a candidate
     that writes its script wins over one that leaves it implied (`zh` is `cmn_Hans` rather than `cmn` when a model
-    has both) and a candidate of another territory never matches (`pt_BR` is not `pt-PT`)."""
+    has both) and a candidate of another territory never matches (`pt_BR` is not `pt-PT`). A code without a
+    territory reaches a candidate with one when it is the only one of its language and script (`zh` is mBART-50's
+    `zh_CN`; `pt` beside `pt_BR` and `pt_PT` is neither)."""
     candidates = list(candidates)
     for candidate in candidates:
         if _same(code, candidate):
@@ -92,10 +97,12 @@ def match(code: str, candidates: Iterable[str]) -> str | None:
         have = parse(candidate)
         if have is None or have.language != wanted.language or have.effective_script != wanted.effective_script:
             continue
-        if have.territory is not None and have.territory != wanted.territory:
+        if have.territory is not None and wanted.territory is not None and have.territory != wanted.territory:
             continue
         # Sorted: the requested territory first, then a written script, then the candidate's own order.
-        ranked.append((have.territory is None, have.script is None, len(ranked), candidate))
+        ranked.append((have.territory != wanted.territory, have.script is None, len(ranked), candidate))
+    if wanted.territory is None and ranked and all(r[0] for r in ranked) and len(ranked) > 1:
+        return None  # only candidates of some territory, and more than one: which is meant cannot be told
     return min(ranked)[-1] if ranked else None
 
 
@@ -105,9 +112,13 @@ def public_codes(codes: Iterable[str]) -> dict[str, str]:
     `zt` for Traditional Chinese. When two codes would show the same, the code that is it already keeps it (`yue`),
     else the one with a written script (`cmn_Hans` is `zh`); the other shows its own code as a BCP-47 tag (`cmn`)."""
     codes = list(dict.fromkeys(codes))
+    # A territory is shown only where the model has its language more than once (pt_BR beside pt_PT): mBART-50's
+    # de_DE, zh_CN and ar_AR are de, zh and ar.
+    parsed = [p.language for p in map(parse, codes) if p is not None]
     short: dict[str, list[str]] = {}
     for code in codes:
-        short.setdefault(_short(code), []).append(code)
+        p = parse(code)
+        short.setdefault(_short(code, p is not None and parsed.count(p.language) > 1), []).append(code)
     shown: dict[str, str] = {}
     for public, group in short.items():
         exact = [c for c in group if _same(c, public)]
@@ -125,12 +136,14 @@ def public_codes(codes: Iterable[str]) -> dict[str, str]:
     return {code: shown[code] for code in codes}
 
 
-def _short(code: str) -> str:
+def _short(code: str, territory: bool = True) -> str:
     parsed = parse(code)
     if parsed is None:
         return _bare(code)
     script = None if parsed.script == parsed.likely_script else parsed.script
     tag = langcodes.Language.make(language=parsed.language, script=script, territory=parsed.territory).to_tag()
+    if not territory and tag not in LIBRETRANSLATE_CODES:  # LibreTranslate's pb stays pb
+        tag = langcodes.Language.make(language=parsed.language, script=script).to_tag()
     return LIBRETRANSLATE_CODES.get(tag, tag)
 
 

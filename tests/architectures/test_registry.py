@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,8 @@ from tests.helpers import ROOT
 
 
 def test_unknown_architecture_lists_the_supported_ones() -> None:
-    assert supported() == ["m2m_100", "marian"]
-    with pytest.raises(ValueError, match="'t5' is not supported yet; supported: m2m_100, marian"):
+    assert supported() == ["m2m_100", "marian", "mbart"]
+    with pytest.raises(ValueError, match="'t5' is not supported yet; supported: m2m_100, marian, mbart"):
         get_architecture("t5")
 
 
@@ -24,8 +25,8 @@ def test_the_registry_and_the_schemes_import_without_torch() -> None:
     # The run side reads architectures (schemes, tokenizer kinds); their build hooks must stay unimported.
     code = (
         "import sys, onnxmt.architectures as a\n"
-        "a.get_architecture('marian'); a.get_architecture('m2m_100')\n"
-        "hooks = ('torch', 'transformers', 'onnxmt.export.marian', 'onnxmt.export.m2m100')\n"
+        "a.get_architecture('marian'); a.get_architecture('m2m_100'); a.get_architecture('mbart')\n"
+        "hooks = ('torch', 'transformers', 'onnxmt.export.marian', 'onnxmt.export.m2m100', 'onnxmt.export.mbart')\n"
         "bad = [m for m in hooks if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -49,6 +50,15 @@ def test_each_family_names_a_known_scheme_and_tokenizer_kind(tmp_path) -> None:
 def test_m2m100_language_codes_are_transformers_own() -> None:
     transformers = pytest.importorskip("transformers.models.m2m_100.tokenization_m2m_100")
     assert {k: list(v) for k, v in M2M100_LANGUAGE_CODES.items()} == transformers.FAIRSEQ_LANGUAGE_CODES
+
+
+def test_mbart50_language_codes_are_transformers_own() -> None:
+    from onnxmt.architectures.mbart import ML50_CODES
+    from onnxmt.testing.mbart import MBART_50_SPECIAL_TOKENS_MAP
+
+    transformers = pytest.importorskip("transformers.models.mbart50.tokenization_mbart50")
+    assert list(ML50_CODES) == transformers.FAIRSEQ_LANGUAGE_CODES
+    assert json.loads(MBART_50_SPECIAL_TOKENS_MAP)["additional_special_tokens"] == list(ML50_CODES)
 
 
 # Where a family may be named in code: its registry module, its build hooks and its test-model spec.

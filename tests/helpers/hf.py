@@ -9,6 +9,7 @@ from typing import Any
 # The language pairs the tiny M2M100 and NLLB models are checked on: a source, two targets.
 M2M100_PAIRS = ("en", ("zh", "fr"))
 NLLB_PAIRS = ("eng_Latn", ("zho_Hans", "fra_Latn"))
+MBART50_PAIRS = ("en_XX", ("zh_CN", "fr_XX"))
 
 
 def generated_ids(out: Any, pad: int) -> list[list[int]]:
@@ -23,10 +24,12 @@ def generated_ids(out: Any, pad: int) -> list[list[int]]:
 
 
 def hf_m2m100(model_dir: Path) -> tuple[Any, Any]:
+    """transformers' tokenizer and model of a model told its languages by tokens (M2M100, NLLB-200, mBART-50),
+    the classes its configs name."""
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.M2M100ForConditionalGeneration.from_pretrained(model_dir).eval()
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
     return tokenizer, model
 
 

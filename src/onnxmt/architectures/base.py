@@ -131,6 +131,12 @@ class Architecture:
     def encoder(self, model: Any) -> Any:
         return self._hooks().encoder(model)
 
+    def write_tokenizer(self, source: Path, staging: Path) -> list[str]:
+        """Tokenizer files the export makes from the source's (a build hook, e.g. transformers converting a
+        sentencepiece model into tokenizer.json), written into `staging`; their names. None by default: the
+        family's files are copied as they are."""
+        return []
+
     def decoder(self, model: Any, buffered: bool = False) -> Any:
         """The decoder step module; `buffered`: the self-attention cache is a buffer the runtime writes (marian.py)."""
         return self._hooks().decoder(model, buffered)

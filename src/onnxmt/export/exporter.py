@@ -121,7 +121,7 @@ def _export_into(
     # store_weights read them in and wrote the graphs again without them.
     for leftover in set(os.listdir(staging)) - set(graph_files):
         (staging / leftover).unlink()
-    copied = _copy_side_files(source, staging, arch)
+    copied = _copy_side_files(source, staging, arch) + arch.write_tokenizer(source, staging)
     manifest = _build_manifest(staging, source, config, arch, facts, graph_files + copied, model_id, revision, options)
     report = None
     if options.check:

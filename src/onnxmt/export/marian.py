@@ -217,9 +217,10 @@ def load(path: str) -> Any:
 
 
 def load_eager(model_class: Any, path: str) -> Any:
-    """`model_class.from_pretrained(path)` in eval mode, with eager attention: the exported graph must compute what
-    transformers' reference path computes."""
-    return model_class.from_pretrained(path, attn_implementation="eager").eval()
+    """`model_class.from_pretrained(path)` in eval mode, with eager attention (the exported graph must compute what
+    transformers' reference path computes), in float32 whatever the checkpoint's dtype: transformers 5 loads a
+    checkpoint in its config's `torch_dtype` by default, and opus-mt-tc-big ships float16 weights (upcast here)."""
+    return model_class.from_pretrained(path, attn_implementation="eager", dtype=torch.float32).eval()
 
 
 def encoder(model: Any) -> nn.Module:

@@ -11,12 +11,15 @@ from __future__ import annotations
 from .builder import ModelSpec, build_random_model, generate_corpus
 from .m2m100 import NLLB_200_1_3B, NLLB_200_DISTILLED_600M, M2M100Spec, NllbSpec
 from .marian import OPUS_MT_EN_ZH, MarianSpec
+from .mbart import MBART_LARGE_50, MBart50Spec
 
 __all__ = [
+    "MBART_LARGE_50",
     "NLLB_200_1_3B",
     "NLLB_200_DISTILLED_600M",
     "OPUS_MT_EN_ZH",
     "M2M100Spec",
+    "MBart50Spec",
     "MarianSpec",
     "ModelSpec",
     "NllbSpec",
