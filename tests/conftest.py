@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from onnxmt.testing import M2M100Spec, MarianSpec, MBart50Spec, ModelSpec, NllbSpec
+from onnxmt.testing import M2M100Spec, MarianSpec, MBart50Spec, ModelSpec, NllbSpec, TcBigSpec
 from onnxmt.testing.marian import OPUS_MT_EN_ZH_TARGETS
 from tests.helpers.hf import M2M100_PAIRS, MBART50_PAIRS, NLLB_PAIRS, assert_varied_m2m100, assert_varied_outputs
 
@@ -106,6 +106,19 @@ tiny_multi_onnx_dir = _exported(
     "tiny_multi_hf_dir", "tiny-multi-onnx", "`tiny_multi_hf_dir` exported by onnxmt (no default target language)."
 )
 tiny_zh_en_onnx_dir = _exported("tiny_zh_en_hf_dir", "tiny-zh-en-onnx", "`tiny_zh_en_hf_dir` exported by onnxmt.")
+
+# Tiny random opus-mt-tc-big models (onnxmt/testing/marian.py TcBigSpec): eos mid-vocab, relu, float16 weights; and
+# the separate-vocabulary form. The eos biases and seeds were measured for outputs of many lengths (1 to 63 tokens).
+TINY_TC_BIG = TcBigSpec(init_std=0.2, eos_bias=3.2)
+TINY_TC_BIG_SEPARATE = TcBigSpec(init_std=0.2, eos_bias=4.1, source_pieces=300, target_vocab_size=200)
+tiny_tc_big_hf_dir = _built(TINY_TC_BIG, "tiny-tc-big-hf", "A tiny random opus-mt-tc-big directory (zle-en metadata).")
+tiny_tc_big_onnx_dir = _exported("tiny_tc_big_hf_dir", "tiny-tc-big-onnx", "`tiny_tc_big_hf_dir` exported by onnxmt.")
+tiny_separate_hf_dir = _built(
+    TINY_TC_BIG_SEPARATE, "tiny-separate-hf", "A tiny random Marian directory with separate source/target vocabularies."
+)
+tiny_separate_onnx_dir = _exported(
+    "tiny_separate_hf_dir", "tiny-separate-onnx", "`tiny_separate_hf_dir` exported by onnxmt."
+)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .builder import ModelSpec, build_random_model, generate_corpus
 from .m2m100 import NLLB_200_1_3B, NLLB_200_DISTILLED_600M, M2M100Spec, NllbSpec
-from .marian import OPUS_MT_EN_ZH, MarianSpec
+from .marian import OPUS_MT_EN_ZH, OPUS_MT_TC_BIG, MarianSpec, TcBigSpec
 from .mbart import MBART_LARGE_50, MBart50Spec
 
 __all__ = [
@@ -18,11 +18,13 @@ __all__ = [
     "NLLB_200_1_3B",
     "NLLB_200_DISTILLED_600M",
     "OPUS_MT_EN_ZH",
+    "OPUS_MT_TC_BIG",
     "M2M100Spec",
     "MBart50Spec",
     "MarianSpec",
     "ModelSpec",
     "NllbSpec",
+    "TcBigSpec",
     "build_random_model",
     "generate_corpus",
 ]

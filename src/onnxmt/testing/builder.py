@@ -56,6 +56,7 @@ class ModelSpec(ABC):
     vocab_size: int | None = None
     init_std: float = 0.2
     eos_bias: float = 0.0  # added to the eos logit, so short sentences can finish before the length limit
+    dtype: str = "float32"  # the weights as saved (opus-mt-tc-big ships float16)
     seed: int = 0
     # Keys of the real config.json that the transformers config class does not write itself.
     config_extras: ClassVar[dict[str, Any]] = {}
@@ -111,6 +112,7 @@ def build_random_model(output_dir: str | Path, spec: ModelSpec, corpus: list[str
         spec.raise_eos(model)
     length = {"max_length": spec.max_position_embeddings}
     model.generation_config = GenerationConfig(**{**spec.generation_config(vocab_size), **length})
+    model = model.to(getattr(torch, spec.dtype))
     model.save_pretrained(out)
     config_path = out / "config.json"
     saved = json.loads(config_path.read_text(encoding="utf-8"))
