@@ -19,12 +19,16 @@ from importlib import metadata
 from pathlib import Path
 
 from onnxmt.testing import (
+    MBART_LARGE_50,
     NLLB_200_1_3B,
     NLLB_200_DISTILLED_600M,
     OPUS_MT_EN_ZH,
+    OPUS_MT_TC_BIG,
     M2M100Spec,
     MarianSpec,
+    MBart50Spec,
     NllbSpec,
+    TcBigSpec,
     build_random_model,
 )
 
@@ -33,7 +37,7 @@ KEY_FILE = ".bench-key"
 OPTIMUM_ENV_SCRIPT = REPO / "tests" / "helpers" / "optimum_env.py"
 TARGET_LANG = "cmn_Hans"
 
-Spec = MarianSpec | M2M100Spec
+Spec = MarianSpec | M2M100Spec | MBart50Spec
 
 # The random builder trains its source tokenizer on generated word salad, which splits real English into ~2x the
 # tokens opus-mt's tokenizer would: encoder work, and so timings, would be off. The benchmark retrains the source
@@ -51,6 +55,9 @@ QUICK = replace(
 )
 
 NLLB_QUICK = NllbSpec(d_model=64, ffn_dim=128, max_position_embeddings=256, pieces=2000)
+TC_BIG_QUICK = TcBigSpec(d_model=64, ffn_dim=128, max_position_embeddings=256, source_pieces=SOURCE_PIECES)
+MBART_QUICK = MBart50Spec(d_model=64, ffn_dim=128, max_position_embeddings=256, pieces=2000)
+QUICK_SPECS = (QUICK, NLLB_QUICK, TC_BIG_QUICK, MBART_QUICK)
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,7 @@ class Family:
 
     name: str  # the cache folder of the full-size model
     source_lang: str | None  # the model's own code, for models told the source by a token
-    target_lang: str
+    target_lang: str | None  # None: a single-target model
     spm_files: tuple[str, ...]  # sentencepiece models CTranslate2 tokenizes with
     optimum: bool  # whether the Optimum rows are part of this model's table
 
@@ -68,10 +75,17 @@ MARIAN = Family("opus-mt-en-zh-random", None, TARGET_LANG, ("source.spm", "targe
 # The issue asks NLLB's row against transformers and CTranslate2; Optimum's rows are the opus-mt table's.
 NLLB = Family("nllb-200-distilled-600M-random", "eng_Latn", "zho_Hans", ("sentencepiece.bpe.model",), False)
 NLLB_1_3B = replace(NLLB, name="nllb-200-1.3B-random")
+# opus-mt-tc-big-zle-en's architecture: single target (English), its source tokenizer trained on real English as
+# the opus-mt model's (so the input's lengths match), float16 weights as shipped.
+TC_BIG = Family("opus-mt-tc-big-random", None, None, ("source.spm", "target.spm"), False)
+# mBART-50 many-to-many: `[en_XX] X </s>`, zh_CN forced first, as CTranslate2 documents it.
+MBART50 = Family("mbart-large-50-random", "en_XX", "zh_CN", ("sentencepiece.bpe.model",), False)
 MODELS: dict[str, tuple[Family, Spec, Spec]] = {  # --model: family, full-size spec, --quick spec
     "opus-mt-en-zh": (MARIAN, FULL, QUICK),
     "nllb-200-distilled-600M": (NLLB, NLLB_200_DISTILLED_600M, NLLB_QUICK),
     "nllb-200-1.3B": (NLLB_1_3B, NLLB_200_1_3B, NLLB_QUICK),
+    "opus-mt-tc-big": (TC_BIG, replace(OPUS_MT_TC_BIG, source_pieces=SOURCE_PIECES), TC_BIG_QUICK),
+    "mbart-large-50": (MBART50, MBART_LARGE_50, MBART_QUICK),
 }
 
 
@@ -206,7 +220,7 @@ def prepare(
     log: Log = print,
 ) -> Artifacts:
     """`family` names the cache folder: the spec alone does not tell NLLB-200-1.3B from the 600M model."""
-    quick = spec in (QUICK, NLLB_QUICK)
+    quick = spec in QUICK_SPECS
     root = cache / (f"{family.name}-quick" if quick else family.name)
     hf_key = {
         "spec": asdict(spec),

@@ -94,7 +94,8 @@ def load_transformers(cfg: dict[str, Any]) -> TranslateFn:
     torch.set_num_threads(cfg["threads"])
     torch.set_num_interop_threads(1)
     torch.set_grad_enabled(False)
-    model = AutoModelForSeq2SeqLM.from_pretrained(cfg["model_dir"]).eval()
+    # float32 whatever the checkpoint's dtype (opus-mt-tc-big ships float16; transformers 5 would load it so).
+    model = AutoModelForSeq2SeqLM.from_pretrained(cfg["model_dir"], dtype=torch.float32).eval()
     return _hf_generate(model, cfg)
 
 
@@ -126,8 +127,8 @@ def load_ctranslate2(cfg: dict[str, Any]) -> TranslateFn:
         inter_threads=1,
     )
     directory = Path(cfg["model_dir"])
-    # NLLB: one sentencepiece model, `[src_lang] X </s>`, the target language as the target prefix (CTranslate2's
-    # documented NLLB usage); Marian: `>>xx<< X </s>` with its source and target models.
+    # NLLB and mBART-50: one sentencepiece model, `[src_lang] X </s>`, the target language as the target prefix
+    # (CTranslate2's documented usage of both); Marian: `>>xx<< X </s>` with its source and target models.
     nllb = (directory / "sentencepiece.bpe.model").is_file()
     source_file, target_file = ("sentencepiece.bpe.model",) * 2 if nllb else ("source.spm", "target.spm")
     source = spm.SentencePieceProcessor(model_file=str(directory / source_file))

@@ -171,3 +171,35 @@ def test_validate_quantize_and_inspect_work_on_mbart50(
     result = CliRunner().invoke(app, ["inspect", str(tmp_path / "int8")])
     assert result.exit_code == 0, result.output
     assert "mbart" in result.stdout and "language_tokens" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target-lang", "xx"], "unknown target language 'xx'; valid: "),
+        (["--source-lang", "xx", "--target-lang", "zh"], "unknown source language 'xx'; valid: auto, "),
+        (["--target-lang", "zt"], "unknown target language 'zt'"),  # mBART-50 has no Traditional Chinese
+    ],
+)
+def test_cli_bad_languages_exit_2_with_one_line(tiny_mbart50_onnx_dir: Path, args: list[str], message: str) -> None:
+    from typer.testing import CliRunner
+
+    from onnxmt.cli import app
+
+    result = CliRunner().invoke(app, ["translate", "-m", str(tiny_mbart50_onnx_dir), *args, "Hello."])
+    assert result.exit_code == 2 and message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+def test_cli_export_without_a_tokenizer_exits_2_and_writes_nothing(tiny_mbart50_hf_dir: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from onnxmt.cli import app
+
+    broken = Path(shutil.copytree(tiny_mbart50_hf_dir, tmp_path / "broken"))
+    (broken / "sentencepiece.bpe.model").unlink()
+    result = CliRunner().invoke(app, ["export", str(broken), str(tmp_path / "out"), "--no-check"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and "needs tokenizer.json or sentencepiece.bpe.model" in output
+    assert "Loading weights" not in result.output  # refused before the model is loaded
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()

@@ -56,6 +56,9 @@ class MBart50(Architecture):
             raise ValueError(
                 f"{source}: only mBART-50 models are supported (tokenizer class MBart50Tokenizer), not {named}"
             )
+        if not any((source / name).is_file() for name in SOURCE_TOKENIZER_FILES):
+            needs = " or ".join(SOURCE_TOKENIZER_FILES)
+            raise ValueError(f"{source}: no tokenizer; an mBART-50 model directory needs {needs}")
         return self
 
     def facts(self, config: dict[str, Any]) -> dict[str, Any]:

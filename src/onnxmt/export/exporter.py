@@ -89,6 +89,11 @@ def export(
         arch = get_architecture(config.get("model_type")).for_source(source)
     except ValueError as e:
         raise ExportError(str(e)) from e
+    # A missing tokenizer file is found before the model is loaded and traced, not after.
+    missing = [name for name in arch.tokenizer_files if not (source / name).is_file()]
+    if missing:
+        needs = ", ".join(arch.tokenizer_files)
+        raise ExportError(f"{source / missing[0]}: missing; a {arch.name} model directory needs {needs}")
     # Refuse generation settings onnxmt cannot honour before any work is done (ModelDirError names them).
     check_generation_config(_read_json(source / "generation_config.json"), str(source / "generation_config.json"))
     with staged(output) as staging:
