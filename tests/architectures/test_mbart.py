@@ -203,3 +203,25 @@ def test_cli_export_without_a_tokenizer_exits_2_and_writes_nothing(tiny_mbart50_
     assert result.exit_code == 2 and "needs tokenizer.json or sentencepiece.bpe.model" in output
     assert "Loading weights" not in result.output  # refused before the model is loaded
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def test_eval_and_tune_on_mbart50(tiny_mbart50_onnx_dir: Path, tiny_mbart50_hf_dir: Path, tmp_path: Path) -> None:
+    """eval against the PyTorch reference (same hypotheses), and tune into a target language sent as an ISO code."""
+    from typer.testing import CliRunner
+
+    from onnxmt.cli import app
+    from onnxmt.eval import EvalOptions, evaluate
+
+    texts = SENTENCES[:6]
+    src, ref = tmp_path / "test.en", tmp_path / "test.zh"
+    src.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    decoding, runtime = DecodeOptions(max_new_tokens=6, batch_size=2), RuntimeOptions(threads=1)
+    options = EvalOptions(decoding=decoding, latency_sentences=1, runtime=runtime, source_lang="en", target_lang="zh")
+    rows = evaluate([tiny_mbart50_onnx_dir], src, ref, options, reference=str(tiny_mbart50_hf_dir)).rows
+    assert [r.kind for r in rows] == ["onnx", "pytorch"] and rows[0].hypotheses == rows[1].hypotheses
+
+    args = ["tune", "-m", str(tiny_mbart50_onnx_dir), "--max-threads", "1", "--tokens", "2", "--batch-size", "2"]
+    result = CliRunner().invoke(app, [*args, "--rounds", "1", "--target-lang", "de"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    assert "lowest latency: RuntimeOptions(threads=1" in result.output
