@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from onnxmt.testing import M2M100Spec, MarianSpec, MBart50Spec, ModelSpec, NllbSpec, TcBigSpec
+from onnxmt.testing import M2M100Spec, MarianSpec, MBart50Spec, ModelSpec, NllbSpec, T5Spec, TcBigSpec
 from onnxmt.testing.marian import OPUS_MT_EN_ZH_TARGETS
 from tests.helpers.hf import M2M100_PAIRS, MBART50_PAIRS, NLLB_PAIRS, assert_varied_m2m100, assert_varied_outputs
 
@@ -258,6 +258,15 @@ tiny_mbart50_hf_dir = _built(
     TINY_MBART50, "tiny-mbart50-hf", "A tiny random mBART-50 directory.",
     lambda d: assert_varied_m2m100(d, *MBART50_PAIRS),
 )  # fmt: skip
+# Tiny random T5 models (onnxmt/testing/t5.py): t5-small's layout and MADLAD-400's. n_positions 256, so that decoding
+# runs past 128 positions, where the relative position buckets saturate; init and eos bias measured for outputs of
+# several lengths.
+TINY_T5 = T5Spec(init_std=1.0, eos_bias=4.0)
+TINY_MADLAD = T5Spec(init_std=1.0, eos_bias=4.0, madlad=True)
+tiny_t5_hf_dir = _built(TINY_T5, "tiny-t5-hf", "A tiny random T5 directory (t5-small's layout and task prefixes).")
+tiny_t5_onnx_dir = _exported("tiny_t5_hf_dir", "tiny-t5-onnx", "`tiny_t5_hf_dir` exported by onnxmt.")
+tiny_madlad_hf_dir = _built(TINY_MADLAD, "tiny-madlad-hf", "A tiny random MADLAD-400 directory (<2xx> tokens).")
+tiny_madlad_onnx_dir = _exported("tiny_madlad_hf_dir", "tiny-madlad-onnx", "`tiny_madlad_hf_dir` exported by onnxmt.")
 tiny_mbart50_onnx_dir = _exported(
     "tiny_mbart50_hf_dir", "tiny-mbart50-onnx", "`tiny_mbart50_hf_dir` exported by onnxmt."
 )

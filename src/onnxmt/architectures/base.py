@@ -101,6 +101,12 @@ class Architecture:
     def unk_id(self, source: Path) -> int | None:
         return None
 
+    def generation(self, generation_config: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        """The manifest's generation defaults: generation_config.json first, then config.json, as transformers."""
+        from ..manifest import generation_defaults
+
+        return generation_defaults(generation_config, config)
+
     def load_tokenizer(self, directory: Path) -> Any:
         """This family's tokenizer (tokenization/), from a model directory that holds its files."""
         raise NotImplementedError

@@ -24,7 +24,6 @@ from ..manifest import (
     Manifest,
     check_generation_config,
     describe_files,
-    generation_defaults,
 )
 from ..options import option
 from .graphs import cache_names, export_decoder, export_encoder, graph_spec
@@ -191,7 +190,7 @@ def _build_manifest(
         # The decoder graph broadcasts each sentence's cross-attention K/V over its beams (marian._attend_beams).
         model={**facts, "cross_kv_per_sentence": True},
         tokens=tokens,
-        generation=generation_defaults(generation_config, config),
+        generation=arch.generation(generation_config, config),
         languages=languages,
         tokenizer=arch.tokenizer_section(source, files, facts),
         provenance=_provenance(model_id, revision, options.opset),

@@ -1,0 +1,104 @@
+"""T5 (`model_type` t5: t5, flan-T5, MADLAD-400).
+
+The model (export/t5.py): relative position buckets instead of positions, RMSNorm, no attention biases nor score
+scaling, a relu or gated-gelu FFN, heads of `d_kv`; decoder start 0 (pad for T5, `<unk>` for MADLAD).
+
+Languages (`target_token_prefix` scheme, text written before the source text):
+- MADLAD-400: a `<2xx>` token first in the source (`<2zh> I love pizza!`), one per language its vocabulary has;
+  any source language.
+- T5 and flan-T5: the task prefixes of the config's `task_specific_params` (`translate English to German: `), one
+  per `translation_<src>_to_<tgt>` entry, from their one source language.
+
+The tokenizer is the model's `tokenizer.json` (t5-small, flan-T5 and MADLAD ship one), on the `tokenizers` library.
+transformers' default `max_length` (20) applies where the generation config names none (MADLAD ships only ids), as
+it does for transformers' `generate()`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from ..tokenization import JsonTokenizer
+from .base import Architecture, read_json, register
+from .schemes import TargetTokenPrefix
+
+_LANGUAGE_TOKEN = re.compile(r"^<2([A-Za-z][A-Za-z0-9_-]*)>$")  # MADLAD's <2zh>, <2zh_Latn>
+_TASK = re.compile(r"^translation_([a-z]+)_to_([a-z]+)$")  # T5's task_specific_params keys
+# transformers' GenerationConfig default, which generate() applies when no config names a length.
+TRANSFORMERS_MAX_LENGTH = 20
+# A T5 model has no position table: the most tokens onnxmt lets it read or write when its config names none.
+DEFAULT_POSITIONS = 512
+
+
+@register("t5")
+class T5(Architecture):
+    name = "t5"
+    tokenizer_kind = "tokenizers"
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json")
+    optional_tokenizer_files = ("special_tokens_map.json",)
+    build_hooks = "onnxmt.export.t5"
+
+    def facts(self, config: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "d_model": config["d_model"],
+            "encoder_layers": config["num_layers"],
+            "num_layers": config.get("num_decoder_layers") or config["num_layers"],
+            "num_heads": config["num_heads"],
+            "head_dim": config["d_kv"],
+            "vocab_size": config["vocab_size"],
+            "max_positions": config.get("n_positions") or DEFAULT_POSITIONS,
+        }
+
+    def generation(self, generation_config: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        """As transformers' generate() runs it: with no length in either config, GenerationConfig's 20."""
+        found = super().generation(generation_config, config)
+        if not any(key in found for key in ("max_length", "max_new_tokens")):
+            found["max_length"] = TRANSFORMERS_MAX_LENGTH
+        return found
+
+    def unk_id(self, source: Path) -> int | None:
+        vocab = read_json(source / "tokenizer.json").get("model", {}).get("vocab", [])
+        pieces = [entry[0] for entry in vocab] if isinstance(vocab, list) else list(vocab)
+        return pieces.index("<unk>") if "<unk>" in pieces else None
+
+    def load_tokenizer(self, directory: Path) -> JsonTokenizer:
+        return JsonTokenizer.from_dir(directory)
+
+    def languages(self, source: Path, default_target: str | None) -> dict[str, Any]:
+        tokens = self.language_tokens(source)
+        sources = {
+            match.group(1)
+            for key in (read_json(source / "config.json").get("task_specific_params") or {})
+            if (match := _TASK.match(key))
+        }
+        if default_target is not None and default_target not in tokens:
+            valid = ", ".join(sorted(tokens)) or "none (no translation prefix or language token)"
+            raise ValueError(
+                f"--default-target {default_target!r} is not a target language of this model; valid: {valid}"
+            )
+        return {
+            "scheme": TargetTokenPrefix.name,
+            "source": sources.pop() if len(sources) == 1 else None,
+            "target": None,
+            "target_tokens": tokens,
+            "default_target": default_target,
+        }
+
+    def language_tokens(self, source: Path) -> dict[str, str]:
+        """MADLAD's `<2xx>` tokens, else T5's translation prefixes (without their last space, which the scheme
+        writes between the prefix and the text)."""
+        vocab = read_json(source / "tokenizer.json").get("model", {}).get("vocab", [])
+        pieces = [entry[0] for entry in vocab] if isinstance(vocab, list) else list(vocab)
+        added = [t.get("content", "") for t in read_json(source / "tokenizer.json").get("added_tokens", [])]
+        found = {m.group(1): token for token in (*pieces, *added) if (m := _LANGUAGE_TOKEN.match(token))}
+        if found:
+            return found
+        prefixes = {}
+        for key, task in (read_json(source / "config.json").get("task_specific_params") or {}).items():
+            match = _TASK.match(key)
+            prefix = task.get("prefix") if isinstance(task, dict) else None
+            if match and isinstance(prefix, str) and prefix.endswith(" "):
+                prefixes[match.group(2)] = prefix[:-1]
+        return prefixes
