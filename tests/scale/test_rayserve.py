@@ -136,11 +136,25 @@ def _eventually(check: Any, seconds: float = 15.0) -> Any:
     return value
 
 
+def _settled(read: Any, seconds: float = 30.0) -> Any:
+    """A metric once two reads 1.5 s apart agree: the replicas push every second, so the texts of earlier tests
+    may still be on their way when a test starts counting."""
+    deadline = time.monotonic() + seconds
+    value = read()
+    while time.monotonic() < deadline:
+        time.sleep(1.5)
+        again = read()
+        if again == value:
+            break
+        value = again
+    return value
+
+
 @pytest.mark.timeout(300)
 def test_metrics_are_the_sum_over_the_replicas(deployed: str, target: str) -> None:
     assert _eventually(lambda: _metric(deployed, "onnxmt_replicas_reporting") == 2)
     assert _metric(deployed, "onnxmt_gateway_repeated_requests_total") == 0
-    before = _metric(deployed, "onnxmt_translated_texts_total")
+    before = _settled(lambda: _metric(deployed, "onnxmt_translated_texts_total"))
     bodies = [{"q": f"{TEXTS[i % 24]} {i}", "target": target, "max_new_tokens": 8} for i in range(24)]
     with ThreadPoolExecutor(8) as pool:  # concurrent: Ray spreads them over both replicas
         assert {r.status_code for r in pool.map(lambda body: _post(deployed, body), bodies)} == {200}
