@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from onnxmt.testing import (
+    FLAN_T5_BASE,
     MBART_LARGE_50,
     NLLB_200_1_3B,
     NLLB_200_DISTILLED_600M,
@@ -28,6 +29,7 @@ from onnxmt.testing import (
     MarianSpec,
     MBart50Spec,
     NllbSpec,
+    T5Spec,
     TcBigSpec,
     build_random_model,
 )
@@ -37,7 +39,7 @@ KEY_FILE = ".bench-key"
 OPTIMUM_ENV_SCRIPT = REPO / "tests" / "helpers" / "optimum_env.py"
 TARGET_LANG = "cmn_Hans"
 
-Spec = MarianSpec | M2M100Spec | MBart50Spec
+Spec = MarianSpec | M2M100Spec | MBart50Spec | T5Spec
 
 # The random builder trains its source tokenizer on generated word salad, which splits real English into ~2x the
 # tokens opus-mt's tokenizer would: encoder work, and so timings, would be off. The benchmark retrains the source
@@ -57,7 +59,8 @@ QUICK = replace(
 NLLB_QUICK = NllbSpec(d_model=64, ffn_dim=128, max_position_embeddings=256, pieces=2000)
 TC_BIG_QUICK = TcBigSpec(d_model=64, ffn_dim=128, max_position_embeddings=256, source_pieces=SOURCE_PIECES)
 MBART_QUICK = MBart50Spec(d_model=64, ffn_dim=128, max_position_embeddings=256, pieces=2000)
-QUICK_SPECS = (QUICK, NLLB_QUICK, TC_BIG_QUICK, MBART_QUICK)
+FLAN_T5_QUICK = T5Spec(d_model=64, ffn_dim=128, max_position_embeddings=256, pieces=2000, gated=True, tied=False)
+QUICK_SPECS = (QUICK, NLLB_QUICK, TC_BIG_QUICK, MBART_QUICK, FLAN_T5_QUICK)
 
 
 @dataclass(frozen=True)
@@ -80,12 +83,15 @@ NLLB_1_3B = replace(NLLB, name="nllb-200-1.3B-random")
 TC_BIG = Family("opus-mt-tc-big-random", None, None, ("source.spm", "target.spm"), False)
 # mBART-50 many-to-many: `[en_XX] X </s>`, zh_CN forced first, as CTranslate2 documents it.
 MBART50 = Family("mbart-large-50-random", "en_XX", "zh_CN", ("sentencepiece.bpe.model",), False)
+# flan-T5: `translate English to German: ` before the text (its config's task prefix), one tokenizer.
+FLAN_T5 = Family("flan-t5-base-random", None, "de", ("tokenizer.json",), False)
 MODELS: dict[str, tuple[Family, Spec, Spec]] = {  # --model: family, full-size spec, --quick spec
     "opus-mt-en-zh": (MARIAN, FULL, QUICK),
     "nllb-200-distilled-600M": (NLLB, NLLB_200_DISTILLED_600M, NLLB_QUICK),
     "nllb-200-1.3B": (NLLB_1_3B, NLLB_200_1_3B, NLLB_QUICK),
     "opus-mt-tc-big": (TC_BIG, replace(OPUS_MT_TC_BIG, source_pieces=SOURCE_PIECES), TC_BIG_QUICK),
     "mbart-large-50": (MBART50, MBART_LARGE_50, MBART_QUICK),
+    "flan-t5-base": (FLAN_T5, FLAN_T5_BASE, FLAN_T5_QUICK),
 }
 
 

@@ -72,7 +72,9 @@ def _hf_generate(model: Any, cfg: dict[str, Any]) -> TranslateFn:
 
     source = cfg.get("source_lang")
     tokenizer = AutoTokenizer.from_pretrained(cfg["model_dir"], **({"src_lang": source} if source else {}))
-    prefix = f">>{cfg['target_lang']}<< " if cfg["target_lang"] and not source else ""
+    prefix = _task_prefix(Path(cfg["model_dir"]), cfg["target_lang"])
+    if prefix is None:
+        prefix = f">>{cfg['target_lang']}<< " if cfg["target_lang"] and not source else ""
     forced = {"forced_bos_token_id": tokenizer.convert_tokens_to_ids(cfg["target_lang"])} if source else {}
     n = cfg["max_new_tokens"]
     eos = model.generation_config.eos_token_id
@@ -85,6 +87,16 @@ def _hf_generate(model: Any, cfg: dict[str, Any]) -> TranslateFn:
         return [row[: row.index(eos) + 1] if eos in row else row for row in rows]
 
     return translate
+
+
+def _task_prefix(model_dir: Path, target: str | None) -> str | None:
+    """T5's text prefix into `target` (its config's `task_specific_params`, `translate English to German: `)."""
+    config_file = model_dir / "config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    for key, task in (config.get("task_specific_params") or {}).items():
+        if target and key.endswith(f"_to_{target}") and isinstance(task, dict) and "prefix" in task:
+            return str(task["prefix"])
+    return None
 
 
 def load_transformers(cfg: dict[str, Any]) -> TranslateFn:
@@ -127,19 +139,21 @@ def load_ctranslate2(cfg: dict[str, Any]) -> TranslateFn:
         inter_threads=1,
     )
     directory = Path(cfg["model_dir"])
+    vocab_file = directory / "shared_vocabulary.json"
+    ids = {token: i for i, token in enumerate(json.loads(vocab_file.read_text(encoding="utf-8")))}
+    n = cfg["max_new_tokens"]
+    if (directory / "tokenizer.json").is_file():  # T5: its tokenizer.json and its config's task prefix
+        return _ctranslate2_tokenizer_json(translator, directory, cfg, ids)
     # NLLB and mBART-50: one sentencepiece model, `[src_lang] X </s>`, the target language as the target prefix
     # (CTranslate2's documented usage of both); Marian: `>>xx<< X </s>` with its source and target models.
     nllb = (directory / "sentencepiece.bpe.model").is_file()
     source_file, target_file = ("sentencepiece.bpe.model",) * 2 if nllb else ("source.spm", "target.spm")
     source = spm.SentencePieceProcessor(model_file=str(directory / source_file))
     target = spm.SentencePieceProcessor(model_file=str(directory / target_file))
-    vocab_file = directory / "shared_vocabulary.json"
-    ids = {token: i for i, token in enumerate(json.loads(vocab_file.read_text(encoding="utf-8")))}
     if nllb:
         prefix, target_prefix = [cfg["source_lang"]], [cfg["target_lang"]]
     else:
         prefix, target_prefix = ([f">>{cfg['target_lang']}<<"] if cfg["target_lang"] else []), []
-    n = cfg["max_new_tokens"]
 
     def translate(texts: Sequence[str], beams: int) -> list[list[int]]:
         tokens = [[*prefix, *source.encode(t, out_type=str), "</s>"] for t in texts]
@@ -154,6 +168,25 @@ def load_ctranslate2(cfg: dict[str, Any]) -> TranslateFn:
         )
         hyps = [r.hypotheses[0] for r in results]
         target.decode_pieces(hyps)
+        return [[ids[t] for t in h] for h in hyps]
+
+    return translate
+
+
+def _ctranslate2_tokenizer_json(translator: Any, directory: Path, cfg: dict[str, Any], ids: dict[str, int]):
+    """CTranslate2 on a model tokenized by its tokenizer.json (T5's task prefix written before the text)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    prefix = _task_prefix(directory, cfg["target_lang"]) or ""
+    n = cfg["max_new_tokens"]
+
+    def translate(texts: Sequence[str], beams: int) -> list[list[int]]:
+        tokens = [tokenizer.encode(prefix + t).tokens for t in texts]  # `</s>` appended by its post-processor
+        results = translator.translate_batch(
+            tokens, beam_size=beams, max_decoding_length=n, min_decoding_length=n, max_batch_size=0
+        )
+        hyps = [r.hypotheses[0] for r in results]
         return [[ids[t] for t in h] for h in hyps]
 
     return translate

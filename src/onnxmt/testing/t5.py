@@ -57,6 +57,8 @@ class T5Spec(ModelSpec):
     d_kv: int = 8
     pieces: int = 400
     madlad: bool = False
+    gated: bool = False  # gated-gelu FFN (v1.1, flan-T5, mT5; MADLAD always)
+    tied: bool = True  # the head tied to the embedding and the output scaled (t5; never MADLAD)
     max_position_embeddings: int = 256  # T5 has no position table: only the configs' length limit (n_positions)
     config_extras: ClassVar[dict[str, Any]] = {}
 
@@ -86,6 +88,13 @@ class T5Spec(ModelSpec):
         # id 2 whatever tokenizer.json's unk_id (MADLAD's <unk> is 0), which tests would otherwise meet in English.
         corpus = [*corpus, *([string.printable.strip()] * 20)]
         pieces = self._sentencepiece(corpus)
+        if self.vocab_size is not None:  # pieces no text produces, up to the real vocabulary's size
+            specials = 3 + (0 if self.madlad else 100)
+            missing = self.vocab_size - specials - len(pieces)
+            if missing < 0:
+                raise ValueError(f"vocab_size {self.vocab_size} is smaller than the {specials + len(pieces)} tokens")
+            low = min(score for _, score in pieces)
+            pieces += [(chr(0xF0000 + i // 512) + chr(0x100000 + i % 512), low - 1 - i) for i in range(missing)]
         if self.madlad:
             return _madlad_tokenizer(out, pieces)
         from transformers import T5Tokenizer
@@ -101,7 +110,7 @@ class T5Spec(ModelSpec):
         pad, eos = (1, 2) if self.madlad else (0, 1)
         # Keys T5Config takes through its PretrainedConfig kwargs (not in its own signature).
         extra: dict[str, Any] = {
-            "tie_word_embeddings": not self.madlad,
+            "tie_word_embeddings": self.tied and not self.madlad,
             "decoder_start_token_id": 0,
             "n_positions": self.max_position_embeddings,
         }
@@ -118,7 +127,7 @@ class T5Spec(ModelSpec):
             dropout_rate=0.0,
             layer_norm_epsilon=1e-6,
             initializer_factor=self.init_std,
-            feed_forward_proj="gated-gelu" if self.madlad else "relu",
+            feed_forward_proj="gated-gelu" if self.gated or self.madlad else "relu",
             pad_token_id=pad,
             eos_token_id=eos,
             **extra,
@@ -165,3 +174,11 @@ def _madlad_tokenizer(out: Path, pieces: list[tuple[str, float]]) -> int:
     (out / "tokenizer_config.json").write_text(MADLAD_TOKENIZER_CONFIG, encoding="utf-8")
     (out / "special_tokens_map.json").write_text(MADLAD_SPECIAL_TOKENS_MAP, encoding="utf-8")
     return tokenizer.get_vocab_size()
+
+
+# google/flan-t5-base's architecture (248M): d_model 768, 12+12 layers, 12 heads of 64, gated-gelu FFN 2048, 32,128
+# tokens, untied head; t5's tokenizer layout (pad 0, eos 1, unk 2, 100 extra ids).
+FLAN_T5_BASE = T5Spec(
+    d_model=768, d_kv=64, ffn_dim=2048, encoder_layers=12, decoder_layers=12, attention_heads=12, pieces=8000,
+    vocab_size=32128, init_std=1.0, max_position_embeddings=512, gated=True, tied=False,
+)  # fmt: skip
