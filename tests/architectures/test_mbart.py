@@ -160,7 +160,12 @@ def test_validate_quantize_and_inspect_work_on_mbart50(
     assert report.tokenizer_identical == report.greedy_identical == report.beam_identical == len(texts)
     assert report.max_abs_logit_diff < 1e-4
 
-    for name, quantize_options in (("int8", QuantizeOptions()), ("rows", QuantizeOptions(per_row_scales=True))):
+    forms = (
+        ("int8", QuantizeOptions()),
+        ("rows", QuantizeOptions(per_row_scales=True)),
+        ("int4", QuantizeOptions(int4=True)),
+    )
+    for name, quantize_options in forms:
         out = tmp_path / name
         quantize(tiny_mbart50_onnx_dir, out, quantize_options, progress=lambda _: None)
         translator = Translator(out)

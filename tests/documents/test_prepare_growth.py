@@ -43,7 +43,7 @@ def repeat(text: str, length: int) -> str:
 
 
 def growth(run: Callable[[Any], object], make: Callable[[int], Any], n: int) -> tuple[float, float]:
-    """The best of three times of `run` on `make(n)` and on `make(2 * n)`, measured in turns (so that a change of
+    """The best of five times of `run` on `make(n)` and on `make(2 * n)`, measured in turns (so that a change of
     load on the machine falls on both) and without garbage collection (whose cost depends on all that is alive,
     not on this input)."""
     inputs = [make(n), make(2 * n)]
@@ -51,7 +51,7 @@ def growth(run: Callable[[Any], object], make: Callable[[int], Any], n: int) -> 
     gc.collect()
     gc.disable()
     try:
-        for _ in range(3):
+        for _ in range(5):
             for k, value in enumerate(inputs):
                 start = time.perf_counter()
                 run(value)

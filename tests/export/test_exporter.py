@@ -196,14 +196,14 @@ def test_unreachable_hub_says_how_to_go_offline(tmp_path: Path, monkeypatch: pyt
 
 
 def test_unsupported_architecture_lists_supported(tiny_hf_dir: Path, tmp_path: Path) -> None:
-    model = tmp_path / "t5ish"
+    model = tmp_path / "fsmt"
     shutil.copytree(tiny_hf_dir, model)
     config = json.loads((model / "config.json").read_text())
-    config["model_type"] = "t5"
+    config["model_type"] = "fsmt"
     (model / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="'t5' is not supported yet; supported: m2m_100, marian"):
+    with pytest.raises(ValueError, match="'fsmt' is not supported yet; supported: m2m_100, marian, mbart, t5"):
         export(str(model), tmp_path / "out", progress=lambda _: None)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["t5ish"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fsmt"]
 
 
 def test_missing_tokenizer_file_leaves_nothing_behind(tiny_hf_dir: Path, tmp_path: Path) -> None:

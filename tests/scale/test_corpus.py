@@ -21,6 +21,7 @@ pa = importorskip("pyarrow")
 psutil = importorskip("psutil")
 
 from onnxmt.documents.translate import translate_lines  # noqa: E402
+from onnxmt.runtime.options import DecodeOptions  # noqa: E402
 from onnxmt.runtime.translator import Translator  # noqa: E402
 from onnxmt.scale.corpus import CorpusJob, translate_corpus  # noqa: E402
 
@@ -128,3 +129,22 @@ def test_killed_worker_is_retried_and_output_is_complete(
     assert killed, "no worker was found to kill"
     assert result.rows == len(lines)
     assert output.read_text(encoding="utf-8").splitlines() == expected
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("model", ["tiny_mbart50_onnx_dir", "tiny_tc_big_onnx_dir"])
+def test_other_families_corpus_is_identical_to_translate(
+    cluster: None, model: str, lines: list[str], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """mBART-50 with ISO codes for its fairseq ones, and tc-big (single target): as `onnxmt translate` writes."""
+    directory = request.getfixturevalue(model)
+    languages = {"source_lang": "en", "target_lang": "zh"} if "mbart" in model else {}
+    texts = lines[:120]
+    decoding = DecodeOptions(max_new_tokens=12)
+    expected = list(translate_lines(Translator(directory, decoding=decoding), texts, **languages))
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    job = CorpusJob(source, tmp_path / "out.txt", directory, decoding, workers=2, block_rows=50, **languages)
+    translate_corpus(job)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == expected
+    assert len(set(expected)) > 3  # not one output for every line
