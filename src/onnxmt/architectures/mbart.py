@@ -19,12 +19,10 @@ side reads it with the `tokenizers` library, as for NLLB.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ..tokenization import JsonTokenizer
 from .base import Architecture, read_json, register
-from .marian import bart_facts
-from .schemes import LanguageTokens
+from .m2m100 import M2M100
 
 # transformers' tokenization_mbart50.FAIRSEQ_LANGUAGE_CODES (the tokenizer config's `language_codes: ML50`), in
 # order: their ids follow the sentencepiece pieces (tests/architectures/test_registry.py compares the two lists).
@@ -39,7 +37,9 @@ _TOKENIZER_CLASSES = ("MBart50Tokenizer", "MBart50TokenizerFast")
 
 
 @register("mbart")
-class MBart50(Architecture):
+class MBart50(M2M100):
+    """M2M100's language scheme and BART-style sizes, with its own tokenizer, codes and export hooks."""
+
     name = "mbart"
     tokenizer_kind = "tokenizers"
     tokenizer_files = ("tokenizer_config.json",)
@@ -61,9 +61,6 @@ class MBart50(Architecture):
             raise ValueError(f"{source}: no tokenizer; an mBART-50 model directory needs {needs}")
         return self
 
-    def facts(self, config: dict[str, Any]) -> dict[str, Any]:
-        return bart_facts(config)
-
     def unk_id(self, source: Path) -> int | None:
         return 3  # fairseq's dictionary: <s> <pad> </s> <unk>
 
@@ -73,21 +70,8 @@ class MBart50(Architecture):
     def write_tokenizer(self, source: Path, staging: Path) -> list[str]:
         return list(self._hooks().write_tokenizer(source, staging))
 
-    def languages(self, source: Path, default_target: str | None) -> dict[str, Any]:
-        config = read_json(source / "tokenizer_config.json")
-        tokens = {code: code for code in ML50_CODES}
-        if default_target is not None and default_target not in tokens:
-            raise ValueError(
-                f"--default-target {default_target!r} is not a language of this model; valid: {', '.join(tokens)}"
-            )
-        return {
-            "scheme": LanguageTokens.name,
-            "source": None,
-            "target": None,
-            "source_tokens": tokens,
-            "target_tokens": tokens,
-            "default_source": config.get("src_lang") or "en_XX",  # MBart50Tokenizer's when src_lang is not set
-            "default_target": default_target or config.get("tgt_lang"),
-            "source_token_last": False,
-            "eos_token": "</s>",
-        }
+    def language_tokens(self, source: Path) -> dict[str, str]:
+        return {code: code for code in ML50_CODES}
+
+    def default_source(self) -> str:
+        return "en_XX"  # MBart50Tokenizer's when src_lang is not set

@@ -59,8 +59,7 @@ class T5(Architecture):
         return found
 
     def unk_id(self, source: Path) -> int | None:
-        vocab = read_json(source / "tokenizer.json").get("model", {}).get("vocab", [])
-        pieces = [entry[0] for entry in vocab] if isinstance(vocab, list) else list(vocab)
+        pieces = _pieces(read_json(source / "tokenizer.json"))
         return pieces.index("<unk>") if "<unk>" in pieces else None
 
     def load_tokenizer(self, directory: Path) -> JsonTokenizer:
@@ -89,10 +88,9 @@ class T5(Architecture):
     def language_tokens(self, source: Path) -> dict[str, str]:
         """MADLAD's `<2xx>` tokens, else T5's translation prefixes (without their last space, which the scheme
         writes between the prefix and the text)."""
-        vocab = read_json(source / "tokenizer.json").get("model", {}).get("vocab", [])
-        pieces = [entry[0] for entry in vocab] if isinstance(vocab, list) else list(vocab)
-        added = [t.get("content", "") for t in read_json(source / "tokenizer.json").get("added_tokens", [])]
-        found = {m.group(1): token for token in (*pieces, *added) if (m := _LANGUAGE_TOKEN.match(token))}
+        tokenizer = read_json(source / "tokenizer.json")
+        added = [t.get("content", "") for t in tokenizer.get("added_tokens", [])]
+        found = {m.group(1): token for token in (*_pieces(tokenizer), *added) if (m := _LANGUAGE_TOKEN.match(token))}
         if found:
             return found
         prefixes = {}
@@ -102,3 +100,9 @@ class T5(Architecture):
             if match and isinstance(prefix, str) and prefix.endswith(" "):
                 prefixes[match.group(2)] = prefix[:-1]
         return prefixes
+
+
+def _pieces(tokenizer: dict[str, Any]) -> list[str]:
+    """A tokenizer.json's model vocabulary in id order (a unigram model's [piece, score] list, or a token -> id map)."""
+    vocab = tokenizer.get("model", {}).get("vocab", [])
+    return [entry[0] for entry in vocab] if isinstance(vocab, list) else sorted(vocab, key=vocab.__getitem__)
