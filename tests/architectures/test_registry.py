@@ -16,8 +16,8 @@ from tests.helpers import ROOT
 
 
 def test_unknown_architecture_lists_the_supported_ones() -> None:
-    assert supported() == ["m2m_100", "marian", "mbart", "t5"]
-    with pytest.raises(ValueError, match="'fsmt' is not supported yet; supported: m2m_100, marian, mbart, t5"):
+    assert supported() == ["m2m_100", "marian", "mbart", "mt5", "t5"]
+    with pytest.raises(ValueError, match="'fsmt' is not supported yet; supported: m2m_100, marian, mbart, mt5, t5"):
         get_architecture("fsmt")
 
 
@@ -25,7 +25,7 @@ def test_the_registry_and_the_schemes_import_without_torch() -> None:
     # The run side reads architectures (schemes, tokenizer kinds); their build hooks must stay unimported.
     code = (
         "import sys, onnxmt.architectures as a\n"
-        "[a.get_architecture(name) for name in ('marian', 'm2m_100', 'mbart', 't5')]\n"
+        "[a.get_architecture(name) for name in ('marian', 'm2m_100', 'mbart', 't5', 'mt5')]\n"
         "hooks = ('torch', 'transformers', 'onnxmt.export.marian', 'onnxmt.export.m2m100', 'onnxmt.export.mbart',\n"
         "         'onnxmt.export.t5')\n"
         "bad = [m for m in hooks if m in sys.modules]\n"

@@ -17,8 +17,9 @@ from tests.helpers.skips import SHARED_DATA, importorskip
 importorskip("torch")
 
 FLORES = SHARED_DATA / "flores200"
-# (fixture stem, the code onnxmt is given, the text transformers is given before the source)
-FORMS = [("t5", "de", "translate English to German: "), ("madlad", "zh", "<2zh> ")]
+# (fixture stem, the code onnxmt is given, the text transformers is given before the source); mt5-base names no
+# task, so its text goes as it is.
+FORMS = [("t5", "de", "translate English to German: "), ("madlad", "zh", "<2zh> "), ("mt5", None, "")]
 
 
 def _hf(model_dir: Path):
@@ -47,7 +48,7 @@ def _hf_generate(model_dir: Path, texts: list[str], prefix: str, **kwargs) -> li
 
 
 @pytest.mark.parametrize(("form", "code", "prefix"), FORMS)
-def test_tokenizer_matches_transformers_on_flores(form: str, code: str, prefix: str, request) -> None:
+def test_tokenizer_matches_transformers_on_flores(form: str, code: str | None, prefix: str, request) -> None:
     if not FLORES.is_dir():
         pytest.skip(f"FLORES data not found at {FLORES}")
     hf_dir, onnx_dir = (request.getfixturevalue(f"tiny_{form}_{kind}_dir") for kind in ("hf", "onnx"))
@@ -66,7 +67,9 @@ def test_tokenizer_matches_transformers_on_flores(form: str, code: str, prefix: 
         assert 10 < sum(unknown) < len(texts) - 50  # the Chinese lines have some (the tiny vocab has few hanzi)
         texts = [t for t, u in zip(texts, unknown, strict=True) if not u]
         ours = [ids for ids, u in zip(ours, unknown, strict=True) if not u]
-    expected = tokenizer([prefix + t for t in texts], truncation=True, max_length=256).input_ids
+    # Truncated where onnxmt truncates: the model's positions (t5 and MADLAD: n_positions 256; mT5 names none: 512).
+    limit = translator.tokenizer.model_max_length
+    expected = tokenizer([prefix + t for t in texts], truncation=True, max_length=limit).input_ids
     assert ours == expected
     for ids in expected[:30]:
         assert translator.tokenizer.decode(ids) == tokenizer.decode(ids, skip_special_tokens=True)
@@ -75,7 +78,7 @@ def test_tokenizer_matches_transformers_on_flores(form: str, code: str, prefix: 
 @pytest.mark.parametrize("beams", [1, 3])
 @pytest.mark.parametrize(("form", "code", "prefix"), FORMS)
 def test_long_outputs_match_transformers_past_the_saturated_buckets(
-    form: str, code: str, prefix: str, beams: int, request
+    form: str, code: str | None, prefix: str, beams: int, request
 ) -> None:
     """140 new tokens (forced), so every step past 128 reads saturated buckets: a padded batch and one alone."""
     hf_dir, onnx_dir = (request.getfixturevalue(f"tiny_{form}_{kind}_dir") for kind in ("hf", "onnx"))
@@ -91,7 +94,7 @@ def test_long_outputs_match_transformers_past_the_saturated_buckets(
 
 @pytest.mark.parametrize("beams", [1, 4])
 @pytest.mark.parametrize(("form", "code", "prefix"), FORMS)
-def test_translations_match_transformers(form: str, code: str, prefix: str, beams: int, request) -> None:
+def test_translations_match_transformers(form: str, code: str | None, prefix: str, beams: int, request) -> None:
     hf_dir, onnx_dir = (request.getfixturevalue(f"tiny_{form}_{kind}_dir") for kind in ("hf", "onnx"))
     expected = _hf_generate(hf_dir, SENTENCES, prefix, num_beams=beams)
     got = Translator(onnx_dir).translate(SENTENCES, target_lang=code, beams=beams, batch_size=16)
@@ -120,6 +123,33 @@ def test_t5_translates_only_the_pairs_its_config_names(tiny_t5_onnx_dir: Path) -
     with pytest.raises(ValueError, match="unknown target language 'zh'"):
         Translator(tiny_t5_onnx_dir).translate(["Hello."], target_lang="zh")
     assert max(manifest.provenance["check"].values()) < 1e-4
+
+
+def test_mt5_export_writes_transformers_tokenizer_json(tiny_mt5_hf_dir: Path, tiny_mt5_onnx_dir: Path) -> None:
+    """mT5 ships only spiece.model: the export writes T5Tokenizer's conversion, with mT5's ids and no extra ids."""
+    import torch
+
+    tokenizer, model = _hf(tiny_mt5_hf_dir)
+    assert not (tiny_mt5_hf_dir / "tokenizer.json").exists() and type(model).__name__ == "MT5ForConditionalGeneration"
+    assert not torch.equal(model.lm_head.weight, model.shared.weight)  # a head of its own, as mt5-base's
+    manifest = read_manifest(tiny_mt5_onnx_dir)
+    assert manifest.architecture == "mt5" and "tokenizer.json" in manifest.files
+    assert manifest.tokens == {"decoder_start": 0, "eos": 1, "eos_ids": [1], "pad": 0, "unk": 2}
+    assert manifest.languages["target_tokens"] == {} and max(manifest.provenance["check"].values()) < 1e-4
+    translator = Translator(tiny_mt5_onnx_dir)
+    vocab = tokenizer.get_vocab()
+    assert len(vocab) == manifest.model["vocab_size"] and not any(t.startswith("<extra_id_") for t in vocab)
+    assert all(translator.tokenizer.token_id(token) == index for token, index in vocab.items())
+
+
+def test_mt5_export_refuses_a_directory_without_a_tokenizer(tiny_mt5_hf_dir: Path, tmp_path: Path) -> None:
+    from onnxmt.export.exporter import ExportError, ExportOptions, export
+
+    broken = Path(shutil.copytree(tiny_mt5_hf_dir, tmp_path / "broken"))
+    (broken / "spiece.model").unlink()
+    with pytest.raises(ExportError, match="an mT5 model directory needs tokenizer.json or spiece.model"):
+        export(str(broken), tmp_path / "out", ExportOptions(check=False), progress=lambda _: None)
+    assert not (tmp_path / "out").exists()
 
 
 def test_madlad_without_a_length_in_its_configs_stops_at_transformers_default(

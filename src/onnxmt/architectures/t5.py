@@ -1,4 +1,4 @@
-"""T5 (`model_type` t5: t5, flan-T5, MADLAD-400).
+"""T5 (`model_type` t5: t5, flan-T5, MADLAD-400) and mT5 (`model_type` mt5).
 
 The model (export/t5.py): relative position buckets instead of positions, RMSNorm, no attention biases nor score
 scaling, a relu or gated-gelu FFN, heads of `d_kv`; decoder start 0 (pad for T5, `<unk>` for MADLAD).
@@ -10,6 +10,8 @@ Languages (`target_token_prefix` scheme, text written before the source text):
   per `translation_<src>_to_<tgt>` entry, from their one source language.
 
 The tokenizer is the model's `tokenizer.json` (t5-small, flan-T5 and MADLAD ship one), on the `tokenizers` library.
+mT5's repositories ship only `spiece.model`: its export writes transformers' `T5Tokenizer` conversion of it as the
+directory's `tokenizer.json` (a build hook, as for mBART-50), and the run side reads that as for the others.
 transformers' default `max_length` (20) applies where the generation config names none (MADLAD ships only ids), as
 it does for transformers' `generate()`.
 """
@@ -36,7 +38,7 @@ DEFAULT_POSITIONS = 512
 class T5(Architecture):
     name = "t5"
     tokenizer_kind = "tokenizers"
-    tokenizer_files = ("tokenizer.json", "tokenizer_config.json")
+    tokenizer_files: tuple[str, ...] = ("tokenizer.json", "tokenizer_config.json")
     optional_tokenizer_files = ("special_tokens_map.json",)
     build_hooks = "onnxmt.export.t5"
 
@@ -106,3 +108,29 @@ def _pieces(tokenizer: dict[str, Any]) -> list[str]:
     """A tokenizer.json's model vocabulary in id order (a unigram model's [piece, score] list, or a token -> id map)."""
     vocab = tokenizer.get("model", {}).get("vocab", [])
     return [entry[0] for entry in vocab] if isinstance(vocab, list) else sorted(vocab, key=vocab.__getitem__)
+
+
+# The source files mT5's tokenizer.json is made from, either of which T5Tokenizer reads (tokenizer.json first).
+MT5_SOURCE_TOKENIZER_FILES = ("tokenizer.json", "spiece.model")
+
+
+@register("mt5")
+class MT5(T5):
+    """mT5 (google/mt5-*, MT5ForConditionalGeneration): T5 v1.1's model (gated-gelu, untied head) under a model_type
+    of its own, with only a sentencepiece model for a tokenizer (pad 0, eos 1, unk 2, no extra ids)."""
+
+    name = "mt5"
+    tokenizer_files = ("tokenizer_config.json",)
+    optional_tokenizer_files = ("special_tokens_map.json",)
+
+    def for_source(self, source: Path) -> Architecture:
+        if not any((source / name).is_file() for name in MT5_SOURCE_TOKENIZER_FILES):
+            needs = " or ".join(MT5_SOURCE_TOKENIZER_FILES)
+            raise ValueError(f"{source}: no tokenizer; an mT5 model directory needs {needs}")
+        return self
+
+    def unk_id(self, source: Path) -> int | None:
+        return 2  # T5Tokenizer's unigram model has unk_id 2 whatever the sentencepiece model says
+
+    def write_tokenizer(self, source: Path, staging: Path) -> list[str]:
+        return list(self._hooks().write_tokenizer(source, staging))

@@ -1,4 +1,5 @@
-"""Traceable T5 encoder and decoder (t5, flan-T5, mT5, MADLAD-400), written out as marian.py's are.
+"""Traceable T5 encoder and decoder (t5, flan-T5, mT5, MADLAD-400), written out as marian.py's are, and the
+tokenizer.json mT5's export writes.
 
 What differs from BART-style models, each as transformers' modeling_t5.py computes it:
 
@@ -12,20 +13,26 @@ What differs from BART-style models, each as transformers' modeling_t5.py comput
 - RMSNorm (T5LayerNorm) before each sublayer and after each stack, no embedding scale, no positions;
 - FFN: relu (t5) or gated `act(wi_0 x) * wi_1 x` (gelu_new: v1.1, flan-T5, mT5, MADLAD);
 - head: t5 ties it to the embedding and scales the decoder output by d_model^-0.5 first (`scale_decoder_outputs`);
-  the others have their own head, unscaled.
+  the others have their own head, unscaled (`_scales_decoder_outputs`).
 
 Only the buffered decoder (the default export: one new token per row, each row its own cache length) is written.
 """
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..architectures.t5 import MT5_SOURCE_TOKENIZER_FILES
+from .exporter import ExportError
 from .marian import _attend_beams, _split_heads, load_eager
+
+TOKENIZER_FILE = "tokenizer.json"
 
 
 def _project(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
@@ -123,8 +130,7 @@ class T5DecoderExport(_T5Parts):
         self.final_layer_norm = decoder.final_layer_norm
         self.lm_head = model.lm_head
         self.d_model = int(model.config.d_model)
-        scale = getattr(model.config, "scale_decoder_outputs", model.config.tie_word_embeddings)
-        self.output_scale = self.d_model**-0.5 if scale else None
+        self.output_scale = self.d_model**-0.5 if _scales_decoder_outputs(model) else None
         attention = decoder.block[0].layer[0].SelfAttention
         self.relative_attention_bias = attention.relative_attention_bias
         self.limit = int(attention.relative_attention_max_distance)
@@ -177,6 +183,20 @@ class T5DecoderExport(_T5Parts):
         return (F.linear(hidden, self.lm_head.weight), *outputs)
 
 
+def _scales_decoder_outputs(model: Any) -> bool:
+    """Whether transformers multiplies the decoder output by d_model^-0.5 before the head. T5 of transformers 5 says
+    so in `scale_decoder_outputs` (its config ties the head always, and keeps what the file said here); transformers
+    4 scaled a tied T5 or mT5. mT5 of transformers 5 never scales, though its config sets tie_word_embeddings always."""
+    import transformers
+
+    config = model.config
+    if hasattr(config, "scale_decoder_outputs"):
+        return bool(config.scale_decoder_outputs)
+    if config.model_type == "mt5" and int(transformers.__version__.split(".")[0]) >= 5:
+        return False
+    return bool(config.tie_word_embeddings)
+
+
 def load(path: str) -> Any:
     from transformers import AutoModelForSeq2SeqLM
 
@@ -191,3 +211,21 @@ def decoder(model: Any, buffered: bool = False) -> nn.Module:
     if not buffered:
         raise ValueError("T5 models are exported with the cache buffer only (no --cache-concat)")
     return T5DecoderExport(model).eval()
+
+
+def write_tokenizer(source: Path, staging: Path) -> list[str]:
+    """mT5's tokenizer.json as transformers' T5Tokenizer builds it from the source's files (its conversion of
+    spiece.model, or the source's own tokenizer.json), with the source's tokenizer config (mT5's: no extra ids)."""
+    from transformers import T5Tokenizer
+
+    if not any((source / name).is_file() for name in MT5_SOURCE_TOKENIZER_FILES):
+        needs = " or ".join(MT5_SOURCE_TOKENIZER_FILES)
+        raise ExportError(f"{source}: no tokenizer; an mT5 model directory needs {needs}")
+    try:
+        tokenizer = T5Tokenizer.from_pretrained(str(source))
+    except Exception as e:  # sentencepiece and tokenizers raise their own types for a corrupt file
+        raise ExportError(f"{source}: the mT5 tokenizer does not load ({e})") from e
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        (staging / TOKENIZER_FILE).write_bytes((Path(tmp) / TOKENIZER_FILE).read_bytes())
+    return [TOKENIZER_FILE]

@@ -136,8 +136,9 @@ def generate_corpus(seed: int, lines: int = 3000) -> tuple[list[str], list[str]]
     return english, chinese
 
 
-def train_spm(lines: list[str], vocab_size: int, model_type: str = "unigram") -> bytes:
-    """A sentencepiece model trained on `lines`: unigram or bpe, as the family's real tokenizer is."""
+def train_spm(lines: list[str], vocab_size: int, model_type: str = "unigram", **special_ids: Any) -> bytes:
+    """A sentencepiece model trained on `lines`: unigram or bpe, as the family's real tokenizer is; `special_ids`:
+    the trainer's `pad_id`, `eos_id`, `unk_id`, `bos_id` where the family's differ from sentencepiece's defaults."""
     import sentencepiece as spm
 
     model = io.BytesIO()
@@ -149,6 +150,7 @@ def train_spm(lines: list[str], vocab_size: int, model_type: str = "unigram") ->
         character_coverage=1.0,
         hard_vocab_limit=False,
         minloglevel=2,
+        **special_ids,
     )
     return model.getvalue()
 

@@ -1,11 +1,12 @@
 """Random T5-family models built offline: t5-small's layout (relu, tied head scaled by d_model^-0.5, pad 0 / eos 1
 / unk 2, 100 `<extra_id_*>` tokens, the `translate English to German: ` task prefixes of its config) and MADLAD-400's
 (gated-gelu, untied head, `<unk>` 0 / `<pad>` 1 / `</s>` 2, decoder start 0, a `<2xx>` token per language in the
-vocabulary, a generation config with ids only).
+vocabulary, a generation config with ids only); and mT5's (`MT5Spec`: MT5ForConditionalGeneration, gated-gelu, a
+head of its own, pad 0 / eos 1 / unk 2, no extra ids, only `spiece.model` for a tokenizer).
 
 The tokenizers are a unigram sentencepiece model trained on generated text, turned into `tokenizer.json` by
-transformers' own `T5Tokenizer` (t5) or written with the `tokenizers` library as MADLAD's file is laid out, so that
-`AutoTokenizer.from_pretrained(path)` loads what users load.
+transformers' own `T5Tokenizer` (t5) or written with the `tokenizers` library as MADLAD's file is laid out, or
+written as the sentencepiece model itself (mT5), so that `AutoTokenizer.from_pretrained(path)` loads what users load.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .builder import ModelSpec, generate_corpus
+from .builder import ModelSpec, generate_corpus, train_spm, write_json
 
 # t5-small's task_specific_params (translation entries), from its config.json.
 _TASK = {"early_stopping": True, "max_length": 300, "num_beams": 4}
@@ -80,14 +81,16 @@ class T5Spec(ModelSpec):
             if not sp.is_control(i) and not sp.is_unknown(i)
         ]
 
-    def write_tokenizer(self, out: Path, corpus: list[str] | None) -> int:
+    def _training_corpus(self, corpus: list[str] | None) -> list[str]:
         if corpus is None:
             english, chinese = generate_corpus(self.seed)
             corpus = english + chinese
         # Every printable ASCII character a piece: transformers 5's T5Tokenizer maps characters outside the vocab to
         # id 2 whatever tokenizer.json's unk_id (MADLAD's <unk> is 0), which tests would otherwise meet in English.
-        corpus = [*corpus, *([string.printable.strip()] * 20)]
-        pieces = self._sentencepiece(corpus)
+        return [*corpus, *([string.printable.strip()] * 20)]
+
+    def write_tokenizer(self, out: Path, corpus: list[str] | None) -> int:
+        pieces = self._sentencepiece(self._training_corpus(corpus))
         if self.vocab_size is not None:  # pieces no text produces, up to the real vocabulary's size
             specials = 3 + (0 if self.madlad else 100)
             missing = self.vocab_size - specials - len(pieces)
@@ -107,14 +110,20 @@ class T5Spec(ModelSpec):
     def model(self, vocab_size: int) -> Any:
         from transformers import T5Config, T5ForConditionalGeneration
 
-        pad, eos = (1, 2) if self.madlad else (0, 1)
         # Keys T5Config takes through its PretrainedConfig kwargs (not in its own signature).
         extra: dict[str, Any] = {
             "tie_word_embeddings": self.tied and not self.madlad,
-            "decoder_start_token_id": 0,
             "n_positions": self.max_position_embeddings,
         }
-        config = T5Config(
+        config = T5Config(**self._config_arguments(vocab_size), **extra)
+        if not self.madlad:
+            config.task_specific_params = T5_TRANSLATION_TASKS
+        return T5ForConditionalGeneration(config)
+
+    def _config_arguments(self, vocab_size: int) -> dict[str, Any]:
+        """The arguments T5Config and MT5Config share: sizes, buckets, no dropout, the FFN, the ids."""
+        pad, eos = (1, 2) if self.madlad else (0, 1)
+        return dict(
             vocab_size=vocab_size,
             d_model=self.d_model,
             d_kv=self.d_kv,
@@ -130,11 +139,8 @@ class T5Spec(ModelSpec):
             feed_forward_proj="gated-gelu" if self.gated or self.madlad else "relu",
             pad_token_id=pad,
             eos_token_id=eos,
-            **extra,
+            decoder_start_token_id=0,
         )
-        if not self.madlad:
-            config.task_specific_params = T5_TRANSLATION_TASKS
-        return T5ForConditionalGeneration(config)
 
     def raise_eos(self, model: Any) -> None:
         """No bias to raise in T5: the eos row of the head gains `eos_bias` along the decoder's mean output, so
@@ -174,6 +180,59 @@ def _madlad_tokenizer(out: Path, pieces: list[tuple[str, float]]) -> int:
     (out / "tokenizer_config.json").write_text(MADLAD_TOKENIZER_CONFIG, encoding="utf-8")
     (out / "special_tokens_map.json").write_text(MADLAD_SPECIAL_TOKENS_MAP, encoding="utf-8")
     return tokenizer.get_vocab_size()
+
+
+# google/mt5-base's config.json keys MT5Config does not write itself, and its tokenizer files as the hub has them
+# (tokenizer_config.json as derived repositories copy it; no tokenizer.json, no extra ids).
+MT5_CONFIG_EXTRAS: dict[str, Any] = {
+    "output_past": True,
+    "tie_word_embeddings": False,
+    "tokenizer_class": "T5Tokenizer",
+}
+MT5_TOKENIZER_CONFIG: dict[str, Any] = {
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "pad_token": "<pad>",
+    "extra_ids": 0,
+    "additional_special_tokens": None,
+    "tokenizer_file": None,
+    "name_or_path": "google/mt5-base",
+}
+MT5_SPECIAL_TOKENS_MAP = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MT5Spec(T5Spec):
+    """A random google/mt5-base-like model: MT5ForConditionalGeneration (gated-gelu, a head of its own, no output
+    scaling), and for a tokenizer only `spiece.model`, laid out as mT5's (`<pad>` 0, `</s>` 1, `<unk>` 2, no
+    `<s>`), with the hub's tokenizer config (no extra ids). The defaults are tiny."""
+
+    gated: bool = True
+    tied: bool = False
+    config_extras: ClassVar[dict[str, Any]] = MT5_CONFIG_EXTRAS
+
+    def write_tokenizer(self, out: Path, corpus: list[str] | None) -> int:
+        from transformers import T5Tokenizer
+
+        lines = self._training_corpus(corpus)
+        spm_model = train_spm(lines, self.pieces, pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+        (out / "spiece.model").write_bytes(spm_model)
+        write_json(out / "tokenizer_config.json", MT5_TOKENIZER_CONFIG)
+        write_json(out / "special_tokens_map.json", MT5_SPECIAL_TOKENS_MAP)
+        return len(T5Tokenizer.from_pretrained(str(out)))
+
+    def model(self, vocab_size: int) -> Any:
+        import torch
+        from transformers import MT5Config, MT5ForConditionalGeneration
+
+        # No n_positions: mt5-base's config names none (onnxmt then allows architectures/t5.py's 512 positions).
+        model = MT5ForConditionalGeneration(MT5Config(**self._config_arguments(vocab_size)))
+        # MT5Config ties the head whatever it is told; the checkpoint stores a head of its own, drawn as T5 draws it.
+        model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * self.init_std)
+        return model
+
+    def generation_config(self, vocab_size: int) -> dict[str, Any]:
+        return T5_GENERATION_CONFIG  # mt5-base's: the same ids as t5's
 
 
 # google/flan-t5-base's architecture (248M): d_model 768, 12+12 layers, 12 heads of 64, gated-gelu FFN 2048, 32,128
