@@ -272,6 +272,25 @@ tiny_madlad_onnx_dir = _exported("tiny_madlad_hf_dir", "tiny-madlad-onnx", "`tin
 TINY_MT5 = MT5Spec(init_std=1.0, eos_bias=0.6)
 tiny_mt5_hf_dir = _built(TINY_MT5, "tiny-mt5-hf", "A tiny random mT5 directory (spiece.model, no tokenizer.json).")
 tiny_mt5_onnx_dir = _exported("tiny_mt5_hf_dir", "tiny-mt5-onnx", "`tiny_mt5_hf_dir` exported by onnxmt.")
+
+
+@pytest.fixture(scope="session")
+def tiny_madlad_no_length_hf_dir(tiny_madlad_hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny_madlad_hf_dir` with no length in its configs, as MADLAD-400 and mT5 ship them (ids only). Read-only."""
+    import json
+    import shutil
+
+    out = Path(shutil.copytree(tiny_madlad_hf_dir, tmp_path_factory.mktemp("tiny-madlad-no-length-hf") / "model"))
+    for name in ("config.json", "generation_config.json"):
+        data = json.loads((out / name).read_text(encoding="utf-8"))
+        data.pop("max_length", None)
+        (out / name).write_text(json.dumps(data), encoding="utf-8")
+    return out
+
+
+tiny_madlad_no_length_onnx_dir = _exported(
+    "tiny_madlad_no_length_hf_dir", "tiny-madlad-no-length-onnx", "`tiny_madlad_no_length_hf_dir` exported by onnxmt."
+)
 tiny_mbart50_onnx_dir = _exported(
     "tiny_mbart50_hf_dir", "tiny-mbart50-onnx", "`tiny_mbart50_hf_dir` exported by onnxmt."
 )

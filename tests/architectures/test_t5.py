@@ -3,7 +3,6 @@ tiny random models (onnxmt/testing/t5.py), decoding past the 128 positions where
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -153,18 +152,27 @@ def test_mt5_export_refuses_a_directory_without_a_tokenizer(tiny_mt5_hf_dir: Pat
 
 
 def test_madlad_without_a_length_in_its_configs_stops_at_transformers_default(
-    tiny_madlad_hf_dir: Path, tmp_path: Path
+    tiny_madlad_no_length_hf_dir: Path, tiny_madlad_no_length_onnx_dir: Path, tiny_madlad_onnx_dir: Path
 ) -> None:
-    """MADLAD's generation config names only ids: generate() then stops at GenerationConfig's max_length 20."""
-    from onnxmt.export.exporter import ExportOptions, export
+    """MADLAD's generation config names only ids: generate() then makes at most 20 new tokens (GenerationConfig's
+    max_length 20, counted after the decoder start), and so does onnxmt; `onnxmt inspect` says so."""
+    from typer.testing import CliRunner
 
-    source = Path(shutil.copytree(tiny_madlad_hf_dir, tmp_path / "madlad"))
-    for name in ("config.json", "generation_config.json"):
-        data = json.loads((source / name).read_text())
-        data.pop("max_length", None)
-        (source / name).write_text(json.dumps(data))
-    export(str(source), tmp_path / "onnx", ExportOptions(check=False), progress=lambda _: None)
-    assert read_manifest(tmp_path / "onnx").generation["max_length"] == 20
-    got = Translator(tmp_path / "onnx").translate(SENTENCES[:4], target_lang="zh", beams=1)
-    assert [t.token_ids for t in got] == _hf_generate(source, SENTENCES[:4], "<2zh> ", num_beams=1)
-    assert max(len(t.token_ids) for t in got) <= 19
+    from onnxmt.cli import app
+
+    manifest = read_manifest(tiny_madlad_no_length_onnx_dir)
+    assert "max_length" not in manifest.generation and "max_new_tokens" not in manifest.generation
+    translator = Translator(tiny_madlad_no_length_onnx_dir)
+    for beams in (1, 4):
+        got = translator.translate(SENTENCES, target_lang="zh", beams=beams)
+        expected = _hf_generate(tiny_madlad_no_length_hf_dir, SENTENCES, "<2zh> ", num_beams=beams)
+        assert [t.token_ids for t in got] == expected
+        assert max(len(t.token_ids) for t in got) == 20  # some reach the limit
+
+    for directory, line in (
+        (tiny_madlad_no_length_onnx_dir, "at most 20 new tokens: transformers' default, as the model's configs name"),
+        (tiny_madlad_onnx_dir, "at most 255 new tokens (the model's max_length 256)"),
+    ):
+        result = CliRunner().invoke(app, ["inspect", str(directory)], env={"COLUMNS": "400"})
+        assert result.exit_code == 0, result.output
+        assert line in " ".join(result.output.split())

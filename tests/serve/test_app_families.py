@@ -1,6 +1,7 @@
 """One service of an opus-mt, an opus-mt-tc-big and an mBART-50 model (tiny random models with the real metadata):
 /languages lists each model's pairs in ISO codes, and each pair is translated by the model that has it, as the
-library translates it. A real `onnxmt serve` process without torch (tests/helpers/server.py)."""
+library translates it. A real `onnxmt serve` process without torch (tests/helpers/server.py). Then, in process, the
+length the service gives a model whose configs name none (MADLAD-400)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,43 @@ def test_a_pair_no_model_has_is_a_400(pool: Server) -> None:
     message = assert_error(translate(pool, {"q": "a", "source": "zle", "target": "de"}), 400)
     assert message.startswith("no model translates zle to de")
     assert_error(translate(pool, {"q": "a", "source": "en", "target": "xx"}), 400)
+
+
+def test_a_model_without_a_length_gets_the_fallback_length(
+    tiny_madlad_no_length_onnx_dir: Path, tiny_madlad_onnx_dir: Path
+) -> None:
+    """transformers' 20 new tokens (the library's default for MADLAD) cut sentences short: the service gives such a
+    model --fallback-max-new-tokens (at most its positions); the service's --max-new-tokens and a request's come
+    first, and a model with a length of its own keeps it."""
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from onnxmt.manifest import read_manifest
+    from onnxmt.runtime.decoding import names_no_length
+    from onnxmt.serve.app import create_app
+    from onnxmt.serve.options import ServeOptions
+
+    assert not names_no_length(read_manifest(tiny_madlad_onnx_dir))
+    translator = Translator(tiny_madlad_no_length_onnx_dir)
+
+    def library(**options: Any) -> list[str]:
+        return [t.text for t in translator.translate(SENTENCES, target_lang="zh", **options)]
+
+    def served(options: ServeOptions, decoding: DecodeOptions | None = None, **fields: Any) -> list[str]:
+        app = create_app(tiny_madlad_no_length_onnx_dir, options, decoding=decoding or DecodeOptions())
+        with TestClient(app) as client:
+            deadline = time.monotonic() + 60
+            while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            response = client.post("/translate", json={"q": SENTENCES, "source": "en", "target": "zh", **fields})
+            assert response.status_code == 200, response.text
+            return response.json()["translatedText"]
+
+    cut = library()  # 20 new tokens at most
+    whole = served(ServeOptions())
+    assert whole == library(max_new_tokens=256) != cut  # the default: 256, the tiny model's positions
+    assert served(ServeOptions(fallback_max_new_tokens=40)) == library(max_new_tokens=40)
+    assert served(ServeOptions(fallback_max_new_tokens=0)) == cut
+    assert served(ServeOptions(), DecodeOptions(max_new_tokens=30)) == library(max_new_tokens=30)
+    assert served(ServeOptions(), max_new_tokens=5) == library(max_new_tokens=5)

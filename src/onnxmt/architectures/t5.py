@@ -12,8 +12,9 @@ Languages (`target_token_prefix` scheme, text written before the source text):
 The tokenizer is the model's `tokenizer.json` (t5-small, flan-T5 and MADLAD ship one), on the `tokenizers` library.
 mT5's repositories ship only `spiece.model`: its export writes transformers' `T5Tokenizer` conversion of it as the
 directory's `tokenizer.json` (a build hook, as for mBART-50), and the run side reads that as for the others.
-transformers' default `max_length` (20) applies where the generation config names none (MADLAD ships only ids), as
-it does for transformers' `generate()`.
+Where the configs name no length (MADLAD-400 and mT5 ship only ids), the manifest names none either: the runtime
+then stops at transformers' default, 20 new tokens (runtime/decoding.py), as `generate()` does; `onnxmt inspect`
+says so, and the service gives such a model a longer default (`--fallback-max-new-tokens`).
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from .schemes import TargetTokenPrefix
 
 _LANGUAGE_TOKEN = re.compile(r"^<2([A-Za-z][A-Za-z0-9_-]*)>$")  # MADLAD's <2zh>, <2zh_Latn>
 _TASK = re.compile(r"^translation_([a-z]+)_to_([a-z]+)$")  # T5's task_specific_params keys
-# transformers' GenerationConfig default, which generate() applies when no config names a length.
-TRANSFORMERS_MAX_LENGTH = 20
 # A T5 model has no position table: the most tokens onnxmt lets it read or write when its config names none.
 DEFAULT_POSITIONS = 512
 
@@ -52,13 +51,6 @@ class T5(Architecture):
             "vocab_size": config["vocab_size"],
             "max_positions": config.get("n_positions") or DEFAULT_POSITIONS,
         }
-
-    def generation(self, generation_config: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-        """As transformers' generate() runs it: with no length in either config, GenerationConfig's 20."""
-        found = super().generation(generation_config, config)
-        if not any(key in found for key in ("max_length", "max_new_tokens")):
-            found["max_length"] = TRANSFORMERS_MAX_LENGTH
-        return found
 
     def unk_id(self, source: Path) -> int | None:
         pieces = _pieces(read_json(source / "tokenizer.json"))

@@ -58,6 +58,21 @@ def _decoder_form(manifest: Any) -> str:
     return "grown by Concat (static batches)"
 
 
+def _output_length(manifest: Any) -> str:
+    """The most tokens a translation gets by default, and where that number comes from."""
+    from ..runtime.decoding import DEFAULT_MAX_NEW_TOKENS, names_no_length
+
+    if names_no_length(manifest):
+        return (
+            f"at most {DEFAULT_MAX_NEW_TOKENS} new tokens: transformers' default, as the model's configs name no "
+            "length (most sentences are cut short); pass --max-new-tokens (onnxmt serve: --fallback-max-new-tokens)"
+        )
+    length = manifest.generation.get("max_length")
+    if length is not None:  # the decoder start counted, as transformers counts it
+        return f"at most {int(length) - 1} new tokens (the model's max_length {length})"
+    return f"at most {manifest.generation['max_new_tokens']} new tokens (the model's max_new_tokens)"
+
+
 def _summary(manifest: Any, found: dict[str, Any]) -> dict[str, str]:
     """The manifest's rows, then each graph's quantization as read from the graph."""
     langs = manifest.languages
@@ -68,6 +83,7 @@ def _summary(manifest: Any, found: dict[str, Any]) -> dict[str, str]:
         "model": ", ".join(f"{k}={v}" for k, v in manifest.model.items()),
         "special tokens": ", ".join(f"{k}={v}" for k, v in manifest.tokens.items()),
         "generation": ", ".join(f"{k}={v}" for k, v in manifest.generation.items()) or "(transformers defaults)",
+        "output length": _output_length(manifest),
         "languages": f"{langs.get('source')} -> {langs.get('target')}",
         "language scheme": str(langs.get("scheme", "target_token_prefix")),
         "source tokens": f"{len(langs['source_tokens'])} (default {langs.get('default_source')})"

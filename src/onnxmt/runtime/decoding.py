@@ -21,7 +21,10 @@ from .options import DecodeOptions
 NEG_INF = np.float32(-np.inf)
 # transformers marks impossible beams with -1e9, not -inf; the same constant keeps ties identical.
 BEAM_FLOOR = np.float32(-1.0e9)
-DEFAULT_MAX_NEW_TOKENS = 20  # transformers' GenerationConfig default max_length, counted after the start token
+# transformers' length where the model's configs name none: GenerationConfig's max_length 20, which generate()
+# counts after the decoder start ("by default let's always generate 20 new tokens"). MADLAD-400 and mT5 ship no
+# length; the service gives them a longer one (ServeOptions.fallback_max_new_tokens).
+DEFAULT_MAX_NEW_TOKENS = 20
 
 # Polled once per step: (batch,) bool, True for the rows whose request is gone (timed out, client disconnected).
 Cancelled = Callable[[], np.ndarray]
@@ -53,6 +56,13 @@ class Settings:
     renormalize: bool = False  # log-softmax again after the processors (generation_config.renormalize_logits)
 
 
+def names_no_length(manifest: Manifest) -> bool:
+    """Whether the model's generation defaults name no length (neither max_length nor max_new_tokens), so that
+    DEFAULT_MAX_NEW_TOKENS applies unless the caller sets one."""
+    gen = manifest.generation
+    return gen.get("max_length") is None and gen.get("max_new_tokens") is None
+
+
 def resolve_settings(manifest: Manifest, options: DecodeOptions) -> Settings:
     """Options first, then the model's generation defaults, then transformers' defaults."""
     gen, tokens = manifest.generation, manifest.tokens
@@ -75,7 +85,7 @@ def resolve_settings(manifest: Manifest, options: DecodeOptions) -> Settings:
         max_length = max_new + 1
     elif options.max_length is not None or gen.get("max_length") is not None:
         max_length = int(pick(options.max_length, "max_length", None))
-    elif gen.get("max_new_tokens") is not None:
+    elif not names_no_length(manifest):
         max_length = int(gen["max_new_tokens"]) + 1
     else:
         max_length = min(DEFAULT_MAX_NEW_TOKENS + 1, max_positions)

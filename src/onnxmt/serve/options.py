@@ -33,6 +33,14 @@ class ServeOptions:
     max_texts: int = option(64, help="Most texts per request.", min=1)
     max_body_bytes: int = option(1 << 20, help="Largest request body; larger get 413.", min=1)
     max_beams: int = option(8, help="Largest beam a request may ask for.", min=1)
+    # transformers stops a model whose configs name no length at 20 new tokens, mid-sentence for most sentences;
+    # 256 is CTranslate2's default decoding length. Capped by the model's positions.
+    fallback_max_new_tokens: int = option(
+        256,
+        help="Most new tokens for a model whose configs name no length (MADLAD-400, mT5), instead of transformers' "
+        "20; --max-new-tokens and a request's max_new_tokens come first (0: transformers' 20).",
+        min=0,
+    )
     max_request_cost: int = option(
         65536,
         help="Most tokens x beams per request ((source + max new tokens) x beams, summed); more get 413 (0: none).",

@@ -23,6 +23,7 @@ from ..documents.translate import Counting, counting
 from ..manifest import Manifest
 from ..models import is_model_dir, model_dirs_in
 from ..runtime.cancel import CancelToken
+from ..runtime.decoding import names_no_length
 from ..runtime.modeldir import load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.translator import Prepared, Translation, Translator, resolve_settings, text_cost
@@ -394,7 +395,18 @@ class Service:
             # LibreTranslate's alternatives are the runner-up beams: widen the beam when it is too narrow.
             default_beams = self.decoding.beams or translator.manifest.generation.get("num_beams") or 1
             beams = max(beams or default_beams, returned)
-        return self.decoding.merged(beams=beams, max_new_tokens=request.max_new_tokens, num_return_sequences=returned)
+        max_new = request.max_new_tokens
+        if max_new is None:
+            max_new = self._fallback_length(translator.manifest)
+        return self.decoding.merged(beams=beams, max_new_tokens=max_new, num_return_sequences=returned)
+
+    def _fallback_length(self, manifest: Manifest) -> int | None:
+        """--fallback-max-new-tokens (at most the model's positions) for a model whose configs name no length,
+        when the service names none either; else None (the model's or the service's own length)."""
+        own = self.decoding.max_new_tokens is not None or self.decoding.max_length is not None
+        if own or not names_no_length(manifest) or not self.options.fallback_max_new_tokens:
+            return None
+        return min(self.options.fallback_max_new_tokens, int(manifest.model["max_positions"]))
 
     def _check_cost(self, prepared: list[Prepared]) -> None:
         """ApiError 413 when the request's cost in tokens x beams is above --max-request-cost."""
