@@ -43,7 +43,8 @@ def broken_dir(tiny_onnx_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     directory = tmp_path_factory.mktemp("broken") / "model"
     shutil.copytree(tiny_onnx_dir, directory)
     model = onnx.load(str(directory / DECODER_FILE))
-    weight = next(i for i in model.graph.initializer if i.name.startswith("onnx::MatMul") and len(i.dims) == 2)
+    matmul_weights = {n.input[1] for n in model.graph.node if n.op_type == "MatMul"}
+    weight = next(i for i in model.graph.initializer if i.name in matmul_weights and len(i.dims) == 2)
     values = numpy_helper.to_array(weight)
     noisy = values + np.random.default_rng(0).normal(0, 0.5, values.shape).astype(np.float32)
     weight.CopyFrom(numpy_helper.from_array(noisy, weight.name))

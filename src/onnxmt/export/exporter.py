@@ -26,10 +26,14 @@ from ..manifest import (
     describe_files,
 )
 from ..options import option
+from .binding import TensorFile
 from .graphs import cache_names, export_decoder, export_encoder, graph_spec
 from .hub import resolve_model
 from .staging import occupied, staged
 from .weights import store_weights
+
+# The weights as traced, in the order the graphs read them; store_weights copies them into WEIGHTS_FILE.
+TRACED_WEIGHTS_FILE = "traced-weights.bin"
 
 # Largest export-time difference from PyTorch we accept in fp32; real exports measure ~1e-5.
 CHECK_TOLERANCE = 1e-3
@@ -115,14 +119,20 @@ def _export_into(
     progress("loading the PyTorch model")
     model = arch.load(str(source))
     facts = arch.facts(config)
-    progress(f"exporting the encoder ({ENCODER_FILE})")
-    export_encoder(arch.encoder(model), staging / ENCODER_FILE, facts, options.opset)
-    progress(f"exporting the decoder ({DECODER_FILE})")
-    export_decoder(arch.decoder(model, options.buffered_cache), staging / DECODER_FILE, facts, options.opset)
+    traced = TensorFile(staging / TRACED_WEIGHTS_FILE)
+    try:
+        progress(f"exporting the encoder ({ENCODER_FILE})")
+        export_encoder(arch.encoder(model), staging / ENCODER_FILE, facts, options.opset, traced)
+        progress(f"exporting the decoder ({DECODER_FILE})")
+        export_decoder(
+            arch.decoder(model, options.buffered_cache), staging / DECODER_FILE, facts, options.opset, traced
+        )
+    finally:
+        traced.close()
+    progress(f"writing {WEIGHTS_FILE}")
     stored = store_weights([staging / ENCODER_FILE, staging / DECODER_FILE], WEIGHTS_FILE)
     graph_files = [ENCODER_FILE, DECODER_FILE] + ([WEIGHTS_FILE] if stored else [])
-    # A graph over protobuf's 2 GB (NLLB-200's decoder with its transposed head) is traced with a file per tensor;
-    # store_weights read them in and wrote the graphs again without them.
+    # The traced weights were copied into WEIGHTS_FILE (or into the graphs, for a small model).
     for leftover in set(os.listdir(staging)) - set(graph_files):
         (staging / leftover).unlink()
     copied = _copy_side_files(source, staging, arch) + arch.write_tokenizer(source, staging)

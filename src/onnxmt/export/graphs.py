@@ -6,11 +6,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..layout import role_of
 from ..manifest import GraphSpec, TensorSpec
-from .weights import save_graph
+from .binding import TensorFile, bind_weights
 
 _DTYPES = {1: "float32", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64"}
 
@@ -19,7 +17,8 @@ def cache_names(prefix: str, layers: int) -> list[str]:
     return [f"{prefix}_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
 
 
-def export_encoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -> None:
+def export_encoder(module: Any, path: Path, facts: dict[str, Any], opset: int, out: TensorFile) -> None:
+    """Trace the encoder module into `path`, its large tensors in `out` (binding.py)."""
     import torch
 
     layers = facts["num_layers"]
@@ -31,10 +30,12 @@ def export_encoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -
     axes["encoder_hidden_states"] = {0: "batch", 1: "src_len"}
     axes.update({name: {0: "batch", 2: "src_len"} for name in outputs[1:]})
     _export(module, (ids, mask), path, ["input_ids", "attention_mask"], outputs, axes, opset)
+    bind_weights(path, _weights(module), out)
     fix_static_dims(path, facts)
 
 
-def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -> None:
+def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int, out: TensorFile) -> None:
+    """Trace the decoder step module into `path`, its large tensors in `out` (binding.py)."""
     import torch
 
     layers, heads, head_dim = facts["num_layers"], facts["num_heads"], facts["head_dim"]
@@ -71,7 +72,7 @@ def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int) -
     else:
         axes.update({name: {0: "rows", 2: "total_len"} for name in cache_names("present", layers)})
     _export(module, (ids, mask, *length, *past, *cross), path, inputs, outputs, axes, opset)
-    tie_transposed_weights(path)
+    bind_weights(path, _weights(module), out)
     fix_static_dims(path, facts)
 
 
@@ -104,7 +105,16 @@ def fix_static_dims(path: Path, facts: dict[str, Any]) -> None:
     onnx.save(model, str(path))  # the tensors stay where they are: in the graph or in their external files
 
 
+def _weights(module: Any) -> dict[str, Any]:
+    """The module's parameters and buffers by the names the traced graph reads them under (tied ones by each)."""
+    return {
+        **dict(module.named_buffers(remove_duplicate=False)),
+        **dict(module.named_parameters(remove_duplicate=False)),
+    }
+
+
 def _export(module, args, path, inputs, outputs, axes, opset) -> None:
+    """Trace without the weights (binding.py gives them, one at a time): the graph reads them as inputs."""
     import torch
 
     with warnings.catch_warnings(), torch.no_grad():
@@ -119,52 +129,9 @@ def _export(module, args, path, inputs, outputs, axes, opset) -> None:
             output_names=outputs,
             dynamic_axes=axes,
             opset_version=opset,
-            do_constant_folding=True,
+            export_params=False,
+            do_constant_folding=False,
         )
-
-
-def tie_transposed_weights(path: Path) -> int:
-    """Replace MatMul(x, W.T) by Gemm(x, W, transB=1) where W.T is a stored copy of another initializer W.
-
-    The exporter constant-folds the tied LM head `x @ embedding.T` into a second, transposed copy of the embedding
-    matrix (133 MB for opus-mt). Gemm reads the embedding itself. Returns the number of bytes saved.
-    """
-    import onnx
-    from onnx import helper, numpy_helper
-
-    model = onnx.load(str(path))
-    graph = model.graph
-    inits = {init.name: init for init in graph.initializer}
-    by_shape: dict[tuple[int, ...], list[str]] = {}
-    for name, init in inits.items():
-        by_shape.setdefault(tuple(init.dims), []).append(name)
-    saved = 0
-    for index, node in enumerate(list(graph.node)):
-        if node.op_type != "MatMul" or node.input[1] not in inits:
-            continue
-        weight = inits[node.input[1]]
-        if len(weight.dims) != 2:
-            continue
-        transposed = numpy_helper.to_array(weight).T
-        twin = next(
-            (
-                n
-                for n in by_shape.get(transposed.shape, [])
-                if np.array_equal(numpy_helper.to_array(inits[n]), transposed)
-            ),
-            None,
-        )
-        if twin is None:
-            continue
-        gemm = helper.make_node("Gemm", [node.input[0], twin], list(node.output), name=node.name + "_tied", transB=1)
-        graph.node.remove(node)
-        graph.node.insert(index, gemm)
-        if not any(weight.name in n.input for n in graph.node):
-            graph.initializer.remove(weight)
-            saved += transposed.nbytes
-    if saved:
-        save_graph(model, path)  # over 2 GB even without the copy for NLLB-200-1.3B
-    return saved
 
 
 def graph_spec(path: Path, file_name: str) -> GraphSpec:

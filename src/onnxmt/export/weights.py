@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 WEIGHTS_ALIGN = 1 << 16  # ONNX Runtime maps external data at offsets aligned to 64 KiB (Windows' granularity)
 MAP_MIN_BYTES = 1 << 16  # smaller tensors stay in the graph files, unless several graphs hold them
@@ -67,45 +70,133 @@ def save_graph(model: Any, path: Path) -> None:
 def store_weights(paths: list[Path], file_name: str) -> bool:
     """Rewrite the graph files `paths` (one directory) so that their large and shared tensors live in `file_name`
     next to them, their tied LM heads in chunks (module docstring). Returns whether `file_name` was written. Running
-    it again on its own output stores the same bytes the same way."""
+    it again on its own output stores the same bytes the same way.
+
+    Tensors are read where they are (in the graph files, or in external files next to them: an earlier
+    `file_name`, side files, the export's traced weights) a block at a time, when they are hashed and when they are
+    written: the call holds no weight in memory, whatever the model's size."""
     import onnx
 
-    models = [onnx.load(str(p)) for p in paths]  # any external data is read in: the file can be rewritten
-    # Tensors are told apart by digest, not by their bytes: protobuf copies `raw_data` on every read, and keys holding
-    # the bytes would keep a second copy of every weight (2.4 GB for NLLB-200-600M) for the whole call.
-    # Where a key's bytes are read from when they are written: an initializer holding them, or the bytes themselves.
+    directory = paths[0].parent
+    models = [onnx.load(str(p), load_external_data=False) for p in paths]
+    reader = _Reader(directory)
+    # Tensors are told apart by digest, not by their bytes (which would be a second copy of every weight).
+    # Where a key's bytes are read from when they are written: an initializer holding them or pointing at them.
     data: dict[_Key, Any] = {}
-    slices = [_cut_heads(model, data) for model in models]
-    keys, holders = _tensor_keys(models, slices, data)
-    mapped, shared = _placement(holders, slices)
-    if not mapped and not shared:
-        for model, path in zip(models, paths, strict=True):
-            onnx.save(model, str(path))
-            side_file(path).unlink(missing_ok=True)
-        return False
-    offsets = _write_tensors(paths[0].parent / file_name, mapped, shared, data)
+    try:
+        slices = [_cut_heads(model, data, reader) for model in models]
+        keys, holders = _tensor_keys(models, slices, data, reader)
+        mapped, shared = _placement(holders, slices)
+        written = directory / (file_name + ".partial")
+        if mapped or shared:  # into a new file: the old one may be what is read
+            offsets = _write_tensors(written, mapped, shared, data, reader)
+            for model, rows, names in zip(models, slices, keys, strict=True):
+                _point_initializers(model, file_name, offsets, rows, names)
+        for model in models:  # what stays inside the graph files is read in from where it was
+            _read_in(model, file_name if (mapped or shared) else None, reader)
+    finally:
+        reader.close()
     data.clear()
-    for model, path, rows, names in zip(models, paths, slices, keys, strict=True):
-        _point_initializers(model, file_name, offsets, rows, names)
+    for model, path in zip(models, paths, strict=True):
         onnx.save(model, str(path))
-        side_file(path).unlink(missing_ok=True)  # read in above, now in file_name
+    for path in paths:
+        side_file(path).unlink(missing_ok=True)  # read in above, now in file_name or the graph
+    if not mapped and not shared:
+        return False
+    written.replace(directory / file_name)
     return True
 
 
-def _cut_heads(model: Any, data: dict[_Key, Any]) -> dict[str, tuple[_Key, int]]:
+class _Reader:
+    """The bytes of initializers, from the graph (raw_data) or from the external file they point to, in blocks."""
+
+    BLOCK = 64 << 20
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._files: dict[str, Any] = {}
+
+    def blocks(self, tensor: Any) -> Iterator[bytes]:
+        if not _is_external(tensor):
+            yield tensor.raw_data
+            return
+        location, offset, length = _external(tensor)
+        if location not in self._files:
+            self._files[location] = open(self.directory / location, "rb")  # noqa: SIM115 - closed by close()
+        f = self._files[location]
+        f.seek(offset)
+        while length > 0:
+            block = f.read(min(self.BLOCK, length))
+            if not block:
+                raise ValueError(f"{self.directory / location}: ends before the tensor {tensor.name!r} does")
+            length -= len(block)
+            yield block
+
+    def key(self, tensor: Any) -> _Key:
+        digest, size = hashlib.sha256(), 0
+        for block in self.blocks(tensor):
+            digest.update(block)
+            size += len(block)
+        return tensor.data_type, digest.digest(), size
+
+    def raw(self, tensor: Any) -> bytes:
+        return b"".join(self.blocks(tensor))
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+
+def _is_external(tensor: Any) -> bool:
+    from onnx import TensorProto
+
+    return bool(tensor.data_location == TensorProto.EXTERNAL)
+
+
+def _external(tensor: Any) -> tuple[str, int, int]:
+    """An external tensor's file, offset and length."""
+    entries = {e.key: e.value for e in tensor.external_data}
+    if "length" in entries:
+        length = int(entries["length"])
+    else:
+        from onnx import helper
+
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+        length = math.prod(tensor.dims) * itemsize
+    return entries["location"], int(entries.get("offset", 0)), length
+
+
+def nbytes(tensor: Any) -> int:
+    """The bytes of a tensor's data, wherever they are."""
+    return _external(tensor)[2] if _is_external(tensor) else len(tensor.raw_data)
+
+
+def _read_in(model: Any, stored: str | None, reader: _Reader) -> None:
+    """Initializers still pointing elsewhere than `stored` (small tensors left in the graph) get their bytes."""
+    for init in model.graph.initializer:
+        if _is_external(init) and (stored is None or _external(init)[0] != stored):
+            raw = reader.raw(init)
+            init.data_location = 0
+            del init.external_data[:]
+            init.raw_data = raw
+
+
+def _cut_heads(model: Any, data: dict[_Key, Any], reader: _Reader) -> dict[str, tuple[_Key, int]]:
     """Cut the heads of `model` into chunks again, with today's chunk size (a directory stored before has them cut
     already), and return its chunk tensors: name -> (the whole tensor's key, offset of its rows in it). The chunks
-    point into the whole tensor, stored however small, even where no initializer holds it any more: its bytes are
-    kept in `data`."""
+    point into the whole tensor, stored however small, even where no initializer holds it any more: a copy of its
+    initializer (a reference, where it is external) is kept in `data`."""
     join_heads(model)
     transpose_quantized_heads(model)
-    cut = chunk_heads(model)
+    cut = chunk_heads(model, base_dir=reader.directory)
     inits = {init.name: init for init in model.graph.initializer}  # with the biases chunk_heads made
     wholes: dict[str, _Key] = {}
-    for whole in {whole for whole, _ in cut.values()}:
-        raw = inits[whole].raw_data
-        wholes[whole] = _key(inits[whole].data_type, raw)
-        data.setdefault(wholes[whole], raw)  # kept: the cut may leave no initializer holding it
+    for whole in sorted({whole for whole, _ in cut.values()}):
+        wholes[whole] = reader.key(inits[whole])
+        kept = type(inits[whole])()
+        kept.CopyFrom(inits[whole])
+        data.setdefault(wholes[whole], kept)  # kept: the cut may leave no initializer holding it
     rows = {name: (wholes[whole], start) for name, (whole, start) in cut.items()}
     _drop_unused(model.graph)
     kept = {init.name for init in model.graph.initializer}
@@ -113,7 +204,7 @@ def _cut_heads(model: Any, data: dict[_Key, Any]) -> dict[str, tuple[_Key, int]]
 
 
 def _tensor_keys(
-    models: list[Any], slices: list[dict[str, tuple[_Key, int]]], data: dict[_Key, Any]
+    models: list[Any], slices: list[dict[str, tuple[_Key, int]]], data: dict[_Key, Any], reader: _Reader
 ) -> tuple[list[dict[str, _Key]], dict[_Key, int]]:
     """Per graph, each initializer that is not a chunk -> its key; and per key, how many initializers over all
     graphs hold those bytes (0 for a whole tensor only chunks point into). Each key's first holder goes into
@@ -125,9 +216,8 @@ def _tensor_keys(
         for init in model.graph.initializer:
             if init.name in rows:
                 continue
-            raw = init.raw_data
-            if raw:
-                key = names[init.name] = _key(init.data_type, raw)
+            if nbytes(init):
+                key = names[init.name] = reader.key(init)
                 holders[key] = holders.get(key, 0) + 1
                 data.setdefault(key, init)
         keys.append(names)
@@ -148,22 +238,22 @@ def _placement(holders: dict[_Key, int], slices: list[dict[str, tuple[_Key, int]
     return mapped, shared
 
 
-def _write_tensors(path: Path, mapped: list[_Key], shared: list[_Key], data: dict[_Key, Any]) -> dict[_Key, int]:
+def _write_tensors(
+    path: Path, mapped: list[_Key], shared: list[_Key], data: dict[_Key, Any], reader: _Reader
+) -> dict[_Key, int]:
     """Write the weights file: the mapped tensors largest first at aligned offsets, then the shared ones packed.
-    Returns each tensor's offset."""
-
-    def raw_of(key: _Key) -> bytes:
-        held = data[key]
-        return held if isinstance(held, bytes) else held.raw_data
-
+    Returns each tensor's offset. The order depends on the tensors alone (size, then digest), not on their names or
+    the order the graphs list them in."""
     offsets: dict[_Key, int] = {}
     with open(path, "wb") as f:
-        for key in sorted(mapped, key=lambda k: -k[2]):
+        for key in sorted(mapped, key=lambda k: (-k[2], k[1])):
             offsets[key] = f.seek(-(-f.tell() // WEIGHTS_ALIGN) * WEIGHTS_ALIGN)
-            f.write(raw_of(key))
-        for key in shared:  # packed, unaligned: ONNX Runtime reads these
+            for block in reader.blocks(data[key]):
+                f.write(block)
+        for key in sorted(shared, key=lambda k: (-k[2], k[1])):  # packed, unaligned: ONNX Runtime reads these
             offsets[key] = f.tell()
-            f.write(raw_of(key))
+            for block in reader.blocks(data[key]):
+                f.write(block)
     return offsets
 
 
@@ -179,13 +269,13 @@ def _point_initializers(
     for init in model.graph.initializer:
         if init.name in rows:
             whole_key, start = rows[init.name]
-            _point_to(init, file_name, offsets[whole_key] + start, len(init.raw_data))
+            point_to(init, file_name, offsets[whole_key] + start, nbytes(init))
         elif init.name in names and names[init.name] in offsets:
             key = names[init.name]
-            _point_to(init, file_name, offsets[key], key[2])
+            point_to(init, file_name, offsets[key], key[2])
 
 
-def chunk_heads(model: Any, chunk_bytes: int | None = None) -> dict[str, tuple[str, int]]:
+def chunk_heads(model: Any, chunk_bytes: int | None = None, base_dir: Path | None = None) -> dict[str, tuple[str, int]]:
     """Cut each `Gemm` with transB=1 on a weight of more than `chunk_bytes` into Gemms over row ranges of
     it, joined by a `Concat` with the original output. Returns the new sliced tensors: name -> (the tensor it is
     rows of, byte offset of its first row in it)."""
@@ -201,12 +291,12 @@ def chunk_heads(model: Any, chunk_bytes: int | None = None) -> dict[str, tuple[s
             continue
         _as_raw(node, layout, inits)  # slicing works on raw bytes
         rows = weight.dims[0]
-        step = _chunk_rows(rows, len(weight.raw_data), limit)
+        step = _chunk_rows(rows, nbytes(weight), limit)
         if step is None:
             continue
         if any(not _per_row(inits.get(node.input[i]), rows) for i in layout[1:]):
             continue  # a companion that is neither one value nor one per row could not be cut with the rows
-        _cut_head(graph, node, layout, rows, step, inits, slices)
+        _cut_head(graph, node, layout, rows, step, inits, slices, base_dir)
     return slices
 
 
@@ -240,6 +330,7 @@ def _cut_head(
     step: int,
     inits: dict[str, Any],
     slices: dict[str, tuple[str, int]],
+    base_dir: Path | None,
 ) -> None:
     """Replace the head `node` by Gemms over `step` rows at a time of its weight (and per-row companions), joined
     by a `Concat`; the chunk tensors it makes are added to `slices`."""
@@ -247,22 +338,21 @@ def _cut_head(
 
     whole_inputs, output, absorbed = list(node.input), node.output[0], []
     beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0)  # Gemm scales C by beta
-    add = bias_add(graph, node, rows, inits) if len(node.input) == 2 and beta == 1.0 else None
+    add = bias_add(graph, node, rows, inits, base_dir) if len(node.input) == 2 and beta == 1.0 else None
     if add is not None:  # Gemm adds the bias in its output pass: the chunks cost no extra pass over the logits
         whole_inputs.append(add[1])
         layout = (*layout, 2)
         output, absorbed = add[0].output[0], [add[0]]
-    # protobuf copies raw_data on every read (1 GB for NLLB-200's head): each tensor is read once.
-    raws = {i: inits[whole_inputs[i]].raw_data for i in layout if whole_inputs[i] in inits}
+    cut = {i for i in layout if whole_inputs[i] in inits and nbytes(inits[whole_inputs[i]])}
     heads = []
     for start in range(0, rows, step):
         stop = min(rows, start + step)
         inputs = list(whole_inputs)
         for i in layout:
             tensor = inits.get(inputs[i])
-            if tensor is not None and raws.get(i) and tensor.dims and tensor.dims[0] == rows:
+            if tensor is not None and i in cut and tensor.dims and tensor.dims[0] == rows:
                 # per-row scales, zero points, biases too
-                inputs[i] = _rows_of(graph, inits, slices, tensor, raws[i], start, stop)
+                inputs[i] = _rows_of(graph, inits, slices, tensor, start, stop)
         tag = f"{_ROWS}{start}-{stop}"
         head = helper.make_node(node.op_type, inputs, [output + tag], name=node.name + tag)
         head.domain = node.domain
@@ -279,19 +369,22 @@ def _rows_of(
     inits: dict[str, Any],
     slices: dict[str, tuple[str, int]],
     tensor: Any,
-    raw: bytes,
     start: int,
     stop: int,
 ) -> str:
-    """The name of an initializer holding rows start:stop of `tensor` (whose bytes are `raw`), made and recorded
-    in `slices` the first time."""
+    """The name of an initializer holding rows start:stop of `tensor` (a reference to them where `tensor` is
+    external), made and recorded in `slices` the first time."""
     from onnx import TensorProto
 
     name = f"{tensor.name}{_ROWS}{start}-{stop}"
     if name not in inits:
-        row_bytes = len(raw) // tensor.dims[0]
+        row_bytes = nbytes(tensor) // tensor.dims[0]
         part = TensorProto(name=name, data_type=tensor.data_type, dims=[stop - start, *tensor.dims[1:]])
-        part.raw_data = raw[start * row_bytes : stop * row_bytes]
+        if _is_external(tensor):
+            location, offset, _ = _external(tensor)
+            point_to(part, location, offset + start * row_bytes, (stop - start) * row_bytes)
+        else:
+            part.raw_data = tensor.raw_data[start * row_bytes : stop * row_bytes]
         graph.initializer.append(part)
         inits[name] = part
         slices[name] = (tensor.name, start * row_bytes)
@@ -319,14 +412,15 @@ def join_heads(model: Any) -> int:
                 continue
             whole = name.rsplit(_ROWS, 1)[0]
             parts = [inits[h.input[i]] for h in heads]
-            data = b"".join(p.raw_data for p in parts)
+            joined_part = TensorProto(data_type=parts[0].data_type, dims=[sum(p.dims[0] for p in parts)])
+            joined_part.dims.extend(parts[0].dims[1:])
+            _join_data(joined_part, parts)
             existing = inits.get(whole)
-            if existing is None or existing.raw_data != data or existing.data_type != parts[0].data_type:
+            if existing is None or not _same_data(existing, joined_part):
                 while whole in inits:
                     whole += "_"
-                rows = sum(p.dims[0] for p in parts)
-                existing = TensorProto(name=whole, data_type=parts[0].data_type, dims=[rows, *parts[0].dims[1:]])
-                existing.raw_data = data
+                existing = joined_part
+                existing.name = whole
                 graph.initializer.append(existing)
                 inits[whole] = existing
             inputs[i] = whole
@@ -340,6 +434,26 @@ def join_heads(model: Any) -> int:
     if joined:
         _drop_unused(graph)
     return joined
+
+
+def _join_data(tensor: Any, parts: list[Any]) -> None:
+    """Give `tensor` the bytes of `parts` one after another: a reference where they lie end to end in one file
+    (chunks of a stored head), else the bytes themselves."""
+    if all(_is_external(p) for p in parts):
+        spans = [_external(p) for p in parts]
+        ends = [offset + length for _, offset, length in spans]
+        if all(s[0] == spans[0][0] for s in spans) and all(s[1] == e for s, e in zip(spans[1:], ends, strict=False)):
+            point_to(tensor, spans[0][0], spans[0][1], ends[-1] - spans[0][1])
+            return
+    if any(_is_external(p) for p in parts):
+        raise ValueError(f"the chunks of {parts[0].name!r} are not stored end to end; cannot join them")
+    tensor.raw_data = b"".join(p.raw_data for p in parts)
+
+
+def _same_data(a: Any, b: Any) -> bool:
+    if a.data_type != b.data_type or list(a.dims) != list(b.dims) or _is_external(a) != _is_external(b):
+        return False
+    return _external(a) == _external(b) if _is_external(a) else a.raw_data == b.raw_data
 
 
 def twin_transpose(graph: Any, inits: dict[str, Any], weight: str, name: str) -> Any:
@@ -385,7 +499,9 @@ def _per_row(tensor: Any, rows: int) -> bool:
     return tensor is not None and (size == 1 or list(tensor.dims) == [rows])
 
 
-def bias_add(graph: Any, gemm: Any, rows: int, inits: dict[str, Any]) -> tuple[Any, str] | None:
+def bias_add(
+    graph: Any, gemm: Any, rows: int, inits: dict[str, Any], base_dir: Path | None = None
+) -> tuple[Any, str] | None:
     """The `Add` of a constant bias of one value per row of B (per logit) that alone reads `gemm`'s output, and the
     bias as an initializer (made from a `Constant` node where the exporter left one), or None."""
     from onnx import helper, numpy_helper
@@ -395,8 +511,8 @@ def bias_add(graph: Any, gemm: Any, rows: int, inits: dict[str, Any]) -> tuple[A
         return None
     add = readers[0]
     other = add.input[1] if add.input[0] == gemm.output[0] else add.input[0]
-    if other in inits:
-        value = numpy_helper.to_array(inits[other])
+    if other in inits:  # external (the export's traced weights) read from `base_dir`
+        value = numpy_helper.to_array(inits[other], base_dir=str(base_dir or ""))
     else:
         constant = next((n for n in graph.node if n.op_type == "Constant" and n.output[0] == other), None)
         if constant is None or [a.name for a in constant.attribute] != ["value"]:
@@ -459,11 +575,8 @@ def _read_names(graph: Any) -> set[str]:
 _Key = tuple[int, bytes, int]  # a tensor's data type, the sha256 of its bytes, their length
 
 
-def _key(data_type: int, raw: bytes) -> _Key:
-    return data_type, hashlib.sha256(raw).digest(), len(raw)
-
-
-def _point_to(tensor: Any, location: str, offset: int, length: int) -> None:
+def point_to(tensor: Any, location: str, offset: int, length: int) -> None:
+    """Make `tensor` an external one, its bytes at `offset` in the file `location` (relative to its graph's)."""
     import onnx
 
     tensor.ClearField("raw_data")
