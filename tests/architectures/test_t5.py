@@ -124,6 +124,26 @@ def test_t5_translates_only_the_pairs_its_config_names(tiny_t5_onnx_dir: Path) -
     assert max(manifest.provenance["check"].values()) < 1e-4
 
 
+@pytest.mark.parametrize(("form", "code", "prefix"), FORMS)
+def test_per_row_int8_and_int4_translate_sanely(form: str, code: str | None, prefix: str, request, tmp_path) -> None:
+    """int4 matters most here (MADLAD-3B): its graphs load (no ReduceMean, whose axes input the quantizer's opset 21
+    needs) and, like per-row int8, start as fp32 does; no output is all `<unk>` (what fp16 gives MADLAD)."""
+    from onnxmt.export.quantize import QuantizeOptions, quantize
+
+    onnx_dir = request.getfixturevalue(f"tiny_{form}_onnx_dir")
+    reference = [t.token_ids for t in Translator(onnx_dir).translate(SENTENCES, target_lang=code, beams=1)]
+    # (options, how many of the 16 outputs start with fp32's first token at least; measured: 16, and 12 to 13)
+    for options, agreeing in ((QuantizeOptions(per_row_scales=True), 15), (QuantizeOptions(int4=True), 10)):
+        out = tmp_path / ("int4" if options.int4 else "rows")
+        quantize(onnx_dir, out, options, progress=lambda _: None)
+        translator = Translator(out)
+        assert translator.manifest.quantization is not None
+        got = [t.token_ids for t in translator.translate(SENTENCES, target_lang=code, beams=1)]
+        assert sum(g[:1] == r[:1] for g, r in zip(got, reference, strict=True)) >= agreeing, (out.name, got)
+        tokens = [t for ids in got for t in ids]
+        assert tokens.count(translator.manifest.tokens["unk"]) < len(tokens) / 10, out.name
+
+
 def test_mt5_export_writes_transformers_tokenizer_json(tiny_mt5_hf_dir: Path, tiny_mt5_onnx_dir: Path) -> None:
     """mT5 ships only spiece.model: the export writes T5Tokenizer's conversion, with mT5's ids and no extra ids."""
     import torch

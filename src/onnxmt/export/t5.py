@@ -10,7 +10,8 @@ What differs from BART-style models, each as transformers' modeling_t5.py comput
   come from a table made here with transformers' own `_relative_position_bucket` (its float log truncated to an
   integer), indexed by the distance clamped to `relative_attention_max_distance`, past which every bucket is the
   same: the graph has no float log, so every position gets exactly transformers' bucket;
-- RMSNorm (T5LayerNorm) before each sublayer and after each stack, no embedding scale, no positions;
+- RMSNorm (T5LayerNorm) before each sublayer and after each stack, without ReduceMean (`_rms_norm`), no embedding
+  scale, no positions;
 - FFN: relu (t5) or gated `act(wi_0 x) * wi_1 x` (gelu_new: v1.1, flan-T5, mT5, MADLAD);
 - head: t5 ties it to the embedding and scales the decoder output by d_model^-0.5 first (`scale_decoder_outputs`);
   the others have their own head, unscaled (`_scales_decoder_outputs`).
@@ -38,6 +39,15 @@ TOKENIZER_FILE = "tokenizer.json"
 def _project(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
     """`linear(x)` as a MatMul (T5 has no biases): the int8 quantizer quantizes layer MatMuls per channel."""
     return torch.matmul(x, linear.weight.t())
+
+
+def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    """T5LayerNorm as transformers computes it, with the mean of squares as ReduceSum / d_model rather than
+    ReduceMean: int4's quantizer (MatMulNBitsQuantizer) raises the graph's opset to 21 without rewriting its nodes,
+    and ReduceMean's `axes` moved from an attribute to an input at opset 18 (the graph would not load), ReduceSum's
+    at opset 13."""
+    variance = x.pow(2).sum(-1, keepdim=True) / norm.weight.shape[0]
+    return norm.weight * (x * torch.rsqrt(variance + norm.variance_epsilon))
 
 
 def bucket_table(attention: Any, bidirectional: bool) -> torch.Tensor:
@@ -96,7 +106,7 @@ class T5EncoderExport(_T5Parts):
         for block in self.blocks:
             sublayer = block.layer[0]
             attention = sublayer.SelfAttention
-            x = sublayer.layer_norm(hidden)
+            x = _rms_norm(sublayer.layer_norm, hidden)
             projections = (attention.q, attention.k, attention.v)
             q, k, v = (_split_heads(_project(x, p), self.heads, self.head_dim) for p in projections)
             scores = torch.matmul(q, k.transpose(2, 3)) + bias + mask  # transformers' order: scores, bias, mask
@@ -104,8 +114,8 @@ class T5EncoderExport(_T5Parts):
             attended = attended.reshape(input_ids.shape[0], -1, self.heads * self.head_dim)
             hidden = hidden + _project(attended, attention.o)
             ffn = block.layer[-1]
-            hidden = hidden + self._ffn(ffn, ffn.layer_norm(hidden))
-        states = self.final_layer_norm(hidden)
+            hidden = hidden + self._ffn(ffn, _rms_norm(ffn.layer_norm, hidden))
+        states = _rms_norm(self.final_layer_norm, hidden)
         outputs = [states]
         for block in self.decoder_blocks:
             cross = block.layer[1].EncDecAttention
@@ -157,7 +167,7 @@ class T5DecoderExport(_T5Parts):
         for i, block in enumerate(self.blocks):
             sublayer = block.layer[0]
             attention = sublayer.SelfAttention
-            x = sublayer.layer_norm(hidden)
+            x = _rms_norm(sublayer.layer_norm, hidden)
             projections = (attention.q, attention.k, attention.v)
             q, k, v = (_project(x, p).reshape(rows, self.heads, 1, self.head_dim) for p in projections)
             keys, values = past[2 * i], past[2 * i + 1]
@@ -170,14 +180,14 @@ class T5DecoderExport(_T5Parts):
 
             sublayer = block.layer[1]
             cross_attention = sublayer.EncDecAttention
-            query = _project(sublayer.layer_norm(hidden), cross_attention.q)
+            query = _project(_rms_norm(sublayer.layer_norm, hidden), cross_attention.q)
             attended = _attend_beams(
                 query, cross[2 * i], cross[2 * i + 1], cross_mask, sentences, 1.0, self.heads, self.head_dim
             )
             hidden = hidden + _project(attended, cross_attention.o)
             ffn = block.layer[2]
-            hidden = hidden + self._ffn(ffn, ffn.layer_norm(hidden))
-        hidden = self.final_layer_norm(hidden)
+            hidden = hidden + self._ffn(ffn, _rms_norm(ffn.layer_norm, hidden))
+        hidden = _rms_norm(self.final_layer_norm, hidden)
         if self.output_scale is not None:
             hidden = hidden * self.output_scale
         return (F.linear(hidden, self.lm_head.weight), *outputs)
