@@ -4,6 +4,7 @@ weights.bin, the same translations, fp32 and int8."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -36,6 +37,7 @@ def _traced_with_weights(module: object, path: Path) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.onnx, "export", folding)
         patch.setattr(graphs, "bind_weights", lambda path, weights, out: _tie_by_value(path))
+        patch.setattr(graphs, "shape_inference_without_weight_values", contextlib.nullcontext)
         if path.name == ENCODER_FILE:
             graphs.export_encoder(module, path, _FACTS, 17, None)  # type: ignore[arg-type]
         else:
@@ -148,3 +150,23 @@ def test_binding_folds_weight_only_nodes_ties_heads_and_keeps_scalars_scalar(tmp
     np.testing.assert_allclose(z, x @ v.numpy().T, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(rows, w.numpy()[[3, 5]])
     assert shifted.tolist() == [3, 5]
+
+
+def test_shape_inference_without_weight_values_traces_the_same_graphs(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    """What lets the export trace in bounded memory (graphs.py) changes nothing in the traced graphs."""
+    config = json.loads((tiny_hf_dir / "config.json").read_text(encoding="utf-8"))
+    arch = get_architecture(config["model_type"]).for_source(tiny_hf_dir)
+    model = arch.load(str(tiny_hf_dir))
+    facts = arch.facts(config)
+    traced: dict[str, onnx.ModelProto] = {}
+    for kind in ("without values", "with values"):
+        with pytest.MonkeyPatch.context() as patch:
+            if kind == "with values":
+                patch.setattr(graphs, "shape_inference_without_weight_values", contextlib.nullcontext)
+            patch.setattr(graphs, "bind_weights", lambda path, weights, out: None)
+            patch.setattr(graphs, "fix_static_dims", lambda path, facts: None)
+            graphs.export_decoder(arch.decoder(model, True), tmp_path / f"{kind}.onnx", facts, 17, None)  # type: ignore[arg-type]
+        traced[kind] = onnx.load(str(tmp_path / f"{kind}.onnx"))
+    a, b = traced["without values"].graph, traced["with values"].graph
+    assert len(a.node) > 100 and a.output[0].type.tensor_type.shape.dim  # inferred: the logits' shape
+    assert (a.node, a.input, a.output, a.value_info) == (b.node, b.input, b.output, b.value_info)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -129,6 +130,11 @@ def _export_into(
         )
     finally:
         traced.close()
+    feed = _check_feed(facts, arch.tokens(source, config, _read_json(source / "generation_config.json")))
+    expected = _pytorch_outputs(model, feed) if options.check else None
+    # The PyTorch model goes before the weights are stored and ONNX Runtime loads them: never both resident.
+    del model
+    gc.collect()
     progress(f"writing {WEIGHTS_FILE}")
     stored = store_weights([staging / ENCODER_FILE, staging / DECODER_FILE], WEIGHTS_FILE)
     graph_files = [ENCODER_FILE, DECODER_FILE] + ([WEIGHTS_FILE] if stored else [])
@@ -140,7 +146,8 @@ def _export_into(
     report = None
     if options.check:
         progress("checking the ONNX graphs against PyTorch")
-        report = check_against_pytorch(model, staging, manifest)
+        assert expected is not None
+        report = check_against_pytorch(expected, feed, staging, manifest)
         if report.worst > CHECK_TOLERANCE:
             raise ExportError(f"exported graphs disagree with PyTorch: {report} (tolerance {CHECK_TOLERANCE})")
         manifest = _with_provenance(manifest, check=report.__dict__)
@@ -231,47 +238,71 @@ def _with_provenance(manifest: Manifest, **extra: Any) -> Manifest:
     return replace(manifest, provenance={**manifest.provenance, **extra})
 
 
-def check_against_pytorch(model: Any, directory: Path, manifest: Manifest) -> CheckReport:
-    """Encoder states, first-step logits and one cached step of the ONNX graphs against PyTorch, on a padded batch."""
-    import onnxruntime as ort
-    import torch
+@dataclass(frozen=True)
+class _CheckFeed:
+    """The check's inputs: a padded batch of two sentences, the decoder start, and a second token per row."""
 
-    layers, heads, head_dim = (manifest.model[k] for k in ("num_layers", "num_heads", "head_dim"))
-    vocab = manifest.model["vocab_size"]
+    ids: np.ndarray
+    mask: np.ndarray
+    start: np.ndarray
+    second_ids: np.ndarray
+
+
+def _check_feed(facts: dict[str, Any], tokens: dict[str, Any]) -> _CheckFeed:
     rng = np.random.default_rng(0)
-    ids = rng.integers(2, vocab - 1, size=(2, 7)).astype(np.int64)
-    ids[:, -1] = manifest.tokens["eos"]
+    ids = rng.integers(2, facts["vocab_size"] - 1, size=(2, 7)).astype(np.int64)
+    ids[:, -1] = tokens["eos"]
     mask = np.ones_like(ids)
     mask[1, 4:] = 0
-    ids[1, 4:] = manifest.tokens["pad"]
+    ids[1, 4:] = tokens["pad"]
+    start = np.full((2, 1), tokens["decoder_start"], dtype=np.int64)
+    return _CheckFeed(ids, mask, start, np.array([[5], [6]], dtype=np.int64))
+
+
+def _pytorch_outputs(model: Any, feed: _CheckFeed) -> tuple[np.ndarray, np.ndarray]:
+    """PyTorch's encoder states and the logits of both decoder steps, for the check after the model is gone."""
+    import torch
+
+    with torch.no_grad():
+        t_ids, t_mask = torch.from_numpy(feed.ids), torch.from_numpy(feed.mask)
+        states = model.get_encoder()(input_ids=t_ids, attention_mask=t_mask).last_hidden_state.numpy()
+        decoder_ids = torch.from_numpy(np.concatenate([feed.start, feed.second_ids], axis=1))
+        logits = model(input_ids=t_ids, attention_mask=t_mask, decoder_input_ids=decoder_ids).logits.numpy()
+    return states.copy(), logits.copy()
+
+
+def check_against_pytorch(
+    expected: tuple[np.ndarray, np.ndarray], feed: _CheckFeed, directory: Path, manifest: Manifest
+) -> CheckReport:
+    """Encoder states, first-step logits and one cached step of the ONNX graphs against PyTorch's (`expected`,
+    from `_pytorch_outputs`), on a padded batch."""
+    import onnxruntime as ort
+
+    layers, heads, head_dim = (manifest.model[k] for k in ("num_layers", "num_heads", "head_dim"))
+    rng = np.random.default_rng(1)
+    ids, mask = feed.ids, feed.mask
     encoder = ort.InferenceSession(str(directory / ENCODER_FILE), providers=["CPUExecutionProvider"])
     decoder = ort.InferenceSession(str(directory / DECODER_FILE), providers=["CPUExecutionProvider"])
     encoded = encoder.run(None, {"input_ids": ids, "attention_mask": mask})
-    start = np.full((2, 1), manifest.tokens["decoder_start"], dtype=np.int64)
-    feed: dict[str, np.ndarray] = {"input_ids": start, "encoder_attention_mask": mask}
+    run: dict[str, np.ndarray] = {"input_ids": feed.start, "encoder_attention_mask": mask}
     buffered = manifest.graphs["decoder"].has_input("past_length")
     # A buffer's spare positions hold junk here, so that the check also proves they are masked out.
     size = (2, heads, 4 if buffered else 0, head_dim)
     past = [(rng.standard_normal(size) * 100).astype(np.float32) for _ in cache_names("past", layers)]
-    feed.update(zip(cache_names("past", layers), past, strict=True))
-    feed.update(dict(zip(cache_names("cross", layers), encoded[1:], strict=True)))
+    run.update(zip(cache_names("past", layers), past, strict=True))
+    run.update(dict(zip(cache_names("cross", layers), encoded[1:], strict=True)))
     if buffered:
-        feed["past_length"] = np.zeros(2, dtype=np.int64)
-    first = decoder.run(None, feed)
-    second_ids = np.array([[5], [6]], dtype=np.int64)
-    feed["input_ids"] = second_ids
+        run["past_length"] = np.zeros(2, dtype=np.int64)
+    first = decoder.run(None, run)
+    run["input_ids"] = feed.second_ids
     if buffered:  # the new key/value go into the buffers, at position 0
         for buffer, new in zip(past, first[1:], strict=True):
             buffer[:, :, :1] = new
-        feed["past_length"] = np.ones(2, dtype=np.int64)
+        run["past_length"] = np.ones(2, dtype=np.int64)
     else:
-        feed.update(zip(cache_names("past", layers), first[1:], strict=True))
-    second = decoder.run(None, feed)
-    with torch.no_grad():
-        t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
-        states = model.get_encoder()(input_ids=t_ids, attention_mask=t_mask).last_hidden_state.numpy()
-        decoder_ids = torch.from_numpy(np.concatenate([start, second_ids], axis=1))
-        logits = model(input_ids=t_ids, attention_mask=t_mask, decoder_input_ids=decoder_ids).logits.numpy()
+        run.update(zip(cache_names("past", layers), first[1:], strict=True))
+    second = decoder.run(None, run)
+    states, logits = expected
     valid = mask.astype(bool)  # padded encoder positions carry no meaning
     return CheckReport(
         encoder_max_abs_diff=float(np.abs(encoded[0] - states)[valid].max()),

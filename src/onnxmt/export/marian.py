@@ -111,14 +111,6 @@ class MarianDecoderExport(nn.Module):
         self.heads = model.config.decoder_attention_heads
         self.head_dim = model.config.d_model // self.heads
         self.d_model = model.config.d_model
-        # Per layer, (d_model, 3 * d_model): the query, key and value weights transposed, side by side.
-        self.qkv_weight = nn.ParameterList(
-            torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).t().contiguous()
-            for a in (layer.self_attn for layer in self.layers)
-        )
-        self.qkv_bias = nn.ParameterList(
-            torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]) for a in (layer.self_attn for layer in self.layers)
-        )
 
     def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor, *inputs: torch.Tensor):
         n = len(self.layers)
@@ -183,7 +175,12 @@ class MarianDecoderExport(nn.Module):
         rows, _, capacity = sizes
         attn = layer.self_attn
         heads, head_dim = self.heads, self.head_dim
-        qkv = torch.matmul(x, self.qkv_weight[i]) + self.qkv_bias[i]  # (rows * new_len, 3 * d_model)
+        # The query, key and value weights transposed side by side, (d_model, 3 * d_model): computed from the
+        # weights in the trace, and folded into one tensor when the export binds them (binding.py), so the model is
+        # never held twice.
+        qkv_weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).t()
+        qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        qkv = torch.matmul(x, qkv_weight) + qkv_bias  # (rows * new_len, 3 * d_model)
         qkv = qkv.reshape(rows, -1, 3 * heads, head_dim).transpose(1, 2)  # (rows, 3 * heads, new_len, hd)
         query, new_key, new_value = qkv.split(heads, dim=1)
         if self.buffered:

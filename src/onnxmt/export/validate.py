@@ -13,7 +13,9 @@ Needs the export extra (torch, transformers); both are imported inside the funct
 
 from __future__ import annotations
 
+import gc
 import json
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -22,9 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from ..architectures import Prompt
+from ..architectures import Prompt, scheme_for
 from ..runtime.invariance import InvarianceOptions, batch_invariance
+from ..runtime.modeldir import load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
+from ..runtime.tokenizer import load_tokenizer
 from ..runtime.translator import Translator
 
 # A reference margin under this is a floating-point tie: fp32 exports differ from PyTorch by ~1e-5 in the logits.
@@ -279,106 +283,153 @@ def validate(
     options: ValidateOptions = ValidateOptions(),
     advance: Callable[[int], None] = lambda n: None,
 ) -> ValidationReport:
-    """Compare `model_dir` with `reference` on `texts`. `advance(n)` reports progress: 3 units per sentence."""
-    translator = Translator(model_dir, options.runtime)
-    ref = _Reference(reference, options.runtime.threads)
-    beams = options.decoding.beams or int(translator.manifest.generation.get("num_beams") or 1)
-    token = (translator.prompt(options.source_lang, options.target_lang), translator.source_code(options.source_lang))
+    """Compare `model_dir` with `reference` on `texts`. `advance(n)` reports progress: 3 units per sentence.
+
+    The reference runs first, its outputs and teacher-forced logits kept (the logits in a temporary directory:
+    steps x vocabulary floats per sentence and search, ~1 MB a step for NLLB-200), and is freed before ONNX Runtime
+    opens the graphs: the two models are never resident together (a 3B model is 13 GB a side)."""
     texts = list(texts)
-    outputs: dict[str, tuple[list[list[int]], list[list[int]]]] = {}
-    for search, b in (("greedy", 1), ("beam", beams)):
-        outputs[search] = _generate_both(translator, ref, texts, b, token, options, advance)
-    report = ValidationReport(
-        model_dir=str(model_dir),
-        reference=reference,
-        sentences=len(texts),
-        beams=beams,
-        max_abs_logit_diff=0.0,
-        mean_abs_logit_diff=0.0,
-        greedy_identical=sum(a == b for a, b in zip(*outputs["greedy"], strict=True)),
-        beam_identical=sum(a == b for a, b in zip(*outputs["beam"], strict=True)),
-        tokenizer_identical=0,
-        versions=_versions(),
+    directory = Path(model_dir)
+    manifest = load_manifest(directory, verify=False)
+    tokenizer = load_tokenizer(directory, manifest.tokenizer.get("kind"))
+    scheme = scheme_for(manifest.languages, tokenizer.token_id)
+    token = (
+        scheme.prompt(options.source_lang, options.target_lang),
+        scheme.languages.resolve_source(options.source_lang),
     )
-    total_abs, count = 0.0, 0
-    for i, text in enumerate(texts):
-        sentence, diff = _compare_sentence(
-            i, text, token, {k: (v[0][i], v[1][i]) for k, v in outputs.items()}, translator, ref, report
+    beams = options.decoding.beams or int(manifest.generation.get("num_beams") or 1)
+    start = int(manifest.tokens["decoder_start"])
+    with tempfile.TemporaryDirectory(prefix="onnxmt-validate-") as scratch:
+        ref = _reference_side(reference, texts, beams, token, start, options, advance, Path(scratch))
+        translator = Translator(model_dir, options.runtime)
+        onnx_out = {
+            search: _onnx_outputs(translator, texts, b, options, advance if search == "beam" else lambda n: None)
+            for search, b in ref.searches
+        }
+        report = ValidationReport(
+            model_dir=str(model_dir),
+            reference=reference,
+            sentences=len(texts),
+            beams=beams,
+            max_abs_logit_diff=0.0,
+            mean_abs_logit_diff=0.0,
+            greedy_identical=sum(a == b for a, b in zip(ref.outputs["greedy"], onnx_out["greedy"], strict=True)),
+            beam_identical=sum(a == b for a, b in zip(ref.outputs["beam"], onnx_out["beam"], strict=True)),
+            tokenizer_identical=0,
+            versions=_versions(),
         )
-        report.per_sentence.append(sentence)
-        report.max_abs_logit_diff = max(report.max_abs_logit_diff, float(diff.max()))
-        total_abs, count = total_abs + float(diff.sum()), count + diff.size
-        advance(1)
+        total_abs, count = 0.0, 0
+        for i, text in enumerate(texts):
+            sentence, diff = _compare_sentence(i, text, token[0], ref, onnx_out, translator, report)
+            report.per_sentence.append(sentence)
+            report.max_abs_logit_diff = max(report.max_abs_logit_diff, float(diff.max()))
+            total_abs, count = total_abs + float(diff.sum()), count + diff.size
+            advance(1)
     report.mean_abs_logit_diff = total_abs / count if count else 0.0
     if options.invariance.wanted(translator.manifest):
         report.batch_invariance = {}
         pair: dict[str, Any] = {"source_lang": options.source_lang, "target_lang": options.target_lang}
         sample, max_new_tokens = options.invariance.batch_sample, options.decoding.max_new_tokens
-        for search, b in (("greedy", 1), ("beam", beams)):
+        for search, b in ref.searches:
             result = batch_invariance(translator, texts, beams=b, max_new_tokens=max_new_tokens, sample=sample, **pair)
             report.batch_invariance[search] = {**result.to_dict(), "description": result.describe()}
     return report
 
 
+@dataclass
+class _ReferenceRun:
+    """What the reference produced: per search its outputs, per sentence its source ids, and the teacher-forced
+    logits on each output, (steps, vocab), in files under `scratch`."""
+
+    searches: tuple[tuple[str, int], ...]
+    outputs: dict[str, list[list[int]]]
+    ids: list[list[int]]
+    scratch: Path
+
+    def logits(self, search: str, index: int) -> np.ndarray:
+        return np.load(self.scratch / f"{search}-{index}.npy")
+
+
+def _reference_side(
+    reference: str,
+    texts: list[str],
+    beams: int,
+    token: tuple[Prompt, str | None],
+    start: int,
+    options: ValidateOptions,
+    advance: Callable[[int], None],
+    scratch: Path,
+) -> _ReferenceRun:
+    """transformers' outputs for both searches and their teacher-forced logits; the model is freed on return."""
+    ref = _Reference(reference, options.runtime.threads)
+    searches = (("greedy", 1), ("beam", beams))
+    outputs: dict[str, list[list[int]]] = {search: [] for search, _ in searches}
+    size, max_new_tokens = options.decoding.batch_size, options.decoding.max_new_tokens
+    limit = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}
+    for first in range(0, len(texts), size):
+        batch = texts[first : first + size]
+        for search, b in searches:
+            outputs[search] += ref.generate(ref.encode(batch, *token), token[0], num_beams=b, **limit)
+        advance(len(batch))
+    ids = [ref.encode([text], *token).input_ids[0].tolist() for text in texts]
+    for search, _ in searches:
+        for i, out in enumerate(outputs[search]):
+            np.save(scratch / f"{search}-{i}.npy", ref.logits(ids[i], [start, *out[:-1]]))
+    del ref
+    gc.collect()
+    return _ReferenceRun(searches, outputs, ids, scratch)
+
+
+def _onnx_outputs(
+    translator: Translator, texts: list[str], beams: int, options: ValidateOptions, advance: Callable[[int], None]
+) -> list[list[int]]:
+    """onnxmt's outputs, in batches of the same sentences as the reference's."""
+    out: list[list[int]] = []
+    size = options.decoding.batch_size
+    for first in range(0, len(texts), size):
+        batch = texts[first : first + size]
+        results = translator.translate(
+            batch,
+            source_lang=options.source_lang,
+            target_lang=options.target_lang,
+            beams=beams,
+            max_new_tokens=options.decoding.max_new_tokens,
+            batch_size=size,
+        )
+        out += [r.token_ids for r in results]
+        advance(len(batch))
+    return out
+
+
 def _compare_sentence(
     index: int,
     text: str,
-    token: tuple[Prompt, str | None],
-    outputs: dict[str, tuple[list[int], list[int]]],
+    prompt: Prompt,
+    ref: _ReferenceRun,
+    onnx_out: dict[str, list[list[int]]],
     translator: Translator,
-    ref: _Reference,
     report: ValidationReport,
 ) -> tuple[dict[str, Any], np.ndarray]:
     """One sentence: tokenizers, teacher-forced logits, first differences (added to `report`).
     Returns its JSON record and its absolute logit differences (steps, vocab)."""
-    ids = ref.encode([text], *token).input_ids[0].tolist()
-    same_ids = ids == translator.encode(text, token[0])
+    ids = ref.ids[index]
+    same_ids = ids == translator.encode(text, prompt)
     report.tokenizer_identical += same_ids
-    forced_ref, forced_onnx = _teacher_forced(translator, ref, ids, outputs["greedy"][0])
-    diff = np.abs(forced_ref - forced_onnx)
+    start = int(translator.manifest.tokens["decoder_start"])
+    greedy = ref.outputs["greedy"][index]
+    diff = np.abs(ref.logits("greedy", index) - _onnx_logits(translator, ids, [start, *greedy[:-1]]))
     record: dict[str, Any] = {
         "index": index,
         "chars": len(text),
         "tokenizer_identical": same_ids,
         "max_abs_logit_diff": float(diff.max()),
     }
-    for search, (ref_out, onnx_out) in outputs.items():
-        record.update(
-            {f"{search}_identical": ref_out == onnx_out, f"{search}_reference": ref_out, f"{search}_onnx": onnx_out}
-        )
-        if ref_out != onnx_out:
-            report.divergences.append(_divergence(search, index, text, ids, ref_out, onnx_out, translator, ref))
+    for search, _ in ref.searches:
+        ref_out, ours = ref.outputs[search][index], onnx_out[search][index]
+        record.update({f"{search}_identical": ref_out == ours, f"{search}_reference": ref_out, f"{search}_onnx": ours})
+        if ref_out != ours:
+            report.divergences.append(_divergence(search, index, text, ids, ref, ours, translator))
     return record, diff
-
-
-def _generate_both(
-    translator: Translator,
-    ref: _Reference,
-    texts: list[str],
-    beams: int,
-    token: tuple[Prompt, str | None],
-    options: ValidateOptions,
-    advance: Callable[[int], None],
-) -> tuple[list[list[int]], list[list[int]]]:
-    """(reference outputs, onnx outputs) for every text, in batches of the same sentences on both sides."""
-    ref_out: list[list[int]] = []
-    onnx_out: list[list[int]] = []
-    size, max_new_tokens = options.decoding.batch_size, options.decoding.max_new_tokens
-    for start in range(0, len(texts), size):
-        batch = texts[start : start + size]
-        limit = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}
-        ref_out += ref.generate(ref.encode(batch, *token), token[0], num_beams=beams, **limit)
-        results = translator.translate(
-            batch,
-            source_lang=options.source_lang,
-            target_lang=options.target_lang,
-            beams=beams,
-            max_new_tokens=max_new_tokens,
-            batch_size=size,
-        )
-        onnx_out += [r.token_ids for r in results]
-        advance(len(batch))
-    return ref_out, onnx_out
 
 
 def _onnx_logits(translator: Translator, ids: list[int], decoder_ids: list[int]) -> np.ndarray:
@@ -392,24 +443,16 @@ def _onnx_logits(translator: Translator, ids: list[int], decoder_ids: list[int])
     return np.stack(rows)
 
 
-def _teacher_forced(
-    translator: Translator, ref: _Reference, ids: list[int], target: list[int]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Both sides' logits for every step of `target` (the reference output), fed the same prefix."""
-    decoder_ids = [int(translator.manifest.tokens["decoder_start"]), *target[:-1]]
-    return ref.logits(ids, decoder_ids), _onnx_logits(translator, ids, decoder_ids)
-
-
 def _divergence(
     search: str,
     index: int,
     text: str,
     ids: list[int],
-    ref_out: list[int],
+    ref: _ReferenceRun,
     onnx_out: list[int],
     translator: Translator,
-    ref: _Reference,
 ) -> Divergence:
+    ref_out = ref.outputs[search][index]
     step = next(
         (
             t
@@ -422,9 +465,10 @@ def _divergence(
     b = onnx_out[step] if step < len(onnx_out) else None
     ref_margin = onnx_margin = step_diff = None
     if a is not None and b is not None:
-        # The logits at this step, given the prefix both outputs share.
+        # The logits at this step, given the prefix both outputs share: the reference's from its teacher-forced run
+        # on its own output (row `step` follows that prefix).
         decoder_ids = [int(translator.manifest.tokens["decoder_start"]), *ref_out[:step]]
-        ref_row = ref.logits(ids, decoder_ids)[-1]
+        ref_row = ref.logits(search, index)[step]
         onnx_row = _onnx_logits(translator, ids, decoder_ids)[-1]
         ref_margin = float(ref_row[a] - ref_row[b])
         onnx_margin = float(onnx_row[a] - onnx_row[b])

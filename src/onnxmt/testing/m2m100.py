@@ -161,6 +161,8 @@ NLLB_200_DISTILLED_600M = NllbSpec(
 # facebook/nllb-200-1.3B's (and nllb-200-distilled-1.3B's) architecture: twice the layers, twice the FFN; 5.5 GB in
 # fp32, so its graphs pass protobuf's 2 GB before their weights move to weights.bin.
 NLLB_200_1_3B = replace(NLLB_200_DISTILLED_600M, encoder_layers=24, decoder_layers=24, ffn_dim=8192)
+# facebook/nllb-200-3.3B's: 1.3B's layers at d_model 2048; 13.2 GB in fp32.
+NLLB_200_3_3B = replace(NLLB_200_1_3B, d_model=2048)
 
 
 def pad_spm(spm_model: bytes, pieces: int) -> bytes:

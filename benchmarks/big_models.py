@@ -1,0 +1,154 @@
+"""Peak resident memory of each step that takes a large model from its checkpoint to a served directory: export,
+quantize (int8, per-row int8, int4) and validate, against the bytes of its fp32 weights.
+
+    python benchmarks/big_models.py --model nllb-200-3.3B
+    python benchmarks/big_models.py --model nllb-200-distilled-600M --steps export,int8,validate
+
+The model is a random one with the real architecture (benchmarks/models.py's specs, built once into
+benchmarks/.cache/). Each step runs `onnxmt` in a fresh child process; its peak RSS is the kernel's (wait4's
+ru_maxrss: the child's VmHWM, file-backed pages it mapped included). Steps run one after another, never beside other
+work. Results go to benchmarks/results/big-models/<model>.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from machine import describe as describe_machine
+
+from onnxmt.testing import NLLB_200_1_3B, NLLB_200_3_3B, NLLB_200_DISTILLED_600M, build_random_model
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / "benchmarks" / ".cache"
+RESULTS = REPO / "benchmarks" / "results" / "big-models"
+MODELS = {
+    "nllb-200-distilled-600M": NLLB_200_DISTILLED_600M,
+    "nllb-200-1.3B": NLLB_200_1_3B,
+    "nllb-200-3.3B": NLLB_200_3_3B,
+}
+# Step -> the targets of "Big models on a 24 GB machine", as a multiple of the fp32 weight bytes (validate: of the
+# larger side, which for an fp32 directory is about the weights themselves).
+TARGETS = {"export": 1.25, "int8": 0.5, "int8-rows": 0.5, "int4": 0.5, "validate": 1.1}
+STEPS = tuple(TARGETS)
+VALIDATE_TEXTS = [
+    "The river is long and the mountain is high.",
+    "Where is the doctor?",
+    "Tom is reading a letter to his family in the garden.",
+    "We should go home before the evening.",
+]
+
+
+@dataclass
+class Step:
+    name: str
+    seconds: float
+    peak_mb: float
+    ratio: float
+    target: float
+
+
+def run(command: list[str]) -> tuple[float, float]:
+    """Run `command` as a child; its wall seconds and peak RSS in MB."""
+    start = time.perf_counter()
+    child = subprocess.Popen(command)
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - start
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{' '.join(command)} exited with {code}")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def weight_bytes(model_dir: Path) -> int:
+    return sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(MODELS), default="nllb-200-3.3B")
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
+    parser.add_argument("--keep", action="store_true", help="keep the exported directories (disk: 2x the weights)")
+    args = parser.parse_args()
+    steps = args.steps.split(",")
+    unknown = set(steps) - set(STEPS)
+    if unknown:
+        parser.error(f"unknown steps {sorted(unknown)}; choose from {', '.join(STEPS)}")
+
+    source = CACHE / f"{args.model}-random"
+    if not (source / "config.json").is_file():
+        print(f"building a random {args.model} into {source}", flush=True)
+        build_random_model(source, MODELS[args.model])
+    weights = weight_bytes(source)
+    work = CACHE / f"{args.model}-big"
+    fp32 = work / "fp32"
+    onnxmt = [sys.executable, "-m", "onnxmt.cli"]
+    commands = {
+        "export": [*onnxmt, "export", str(source), str(fp32), "--force"],
+        "int8": [*onnxmt, "quantize", str(fp32), str(work / "int8"), "--force"],
+        "int8-rows": [*onnxmt, "quantize", str(fp32), str(work / "int8-rows"), "--per-row-scales", "--force"],
+        "int4": [*onnxmt, "quantize", str(fp32), str(work / "int4"), "--int4", "--force"],
+    }
+    texts = work / "texts.txt"
+    work.mkdir(parents=True, exist_ok=True)
+    texts.write_text("\n".join(VALIDATE_TEXTS) + "\n", encoding="utf-8")
+    commands["validate"] = [
+        *onnxmt,
+        "validate",
+        str(fp32),
+        "--reference",
+        str(source),
+        "--input",
+        str(texts),
+        "--report",
+        str(work / "validate"),
+        "--min-identical",
+        "0",
+    ]
+    results: list[Step] = []
+    for name in STEPS:
+        if name not in steps:
+            continue
+        print(f"== {name}: {' '.join(commands[name])}", flush=True)
+        seconds, peak = run(commands[name])
+        step = Step(name, round(seconds, 1), round(peak), round(peak * 2**20 / weights, 3), TARGETS[name])
+        results.append(step)
+        print(f"   {seconds:.0f} s, peak {peak:.0f} MB = {step.ratio:.2f}x the fp32 weights", flush=True)
+    report(args.model, weights, results)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def report(model: str, weights: int, results: list[Step]) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    machine = describe_machine()
+    lines = [
+        f"# {model} (random weights, real architecture): peak RSS per step",
+        "",
+        f"fp32 weights: {weights / 2**20:,.0f} MB. {machine['cpu']}, {machine['cores']} cores, "
+        f"{machine['memory_gb']} GB; load average at the end {machine['load_average'][0]:.1f}; commit "
+        f"{machine['git_commit']}; Python {platform.python_version()}.",
+        "",
+        "| step | wall | peak RSS | x fp32 weights | target |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for s in results:
+        mark = "met" if s.ratio <= s.target else "missed"
+        lines.append(f"| {s.name} | {s.seconds:.0f} s | {s.peak_mb:,.0f} MB | {s.ratio:.2f}x | <= {s.target}x ({mark}) |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (RESULTS / f"{model}.md").write_text(text, encoding="utf-8")
+    data = {"model": model, "weight_bytes": weights, "machine": machine, "steps": [s.__dict__ for s in results]}
+    (RESULTS / f"{model}.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
