@@ -271,10 +271,13 @@ def test_int8_head_takes_a_following_bias_add_and_computes_what_qgemm_did(tmp_pa
     # A head the exporter did not cut keeps its bias as an `Add` after the Gemm (here from a `Constant` node, as
     # torch leaves it): the quantizer moves it into DynamicQuantizeMatMul's bias, and the logits are those of the
     # previous layout, DynamicQuantizeLinear + QGemm on the same int8 rows + Add (bit for bit).
+    from onnxmt.export.binding import TensorFile, Tensors
     from onnxmt.export.quantize import QuantizeOptions, _int8_tables
 
     model = _tied_model(int8=False)
-    rewritten = _int8_tables(model, QuantizeOptions(), excluded=set())
+    tensors = Tensors(weights.Reader(tmp_path), TensorFile(tmp_path / "quantized.bin"))
+    rewritten = _int8_tables(model, QuantizeOptions(), set(), tensors)
+    tensors.out.close()
     assert rewritten[0] == "head" and len(rewritten) == 2  # the head, then the (unnamed) lookup
     nodes = list(model.graph.node)
     (head,) = [n for n in nodes if n.op_type == "DynamicQuantizeMatMul"]
@@ -286,43 +289,37 @@ def test_int8_head_takes_a_following_bias_add_and_computes_what_qgemm_did(tmp_pa
     np.testing.assert_array_equal(new[0], old[0])
 
 
-def test_graphs_over_the_size_limit_go_through_side_files_and_leave_none(
+def test_export_and_quantize_never_hold_a_graphs_weights_in_its_protobuf(
     tiny_hf_dir: Path, tiny_onnx_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With the limit at 0 every graph the quantizer saves with its weights in memory takes the path of a graph
-    over protobuf's 2 GB (NLLB-200-1.3B's): tensors in `<graph>.data`, read by store_weights, which removes the
-    file. The exporter never holds a graph's weights in memory (binding.py), so it saves none that way. The
-    directories come out as the usual ones and translate the same."""
+    """Every graph file the exporter and the quantizer save keeps its large tensors outside (in the traced or
+    quantized weights, then weights.bin): no step serialises a model's weights into a protobuf, whose 2 GB limit
+    NLLB-200-1.3B's graphs pass and which would hold them all in memory. The directories come out as the usual
+    ones: only the manifest's files, and translations identical to the fixture's."""
     from onnxmt.export.exporter import ExportOptions, export
     from onnxmt.export.quantize import quantize
     from onnxmt.runtime.translator import Translator
 
-    usual_int8 = tmp_path / "usual-int8"
-    quantize(tiny_onnx_dir, usual_int8, progress=lambda _: None)
-    sides: list[str] = []
+    inline: dict[str, int] = {}
     save = onnx.save
 
     def spied(model, path, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if kwargs.get("save_as_external_data"):
-            sides.append(Path(path).name)
+        name = Path(path).name
+        if name in ("encoder.onnx", "decoder.onnx"):
+            largest = max((len(i.raw_data) for i in model.graph.initializer), default=0)
+            inline[name] = max(inline.get(name, 0), largest)
         return save(model, path, *args, **kwargs)
 
     monkeypatch.setattr(onnx, "save", spied)
-    monkeypatch.setattr(onnx, "save_model", spied)  # what onnxruntime's quantizer calls
-    monkeypatch.setattr(weights, "LARGE_GRAPH_BYTES", 0)
     exported = tmp_path / "fp32"
     export(str(tiny_hf_dir), exported, ExportOptions(), progress=lambda _: None)
-    assert sides == []
     int8 = tmp_path / "int8"
     quantize(exported, int8, progress=lambda _: None)
-    assert len(sides) >= 2
+    assert set(inline) == {"encoder.onnx", "decoder.onnx"}
+    assert max(inline.values()) < weights.MAP_MIN_BYTES
     for directory in (exported, int8):
-        names = sorted(p.name for p in directory.iterdir())
-        assert not [n for n in names if n.endswith(weights.SIDE_DATA_SUFFIX)], names
-        assert names == sorted(p.name for p in tiny_onnx_dir.iterdir())
-    assert (int8 / "weights.bin").stat().st_size == (usual_int8 / "weights.bin").stat().st_size
+        assert sorted(p.name for p in directory.iterdir()) == sorted(p.name for p in tiny_onnx_dir.iterdir())
     texts = ["The river is long and the mountain is high", "Where is the doctor?", "Tom is reading a letter."]
-    for ours, usual in ((exported, tiny_onnx_dir), (int8, usual_int8)):
-        expected = [t.token_ids for t in Translator(usual).translate(texts)]
-        assert [t.token_ids for t in Translator(ours).translate(texts)] == expected
-        assert len({len(ids) for ids in expected}) > 1
+    expected = [t.token_ids for t in Translator(tiny_onnx_dir).translate(texts)]
+    assert [t.token_ids for t in Translator(exported).translate(texts)] == expected
+    assert len({len(ids) for ids in expected}) > 1

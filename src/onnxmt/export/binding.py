@@ -18,7 +18,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .weights import MAP_MIN_BYTES, WEIGHTS_ALIGN, point_to, replace_node
+from .weights import MAP_MIN_BYTES, WEIGHTS_ALIGN, Reader, point_to, replace_node
 
 # Smaller tensors stay inside the graph file (store_weights decides again where each tensor lives).
 _INLINE_BYTES = MAP_MIN_BYTES
@@ -167,3 +167,19 @@ def _initializer(name: str, constant: _Constant, out: TensorFile) -> Any:
 def _contiguous(array: np.ndarray) -> np.ndarray:
     # Not np.ascontiguousarray, which makes a scalar a 1-element vector.
     return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+class Tensors:
+    """The tensors of graphs loaded without their external data: values read where they lie, when needed, and new
+    large tensors appended to `out` instead of held in memory (the quantizer's view of a model of any size)."""
+
+    def __init__(self, reader: Reader, out: TensorFile) -> None:
+        self.reader = reader
+        self.out = out
+
+    def array(self, tensor: Any) -> np.ndarray:
+        return self.reader.array(tensor)
+
+    def make(self, array: np.ndarray, name: str) -> Any:
+        """An initializer holding `array`: in the graph if small, else pointing at where it was written."""
+        return _initializer(name, _Constant(array), self.out)

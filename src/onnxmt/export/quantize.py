@@ -30,8 +30,11 @@ from typing import Any
 
 from ..manifest import WEIGHTS_FILE, Manifest, describe_files, read_manifest, verify_files
 from ..options import option
+from .binding import TensorFile, Tensors
+from .groups import Quantizer, groups, quantize_in_groups
+from .row_scales import per_row_activations
 from .staging import occupied, staged
-from .weights import bias_add, join_heads, replace_node, save_graph, store_weights, too_large, twin_transpose
+from .weights import Reader, bias_add, join_heads, replace_node, store_weights, twin_transpose
 
 PARTS = ("encoder", "decoder", "all")
 LM_HEAD = "lm_head"  # an --exclude name for the tied LM head, whatever the exporter called its node
@@ -40,6 +43,9 @@ OP_TYPES = ("MatMul", "Gemm", "Gather")
 _QUANTIZED_DTYPES = {2, 3, 21, 22}
 
 Progress = Callable[[str], None]
+
+# The quantized weights as they are made; store_weights copies them into WEIGHTS_FILE.
+QUANTIZED_WEIGHTS_FILE = "quantized-weights.bin"
 
 
 class QuantizeError(ValueError):
@@ -141,47 +147,35 @@ def _graph_files(manifest: Manifest, parts: str) -> list[str]:
 def _quantize_into(
     staging: Path, source: Path, manifest: Manifest, files: list[str], options: QuantizeOptions, progress: Progress
 ) -> list[FileResult]:
+    """The graphs are loaded without their weights, which are read where they lie one group of nodes at a time
+    (groups.py), and the quantized ones written out as they are made: the peak is one group's weights."""
     import onnx
 
     all_graphs = [manifest.graphs[key].file for key in ("encoder", "decoder")]
     external = _external_locations(source, all_graphs)  # weights.bin (shared_weights.bin in older exports)
-    models = {name: onnx.load(str(source / name)) for name in all_graphs}  # external data read in
-    for model in models.values():
-        join_heads(model)  # the quantizers see the LM head whole; store_weights cuts it again
-    _check_exclude({name: models[name] for name in files}, options.exclude)
+    locations = {name: source / name for name in external}
+    models = {name: onnx.load(str(source / name), load_external_data=False) for name in all_graphs}
+    tensors = Tensors(Reader(staging, locations), TensorFile(staging / QUANTIZED_WEIGHTS_FILE))
     selected = {}
-    for name in files:
-        model = models[name]
-        progress(f"quantizing {name} ({'int4 weight-only' if options.int4 else 'dynamic int8'})")
-        _name_nodes(model.graph)
-        excluded = _excluded(model.graph, options)  # before any rewrite: the tied head is still a Gemm
-        rewritten: list[str] = []
-        if options.int4:
-            nodes, kept_heads = _prepare(model, options, excluded)
-        else:
-            rewritten = _int8_tables(model, options, excluded)
-            nodes, kept_heads = _matmuls_for_int8(model, options, excluded)
-        out = staging / name
-        if not nodes:
-            save_graph(model, out)
-        elif options.int4:
-            _run_int4(model, out, nodes, options.block_size)
-        else:
-            _run_int8(model, out, nodes, options.per_channel)
-        if kept_heads:
-            _restore_heads(out, kept_heads)
-        if options.per_row_scales:
-            _per_row_scales(out)
-        selected[name] = rewritten + nodes
+    try:
+        for model in models.values():
+            join_heads(model)  # the quantizers see the LM head whole; store_weights cuts it again
+        _check_exclude({name: models[name] for name in files}, options.exclude)
+        for name in files:
+            selected[name] = _quantize_graph(models[name], name, options, tensors, progress)
+    finally:
+        tensors.out.close()
+        tensors.reader.close()
     for name in all_graphs:
-        if name not in selected:
-            save_graph(models[name], staging / name)  # unchanged, its weights stored again below
+        onnx.save(models[name], str(staging / name))  # small: every large tensor is external
     for name in manifest.files:
         if name not in models and name not in external:
             shutil.copy2(source / name, staging / name)
     # What the graphs still hold identically (the int8 vocabulary matrix, float weights of a graph left as it was)
     # is stored once; every large tensor is memory-mapped (export/weights.py).
-    store_weights([staging / name for name in all_graphs], WEIGHTS_FILE)
+    progress(f"writing {WEIGHTS_FILE}")
+    store_weights([staging / name for name in all_graphs], WEIGHTS_FILE, locations)
+    (staging / QUANTIZED_WEIGHTS_FILE).unlink()
     results = [_result(source / n, staging / n, selected[n]) for n in files]
     for name in sorted(external | {WEIGHTS_FILE}):
         before, after = source / name, staging / name
@@ -190,6 +184,40 @@ def _quantize_into(
             size_after = after.stat().st_size if after.is_file() else 0
             results.append(FileResult(name, size_before, size_after, [], 0))
     return results
+
+
+def _quantize_graph(model: Any, name: str, options: QuantizeOptions, tensors: Tensors, progress: Progress) -> list[str]:
+    """Quantize one graph in place; returns the names of the nodes quantized."""
+    method = "int4 weight-only" if options.int4 else "dynamic int8"
+    progress(f"quantizing {name} ({method})")
+    _name_nodes(model.graph)
+    excluded = _excluded(model.graph, options)  # before any rewrite: the tied head is still a Gemm
+    rewritten: list[str] = []
+    if options.int4:
+        nodes, kept_heads = _prepare(model, options, excluded, tensors)
+    else:
+        rewritten = _int8_tables(model, options, excluded, tensors)
+        nodes, kept_heads = _matmuls_for_int8(model, options, excluded, tensors)
+    if nodes:
+        members = groups(model.graph, nodes, by_input=not options.int4)
+        quantizer = _int4_group(options.block_size) if options.int4 else _int8_group(options.per_channel)
+        done = [0]
+
+        def advance(weight_bytes: int) -> None:
+            done[0] += 1
+            progress(f"quantizing {name} ({method}): {done[0]}/{len(members)} groups of nodes")
+
+        quantize_in_groups(model, members, quantizer, tensors, advance)
+        if not options.int4:
+            _one_zero_point(model, tensors)
+    if kept_heads:
+        _restore_heads(model, kept_heads, tensors)
+    if options.per_row_scales:
+        try:
+            per_row_activations(model, tensors.array)
+        except ValueError as e:
+            raise QuantizeError(str(e)) from e
+    return rewritten + nodes
 
 
 def _external_locations(directory: Path, graphs: list[str]) -> set[str]:
@@ -225,11 +253,13 @@ class _KeptHead:
     transposed: str  # the initializer the temporary MatMul read
 
 
-def _prepare(model: Any, options: QuantizeOptions, excluded: set[str]) -> tuple[list[str], list[_KeptHead]]:
+def _prepare(
+    model: Any, options: QuantizeOptions, excluded: set[str], tensors: Tensors
+) -> tuple[list[str], list[_KeptHead]]:
     """int4: untie every Gemm on a constant weight into a MatMul (same node name); return the nodes to quantize
     (MatMuls, and Gathers for GatherBlockQuantized) and the Gemms to put back in float afterwards."""
     graph = model.graph
-    untied, kept = _untie_gemms(model, options, excluded)
+    untied, kept = _untie_gemms(model, options, excluded, tensors)
     kept_names = {k.gemm.name for k in kept}
     inits = {init.name for init in graph.initializer}
     # A float head needs its float weight, so the Gathers sharing it stay float as well.
@@ -255,7 +285,9 @@ def _tied_heads(graph: Any) -> set[str]:
     }
 
 
-def _untie_gemms(model: Any, options: QuantizeOptions, excluded: set[str]) -> tuple[set[str], list[_KeptHead]]:
+def _untie_gemms(
+    model: Any, options: QuantizeOptions, excluded: set[str], tensors: Tensors
+) -> tuple[set[str], list[_KeptHead]]:
     """Every plain Gemm on a constant weight becomes a MatMul of the same name (on a transposed copy when
     transB=1): returns the names to quantize, and the Gemms to put back in float afterwards (excluded ones, or all
     when Gemm is not among the op types), which the quantizers would otherwise rewrite."""
@@ -266,7 +298,7 @@ def _untie_gemms(model: Any, options: QuantizeOptions, excluded: set[str]) -> tu
     for node in [n for n in graph.node if n.op_type == "Gemm" and n.input[1] in inits and _plain_gemm(n)]:
         gemm = type(node)()
         gemm.CopyFrom(node)  # the graph's own node object is removed below
-        transposed = _gemm_to_matmul(model, node)
+        transposed = _gemm_to_matmul(model, node, tensors)
         if gemm.name in excluded or "Gemm" not in options.op_types:
             kept.append(_KeptHead(gemm, transposed))
         else:
@@ -281,10 +313,10 @@ def _plain_gemm(node: Any) -> bool:
     return attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0 and attrs.get("transA", 0) == 0
 
 
-def _gemm_to_matmul(model: Any, node: Any) -> str:
+def _gemm_to_matmul(model: Any, node: Any, tensors: Tensors) -> str:
     """Replace `node` (a Gemm on a constant B) by a MatMul of the same name [+ Add], reading B or, when
     transB=1, a new transposed copy of B. Returns the name of the weight the MatMul reads."""
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
     graph = model.graph
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -296,7 +328,7 @@ def _gemm_to_matmul(model: Any, node: Any) -> str:
         weight = f"{weight}.transposed"
         while weight in taken:
             weight += "_"
-        graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(init).T.copy(), weight))
+        graph.initializer.append(tensors.make(tensors.array(init).T.copy(), weight))
     has_bias = len(inputs) > 2 and bool(inputs[2])
     product = outputs[0] + "_matmul" if has_bias else outputs[0]
     replacement = [helper.make_node("MatMul", [inputs[0], weight], [product], name=name)]
@@ -314,12 +346,8 @@ def _is_float_matrix(graph: Any, name: str) -> bool:
     return init.data_type == 1 and len(init.dims) == 2
 
 
-def _restore_heads(path: Path, kept: list[_KeptHead]) -> None:
+def _restore_heads(model: Any, kept: list[_KeptHead], tensors: Tensors) -> None:
     """Put float Gemms back: the excluded MatMul and its transposed copy go, the Gemm reads the original weight."""
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(path))
     graph = model.graph
     for head in kept:
         index = next(i for i, n in enumerate(graph.node) if n.name == head.gemm.name)
@@ -331,10 +359,9 @@ def _restore_heads(path: Path, kept: list[_KeptHead]) -> None:
         inits = {i.name: i for i in graph.initializer}
         weight = head.gemm.input[1]
         if weight not in inits:  # it was not shared, so the transposed copy had replaced it
-            graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(inits[head.transposed]).T, weight))
+            graph.initializer.append(tensors.make(tensors.array(inits[head.transposed]).T.copy(), weight))
         if head.transposed != weight and not any(head.transposed in n.input for n in graph.node):
             graph.initializer.remove(inits[head.transposed])
-    save_graph(model, path)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -354,11 +381,13 @@ def _excluded(graph: Any, options: QuantizeOptions) -> set[str]:
     return excluded
 
 
-def _matmuls_for_int8(model: Any, options: QuantizeOptions, excluded: set[str]) -> tuple[list[str], list[_KeptHead]]:
+def _matmuls_for_int8(
+    model: Any, options: QuantizeOptions, excluded: set[str], tensors: Tensors
+) -> tuple[list[str], list[_KeptHead]]:
     """The MatMuls on constant weights for `quantize_dynamic`, after `_int8_tables` took the transB=1 heads; the
     Gemms left are untied (`_untie_gemms`)."""
     graph = model.graph
-    untied, kept = _untie_gemms(model, options, excluded)
+    untied, kept = _untie_gemms(model, options, excluded, tensors)
     skipped = excluded | {k.gemm.name for k in kept}
     inits = {init.name for init in graph.initializer}
     nodes = [
@@ -372,7 +401,7 @@ def _matmuls_for_int8(model: Any, options: QuantizeOptions, excluded: set[str]) 
     return nodes, kept
 
 
-def _int8_tables(model: Any, options: QuantizeOptions, excluded: set[str]) -> list[str]:
+def _int8_tables(model: Any, options: QuantizeOptions, excluded: set[str], tensors: Tensors) -> list[str]:
     """Rewrite the lookups (`Gather` on a float table) and the `Gemm(x, W, transB=1)` heads onto int8 rows of
     their tables, one int8 matrix per table whoever reads it; returns the names of the rewritten nodes."""
     import numpy as np
@@ -381,12 +410,14 @@ def _int8_tables(model: Any, options: QuantizeOptions, excluded: set[str]) -> li
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
     heads, lookups = _int8_readers(graph, inits, options, excluded)
-    tables = _add_int8_tables(graph, inits, [n.input[1] for n in heads] + [n.input[0] for n in lookups], options)
+    tables = _add_int8_tables(
+        graph, inits, [n.input[1] for n in heads] + [n.input[0] for n in lookups], options, tensors
+    )
     axes = "int8_rows_unsqueeze_axes"
     if options.per_channel and lookups:
         graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
     for head in heads:
-        _int8_head(graph, inits, head, *tables[head.input[1]])
+        _int8_head(graph, inits, head, *tables[head.input[1]], tensors)
     for lookup in lookups:
         _int8_lookup(graph, lookup, *tables[lookup.input[0]], axes if options.per_channel else None)
     used = {i for n in graph.node for i in n.input}
@@ -420,24 +451,22 @@ def _int8_readers(
 
 
 def _add_int8_tables(
-    graph: Any, inits: dict[str, Any], tables: list[str], options: QuantizeOptions
+    graph: Any, inits: dict[str, Any], tables: list[str], options: QuantizeOptions, tensors: Tensors
 ) -> dict[str, tuple[str, str]]:
     """One int8 copy of each float table in `tables` (however many nodes read it), with its scales, added to the
     graph. Returns float table -> (int8 rows, scale); symmetric: no zero point."""
-    from onnx import numpy_helper
-
     int8: dict[str, tuple[str, str]] = {}
     for table in dict.fromkeys(tables):
-        values, scales = _int8_rows(numpy_helper.to_array(inits[table]), options.per_channel)
+        values, scales = _int8_rows(tensors.array(inits[table]), options.per_channel)
         names = (f"{table}_int8", f"{table}_int8_scale")
         for array, name in zip((values, scales), names, strict=True):
-            inits[name] = numpy_helper.from_array(array, name)
+            inits[name] = tensors.make(array, name)
             graph.initializer.append(inits[name])
         int8[table] = names
     return int8
 
 
-def _int8_head(graph: Any, inits: dict[str, Any], head: Any, rows: str, scale: str) -> None:
+def _int8_head(graph: Any, inits: dict[str, Any], head: Any, rows: str, scale: str, tensors: Tensors) -> None:
     """Replace the head `head` by a DynamicQuantizeMatMul on the int8 rows `rows` of its weight."""
     from onnx import helper
 
@@ -445,7 +474,7 @@ def _int8_head(graph: Any, inits: dict[str, Any], head: Any, rows: str, scale: s
     # from, then frees (export/weights.py); the bias goes into the kernel's epilogue.
     flip = twin_transpose(graph, inits, rows, f"{head.name}.weight")
     output, bias = head.output[0], head.input[2] if len(head.input) > 2 else ""
-    if not bias and (found := bias_add(graph, head, inits[rows].dims[0], inits)):
+    if not bias and (found := bias_add(graph, head, inits[rows].dims[0], inits, tensors.array)):
         add, bias = found  # a bias Add after the Gemm (a head the exporter did not cut) goes in too
         output = add.output[0]
         graph.node.remove(add)
@@ -510,32 +539,33 @@ def _quiet() -> Iterator[None]:
         root.setLevel(level)
 
 
-def _run_int8(model: Any, out: Path, nodes: list[str], per_channel: bool) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+def _int8_group(per_channel: bool) -> Quantizer:
+    """ONNX Runtime's dynamic int8 quantizer on one group of MatMuls (groups.py)."""
 
-    with _quiet():
-        quantize_dynamic(
-            model,
-            out,
-            op_types_to_quantize=["MatMul"],
-            nodes_to_quantize=nodes,
-            per_channel=per_channel,
-            weight_type=QuantType.QInt8,
-            extra_options={"MatMulConstBOnly": True},
-            # A graph it would write over protobuf's 2 GB: its tensors in `<out>.data`, which store_weights removes.
-            use_external_data_format=too_large(model),
-        )
-    _one_zero_point(out)
+    def run(model: Any, out: Path) -> None:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        with _quiet():
+            quantize_dynamic(
+                model,
+                out,
+                op_types_to_quantize=["MatMul"],
+                nodes_to_quantize=[n.name for n in model.graph.node],
+                per_channel=per_channel,
+                weight_type=QuantType.QInt8,
+                extra_options={"MatMulConstBOnly": True},
+            )
+
+    return run
 
 
-def _one_zero_point(path: Path) -> None:
+def _one_zero_point(model: Any, tensors: Tensors) -> None:
     """Symmetric int8 weights have zero points of 0: one scalar for every MatMulInteger instead of a vector each
     (opus-mt: 270 kB less; ONNX Runtime reads a scalar zero point as per-column zeros)."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
 
-    model = onnx.load(str(path))
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
     zero = "int8_weights_zero_point"
@@ -544,7 +574,7 @@ def _one_zero_point(path: Path) -> None:
         if node.op_type != "MatMulInteger" or len(node.input) < 4 or node.input[3] not in inits:
             continue
         init = inits[node.input[3]]
-        if init.data_type == onnx.TensorProto.INT8 and not numpy_helper.to_array(init).any():
+        if init.data_type == onnx.TensorProto.INT8 and not tensors.array(init).any():
             node.input[3] = zero
             changed = True
     if not changed:
@@ -553,20 +583,6 @@ def _one_zero_point(path: Path) -> None:
     used = {i for n in graph.node for i in n.input}
     for init in [i for i in graph.initializer if i.name not in used]:
         graph.initializer.remove(init)
-    save_graph(model, path)
-
-
-def _per_row_scales(path: Path) -> None:
-    import onnx
-
-    from .row_scales import per_row_activations
-
-    model = onnx.load(str(path))
-    try:
-        per_row_activations(model)
-    except ValueError as e:
-        raise QuantizeError(str(e)) from e
-    save_graph(model, path)
 
 
 def _int4_quantizer() -> Any:
@@ -582,21 +598,23 @@ def _int4_quantizer() -> Any:
     return MatMulNBitsQuantizer
 
 
-def _run_int4(model: Any, out: Path, nodes: list[str], block_size: int) -> None:
-    chosen = set(nodes)
-    with _quiet():
-        quantizer = _int4_quantizer()(
-            model,
-            bits=4,
-            block_size=block_size,
-            is_symmetric=True,
-            # Its nodes_to_include adds to op_types_to_quantize instead of narrowing it: exclude the rest.
-            nodes_to_exclude=[n.name for n in model.graph.node if n.name not in chosen],
-            op_types_to_quantize=("MatMul", "Gather"),
-            quant_axes=(("MatMul", 0), ("Gather", 1)),
-        )
-        quantizer.process()
-        quantizer.model.save_model_to_file(str(out), use_external_data_format=False)
+def _int4_group(block_size: int) -> Quantizer:
+    """ONNX Runtime's int4 weight-only quantizer on one node (groups.py)."""
+
+    def run(model: Any, out: Path) -> None:
+        with _quiet():
+            quantizer = _int4_quantizer()(
+                model,
+                bits=4,
+                block_size=block_size,
+                is_symmetric=True,
+                op_types_to_quantize=("MatMul", "Gather"),
+                quant_axes=(("MatMul", 0), ("Gather", 1)),
+            )
+            quantizer.process()
+            quantizer.model.save_model_to_file(str(out), use_external_data_format=False)
+
+    return run
 
 
 def _result(before: Path, after: Path, nodes: list[str]) -> FileResult:

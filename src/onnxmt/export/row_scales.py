@@ -36,6 +36,7 @@ moves some logits by ~1e-6.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,7 @@ class _Graph:
     opset: int
     inits: dict[str, Any]
     producers: dict[str, Any]
+    read: Callable[[Any], Any]  # an initializer's value
     made: list[Any] = field(default_factory=list)  # new initializers
     names: dict[str, str] = field(default_factory=dict)  # shared constant -> its initializer
 
@@ -92,14 +94,12 @@ class _Graph:
 
     def array(self, name: str) -> Any:
         """The value of an initializer, or of a Transpose of one (the int8 LM head reads its rows that way)."""
-        from onnx import numpy_helper
-
         if name in self.inits:
-            return numpy_helper.to_array(self.inits[name])
+            return self.read(self.inits[name])
         producer = self.producers[name]
         if producer.op_type != "Transpose" or producer.input[0] not in self.inits:
             raise ValueError(f"per-row scales: the weight {name} is neither an initializer nor its transpose")
-        return numpy_helper.to_array(self.inits[producer.input[0]]).T
+        return self.read(self.inits[producer.input[0]]).T
 
     def symmetric(self, x: str) -> bool:
         """Whether `x` comes from a LayerNormalization through ops that only move or select its rows."""
@@ -108,10 +108,13 @@ class _Graph:
         return x in self.producers and self.producers[x].op_type in _NORMS
 
 
-def per_row_activations(model: Any) -> int:
+def per_row_activations(model: Any, read: Callable[[Any], Any] | None = None) -> int:
     """Rewrite `model` (an ONNX ModelProto from `quantize_dynamic` and onnxmt's int8 tables) in place so that every
     integer MatMul quantizes its input per row; returns how many MatMuls were rewritten. Raises ValueError on a
-    dynamic quantization it does not recognise, rather than leave a per-tensor scale behind."""
+    dynamic quantization it does not recognise, rather than leave a per-tensor scale behind. `read` gives an
+    initializer's value (default: from the graph; the quantizer's graphs are loaded without their weights)."""
+    from onnx import numpy_helper
+
     graph = model.graph
     readers: dict[str, list[Any]] = {}
     for node in graph.node:
@@ -121,6 +124,7 @@ def per_row_activations(model: Any) -> int:
         opset=next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
         inits={init.name: init for init in graph.initializer},
         producers={o: n for n in graph.node for o in n.output},
+        read=read or numpy_helper.to_array,
     )
     position = {id(node): i for i, node in enumerate(graph.node)}
     rows: dict[str, _Rows] = {}  # float input -> how it is quantized

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,51 +35,24 @@ MAP_MIN_BYTES = 1 << 16  # smaller tensors stay in the graph files, unless sever
 SHARE_MIN_BYTES = 1 << 12
 HEAD_CHUNK_BYTES = 48 << 20  # the LM head is cut into chunks of about this many bytes (more where alignment needs)
 
-# A graph whose tensors hold more than this is saved with them in a side file `<graph file>.data` (ONNX external
-# data), which store_weights reads in and removes: protobuf cannot write a message over 2 GB, and the graphs of
-# NLLB-200-1.3B or M2M100-1.2B are larger than that before their weights move to `weights.bin`.
-LARGE_GRAPH_BYTES = 1 << 30
-SIDE_DATA_SUFFIX = ".data"
 _ROWS = ".rows"  # a chunk's nodes, outputs and sliced tensors are named f"{whole}.rows{start}-{stop}"
 _JOIN = ".chunks"  # the Concat that joins them: f"{head node}.chunks"
 
 
-def too_large(model: Any) -> bool:
-    """Whether the tensors a loaded graph holds in memory (not those it leaves in external files) pass
-    LARGE_GRAPH_BYTES, so that it must be saved with them in a side file."""
-    return sum(len(init.raw_data) for init in model.graph.initializer) > LARGE_GRAPH_BYTES
-
-
-def side_file(path: Path) -> Path:
-    """Where `save_graph` puts the tensors of the graph file `path` that is too large."""
-    return path.with_name(path.name + SIDE_DATA_SUFFIX)
-
-
-def save_graph(model: Any, path: Path) -> None:
-    """`onnx.save`, with the tensors in `<path>.data` when they hold more than LARGE_GRAPH_BYTES (see there)."""
-    import onnx
-
-    if not too_large(model):
-        onnx.save(model, str(path))
-        return
-    side = side_file(path)
-    side.unlink(missing_ok=True)  # onnx appends to an existing file
-    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=side.name)
-
-
-def store_weights(paths: list[Path], file_name: str) -> bool:
+def store_weights(paths: list[Path], file_name: str, locations: dict[str, Path] | None = None) -> bool:
     """Rewrite the graph files `paths` (one directory) so that their large and shared tensors live in `file_name`
     next to them, their tied LM heads in chunks (module docstring). Returns whether `file_name` was written. Running
     it again on its own output stores the same bytes the same way.
 
     Tensors are read where they are (in the graph files, or in external files next to them: an earlier
-    `file_name`, side files, the export's traced weights) a block at a time, when they are hashed and when they are
-    written: the call holds no weight in memory, whatever the model's size."""
+    `file_name`, side files, the export's traced weights; `locations` names the files that lie elsewhere, such as
+    the source directory's weights a quantized graph still reads) a block at a time, when they are hashed and when
+    they are written: the call holds no weight in memory, whatever the model's size."""
     import onnx
 
     directory = paths[0].parent
     models = [onnx.load(str(p), load_external_data=False) for p in paths]
-    reader = _Reader(directory)
+    reader = Reader(directory, locations)
     # Tensors are told apart by digest, not by their bytes (which would be a second copy of every weight).
     # Where a key's bytes are read from when they are written: an initializer holding them or pointing at them.
     data: dict[_Key, Any] = {}
@@ -88,33 +61,36 @@ def store_weights(paths: list[Path], file_name: str) -> bool:
         keys, holders = _tensor_keys(models, slices, data, reader)
         mapped, shared = _placement(holders, slices)
         written = directory / (file_name + ".partial")
+        pointed: list[set[str]] = [set() for _ in models]
         if mapped or shared:  # into a new file: the old one may be what is read
             offsets = _write_tensors(written, mapped, shared, data, reader)
-            for model, rows, names in zip(models, slices, keys, strict=True):
-                _point_initializers(model, file_name, offsets, rows, names)
-        for model in models:  # what stays inside the graph files is read in from where it was
-            _read_in(model, file_name if (mapped or shared) else None, reader)
+            for model, rows, names, done in zip(models, slices, keys, pointed, strict=True):
+                done |= _point_initializers(model, file_name, offsets, rows, names)
+        for model, done in zip(models, pointed, strict=True):  # what stays in the graph files is read in
+            _read_in(model, done, reader)
     finally:
         reader.close()
     data.clear()
     for model, path in zip(models, paths, strict=True):
         onnx.save(model, str(path))
-    for path in paths:
-        side_file(path).unlink(missing_ok=True)  # read in above, now in file_name or the graph
     if not mapped and not shared:
         return False
     written.replace(directory / file_name)
     return True
 
 
-class _Reader:
+class Reader:
     """The bytes of initializers, from the graph (raw_data) or from the external file they point to, in blocks."""
 
     BLOCK = 64 << 20
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, locations: dict[str, Path] | None = None) -> None:
         self.directory = directory
+        self.locations = locations or {}
         self._files: dict[str, Any] = {}
+
+    def path(self, location: str) -> Path:
+        return self.locations.get(location, self.directory / location)
 
     def blocks(self, tensor: Any) -> Iterator[bytes]:
         if not _is_external(tensor):
@@ -122,13 +98,13 @@ class _Reader:
             return
         location, offset, length = _external(tensor)
         if location not in self._files:
-            self._files[location] = open(self.directory / location, "rb")  # noqa: SIM115 - closed by close()
+            self._files[location] = open(self.path(location), "rb")  # noqa: SIM115 - closed by close()
         f = self._files[location]
         f.seek(offset)
         while length > 0:
             block = f.read(min(self.BLOCK, length))
             if not block:
-                raise ValueError(f"{self.directory / location}: ends before the tensor {tensor.name!r} does")
+                raise ValueError(f"{self.path(location)}: ends before the tensor {tensor.name!r} does")
             length -= len(block)
             yield block
 
@@ -141,6 +117,15 @@ class _Reader:
 
     def raw(self, tensor: Any) -> bytes:
         return b"".join(self.blocks(tensor))
+
+    def array(self, tensor: Any) -> np.ndarray:
+        """A tensor's value, read from its file when external."""
+        from onnx import helper, numpy_helper
+
+        if not _is_external(tensor):
+            return numpy_helper.to_array(tensor)
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        return np.frombuffer(self.raw(tensor), dtype=dtype).reshape(tuple(tensor.dims))
 
     def close(self) -> None:
         for f in self._files.values():
@@ -172,24 +157,25 @@ def nbytes(tensor: Any) -> int:
     return _external(tensor)[2] if _is_external(tensor) else len(tensor.raw_data)
 
 
-def _read_in(model: Any, stored: str | None, reader: _Reader) -> None:
-    """Initializers still pointing elsewhere than `stored` (small tensors left in the graph) get their bytes."""
+def _read_in(model: Any, pointed: set[str], reader: Reader) -> None:
+    """External initializers not `pointed` at the new weights file (small tensors left in the graph) get their
+    bytes, from wherever they were."""
     for init in model.graph.initializer:
-        if _is_external(init) and (stored is None or _external(init)[0] != stored):
+        if _is_external(init) and init.name not in pointed:
             raw = reader.raw(init)
             init.data_location = 0
             del init.external_data[:]
             init.raw_data = raw
 
 
-def _cut_heads(model: Any, data: dict[_Key, Any], reader: _Reader) -> dict[str, tuple[_Key, int]]:
+def _cut_heads(model: Any, data: dict[_Key, Any], reader: Reader) -> dict[str, tuple[_Key, int]]:
     """Cut the heads of `model` into chunks again, with today's chunk size (a directory stored before has them cut
     already), and return its chunk tensors: name -> (the whole tensor's key, offset of its rows in it). The chunks
     point into the whole tensor, stored however small, even where no initializer holds it any more: a copy of its
     initializer (a reference, where it is external) is kept in `data`."""
     join_heads(model)
     transpose_quantized_heads(model)
-    cut = chunk_heads(model, base_dir=reader.directory)
+    cut = chunk_heads(model, read=reader.array)
     inits = {init.name: init for init in model.graph.initializer}  # with the biases chunk_heads made
     wholes: dict[str, _Key] = {}
     for whole in sorted({whole for whole, _ in cut.values()}):
@@ -204,7 +190,7 @@ def _cut_heads(model: Any, data: dict[_Key, Any], reader: _Reader) -> dict[str, 
 
 
 def _tensor_keys(
-    models: list[Any], slices: list[dict[str, tuple[_Key, int]]], data: dict[_Key, Any], reader: _Reader
+    models: list[Any], slices: list[dict[str, tuple[_Key, int]]], data: dict[_Key, Any], reader: Reader
 ) -> tuple[list[dict[str, _Key]], dict[_Key, int]]:
     """Per graph, each initializer that is not a chunk -> its key; and per key, how many initializers over all
     graphs hold those bytes (0 for a whole tensor only chunks point into). Each key's first holder goes into
@@ -239,7 +225,7 @@ def _placement(holders: dict[_Key, int], slices: list[dict[str, tuple[_Key, int]
 
 
 def _write_tensors(
-    path: Path, mapped: list[_Key], shared: list[_Key], data: dict[_Key, Any], reader: _Reader
+    path: Path, mapped: list[_Key], shared: list[_Key], data: dict[_Key, Any], reader: Reader
 ) -> dict[_Key, int]:
     """Write the weights file: the mapped tensors largest first at aligned offsets, then the shared ones packed.
     Returns each tensor's offset. The order depends on the tensors alone (size, then digest), not on their names or
@@ -263,19 +249,25 @@ def _point_initializers(
     offsets: dict[_Key, int],
     rows: dict[str, tuple[_Key, int]],
     names: dict[str, _Key],
-) -> None:
+) -> set[str]:
     """Point the chunks of `model` at their rows of the whole tensor in `file_name`, and its other initializers
-    whose bytes were written there at those bytes."""
+    whose bytes were written there at those bytes. Returns their names."""
+    pointed = set()
     for init in model.graph.initializer:
         if init.name in rows:
             whole_key, start = rows[init.name]
             point_to(init, file_name, offsets[whole_key] + start, nbytes(init))
+            pointed.add(init.name)
         elif init.name in names and names[init.name] in offsets:
             key = names[init.name]
             point_to(init, file_name, offsets[key], key[2])
+            pointed.add(init.name)
+    return pointed
 
 
-def chunk_heads(model: Any, chunk_bytes: int | None = None, base_dir: Path | None = None) -> dict[str, tuple[str, int]]:
+def chunk_heads(
+    model: Any, chunk_bytes: int | None = None, read: Callable[[Any], np.ndarray] | None = None
+) -> dict[str, tuple[str, int]]:
     """Cut each `Gemm` with transB=1 on a weight of more than `chunk_bytes` into Gemms over row ranges of
     it, joined by a `Concat` with the original output. Returns the new sliced tensors: name -> (the tensor it is
     rows of, byte offset of its first row in it)."""
@@ -296,7 +288,7 @@ def chunk_heads(model: Any, chunk_bytes: int | None = None, base_dir: Path | Non
             continue
         if any(not _per_row(inits.get(node.input[i]), rows) for i in layout[1:]):
             continue  # a companion that is neither one value nor one per row could not be cut with the rows
-        _cut_head(graph, node, layout, rows, step, inits, slices, base_dir)
+        _cut_head(graph, node, layout, rows, step, inits, slices, read)
     return slices
 
 
@@ -330,7 +322,7 @@ def _cut_head(
     step: int,
     inits: dict[str, Any],
     slices: dict[str, tuple[str, int]],
-    base_dir: Path | None,
+    read: Callable[[Any], np.ndarray] | None,
 ) -> None:
     """Replace the head `node` by Gemms over `step` rows at a time of its weight (and per-row companions), joined
     by a `Concat`; the chunk tensors it makes are added to `slices`."""
@@ -338,7 +330,7 @@ def _cut_head(
 
     whole_inputs, output, absorbed = list(node.input), node.output[0], []
     beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0)  # Gemm scales C by beta
-    add = bias_add(graph, node, rows, inits, base_dir) if len(node.input) == 2 and beta == 1.0 else None
+    add = bias_add(graph, node, rows, inits, read) if len(node.input) == 2 and beta == 1.0 else None
     if add is not None:  # Gemm adds the bias in its output pass: the chunks cost no extra pass over the logits
         whole_inputs.append(add[1])
         layout = (*layout, 2)
@@ -500,7 +492,7 @@ def _per_row(tensor: Any, rows: int) -> bool:
 
 
 def bias_add(
-    graph: Any, gemm: Any, rows: int, inits: dict[str, Any], base_dir: Path | None = None
+    graph: Any, gemm: Any, rows: int, inits: dict[str, Any], read: Callable[[Any], np.ndarray] | None = None
 ) -> tuple[Any, str] | None:
     """The `Add` of a constant bias of one value per row of B (per logit) that alone reads `gemm`'s output, and the
     bias as an initializer (made from a `Constant` node where the exporter left one), or None."""
@@ -511,8 +503,8 @@ def bias_add(
         return None
     add = readers[0]
     other = add.input[1] if add.input[0] == gemm.output[0] else add.input[0]
-    if other in inits:  # external (the export's traced weights) read from `base_dir`
-        value = numpy_helper.to_array(inits[other], base_dir=str(base_dir or ""))
+    if other in inits:  # `read`: where the graph was loaded without its external data
+        value = (read or numpy_helper.to_array)(inits[other])
     else:
         constant = next((n for n in graph.node if n.op_type == "Constant" and n.output[0] == other), None)
         if constant is None or [a.name for a in constant.attribute] != ["value"]:
