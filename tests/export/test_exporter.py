@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from itertools import pairwise
 from pathlib import Path
@@ -293,3 +294,25 @@ def test_decoder_step_needs_no_shape_arithmetic_and_one_op_per_projection(
     assert all(len(n.input) == 3 for n in layer_gemms)
     assert ops.count("MatMul") == 2 * layers  # what is left: probabilities x values (scores fuse with the scale)
     assert ops.count("Split") == layers
+
+
+def test_a_killed_exports_staging_directory_is_removed_by_the_next_and_said(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    """A process killed mid-export cannot clean up; the next export to that output removes what it left (a dead
+    process's staging directory), leaves a live process's alone, and says so."""
+    import subprocess
+
+    from onnxmt.export.exporter import ExportOptions, export
+
+    output = tmp_path / "model"
+    child = subprocess.Popen(["true"])
+    child.wait()  # its process id is no longer running
+    left = tmp_path / f".model.{child.pid}.abc123"
+    (left / "weights.bin").parent.mkdir()
+    (left / "weights.bin").write_bytes(b"half" * 1000)
+    live = tmp_path / f".model.{os.getpid()}.def456"  # this process: still running
+    live.mkdir()
+    messages: list[str] = []
+    export(str(tiny_hf_dir), output, ExportOptions(check=False), progress=messages.append)
+    assert not left.exists() and live.exists()
+    assert any(m.startswith(f"removed {left}") for m in messages)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "model"])

@@ -13,6 +13,14 @@ from rich.markup import escape
 err = Console(stderr=True)
 
 
+def say(status: Any, message: str) -> None:
+    """A long step's progress on the status line; a notice (a removed leftover) printed to stay."""
+    if message.startswith("removed "):
+        err.print(f"[yellow]{message}[/yellow]")
+    else:
+        status.update(message)
+
+
 def fail(message: str) -> NoReturn:
     """A user error: `Error: ...` on stderr and exit code 2, no traceback."""
     err.print(f"[red]Error:[/red] {escape(message)}", highlight=False)

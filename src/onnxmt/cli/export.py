@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ..export.exporter import ExportOptions
-from .common import err, fail
+from .common import err, fail, say
 from .flags import flags, with_options
 
 
@@ -19,14 +19,15 @@ def export(
     *,
     options: ExportOptions,
 ) -> None:
-    """Export a MarianMT, M2M100 or NLLB-200 model to a self-contained onnxmt directory (needs onnxmt\\[export])."""
+    """Export a translation model (MarianMT, M2M100, NLLB-200, mBART-50, T5, mT5, MADLAD-400) to a self-contained
+    onnxmt directory (needs onnxmt\\[export])."""
     try:
         from ..export.exporter import export as run_export
     except ImportError as e:
         fail(f"export needs torch and transformers: pip install 'onnxmt[export]' ({e})")
     with err.status("exporting") as status:
         try:
-            _, report = run_export(model, output_dir, options, progress=lambda msg: status.update(msg))
+            _, report = run_export(model, output_dir, options, progress=lambda msg: say(status, msg))
         except (ValueError, OSError) as e:
             fail(str(e))
     if report is not None:

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..export.quantize import QuantizeOptions
 from ..manifest import ModelDirError
-from .common import err, fail, size
+from .common import err, fail, say, size
 from .flags import flags, with_options
 
 
@@ -29,7 +29,7 @@ def quantize(
         fail(f"quantize needs onnx: pip install 'onnxmt[export]' ({e})")
     with err.status("quantizing") as status:
         try:
-            manifest, results = run_quantize(model_dir, output_dir, options, progress=lambda m: status.update(m))
+            manifest, results = run_quantize(model_dir, output_dir, options, progress=lambda m: say(status, m))
         except (ModelDirError, ValueError, ImportError, OSError) as e:
             fail(str(e))
     method = manifest.quantization["method"] if manifest.quantization else ""

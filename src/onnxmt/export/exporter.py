@@ -100,7 +100,7 @@ def export(
         raise ExportError(f"{source / missing[0]}: missing; a {arch.name} model directory needs {needs}")
     # Refuse generation settings onnxmt cannot honour before any work is done (ModelDirError names them).
     check_generation_config(_read_json(source / "generation_config.json"), str(source / "generation_config.json"))
-    with staged(output) as staging:
+    with staged(output, progress) as staging:
         manifest, report = _export_into(staging, source, config, arch, model, revision, options, progress)
     progress(f"wrote {output}")
     return manifest, report

@@ -97,7 +97,7 @@ def quantize(
     source, output = Path(model_dir), Path(output_dir)
     manifest = _check_request(source, output, options)
     files = _graph_files(manifest, options.parts)
-    with staged(output) as staging:
+    with staged(output, progress) as staging:
         results = _quantize_into(staging, source, manifest, files, options, progress)
         names = [name for name in manifest.files if (staging / name).is_file()]
         if (staging / WEIGHTS_FILE).is_file() and WEIGHTS_FILE not in names:
