@@ -316,3 +316,26 @@ def test_a_killed_exports_staging_directory_is_removed_by_the_next_and_said(tiny
     assert not left.exists() and live.exists()
     assert any(m.startswith(f"removed {left}") for m in messages)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "model"])
+
+
+@pytest.mark.parametrize("form", ["int8", "int4"])
+def test_export_quantize_writes_what_export_then_quantize_write(
+    form: str, tiny_hf_dir: Path, tiny_onnx_dir: Path, tmp_path: Path
+) -> None:
+    from onnxmt.export.exporter import ExportOptions, export
+    from onnxmt.export.quantize import QuantizeOptions, quantize
+    from onnxmt.runtime.translator import Translator
+
+    direct, parent = tmp_path / "direct" / "model", tmp_path / "direct"
+    manifest, report = export(str(tiny_hf_dir), direct, ExportOptions(quantize=form), progress=lambda _: None)
+    assert report is not None and report.worst < 1e-4  # the fp32 graphs were checked before quantizing
+    two_steps = tmp_path / "two-steps"
+    quantize(tiny_onnx_dir, two_steps, QuantizeOptions(int4=form == "int4"), progress=lambda _: None)
+    assert manifest.quantization["method"] == read_manifest(two_steps).quantization["method"]
+    assert (direct / "weights.bin").read_bytes() == (two_steps / "weights.bin").read_bytes()
+    assert [p.name for p in parent.iterdir()] == ["model"]  # the fp32 directory is gone
+    texts = ["Where is the doctor?", "The river is long and the mountain is high"]
+    expected = [t.token_ids for t in Translator(two_steps).translate(texts)]
+    assert [t.token_ids for t in Translator(direct).translate(texts)] == expected
+    with pytest.raises(ValueError, match="unknown quantization 'int2'; valid: int8, int8-rows, int4"):
+        export(str(tiny_hf_dir), tmp_path / "bad", ExportOptions(quantize="int2"), progress=lambda _: None)

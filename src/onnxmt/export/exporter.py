@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -40,6 +41,10 @@ TRACED_WEIGHTS_FILE = "traced-weights.bin"
 CHECK_TOLERANCE = 1e-3
 
 
+# `onnxmt export --quantize` forms: the `onnxmt quantize` options each stands for.
+QUANTIZED_FORMS = ("int8", "int8-rows", "int4")
+
+
 class ExportError(ValueError):
     pass
 
@@ -51,6 +56,12 @@ class ExportOptions:
     force: bool = option(False, help="Replace a non-empty OUTPUT_DIR.", flags=("--force",))
     default_target: str | None = option(None, help="Default target language of a multi-target model, e.g. cmn_Hans.")
     check: bool = option(True, help="Compare the ONNX graphs with PyTorch after export.")
+    quantize: str | None = option(
+        None,
+        help="Write a quantized directory instead: int8, int8-rows (per-row activation scales) or int4. The fp32 "
+        "export is made and checked in a temporary directory beside OUTPUT_DIR, which is removed.",
+        choices=QUANTIZED_FORMS,
+    )
     # marian.py builds both.
     buffered_cache: bool = option(
         True,
@@ -86,6 +97,8 @@ def export(
     output = Path(output_dir)
     if occupied(output) and not options.force:
         raise ExportError(f"{output} exists and is not empty; pass --force to replace it")
+    if options.quantize is not None:
+        return _export_quantized(model, output, options, progress)
     progress(f"resolving {model}")
     source, revision = resolve_model(model, options.revision)
     config = json.loads((source / "config.json").read_text(encoding="utf-8"))
@@ -103,6 +116,24 @@ def export(
     with staged(output, progress) as staging:
         manifest, report = _export_into(staging, source, config, arch, model, revision, options, progress)
     progress(f"wrote {output}")
+    return manifest, report
+
+
+def _export_quantized(
+    model: str, output: Path, options: ExportOptions, progress: Progress
+) -> tuple[Manifest, CheckReport | None]:
+    """Export to fp32 in a temporary directory beside `output`, quantize it into `output`, remove the fp32 one."""
+    from .quantize import QuantizeOptions, quantize
+
+    if options.quantize not in QUANTIZED_FORMS:
+        raise ExportError(f"unknown quantization {options.quantize!r}; valid: {', '.join(QUANTIZED_FORMS)}")
+    form = QuantizeOptions(int4=options.quantize == "int4", per_row_scales=options.quantize == "int8-rows", force=True)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    # Named as a staging directory (staging.py): a killed run's is removed by the next.
+    with tempfile.TemporaryDirectory(prefix=f".{output.name}.{os.getpid()}.fp32.", dir=output.parent) as temporary:
+        fp32 = Path(temporary) / "fp32"
+        _, report = export(model, fp32, replace(options, quantize=None, force=False), progress)
+        manifest, _ = quantize(fp32, output, form, progress)
     return manifest, report
 
 
