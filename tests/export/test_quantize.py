@@ -513,3 +513,21 @@ def test_a_directory_with_weights_inside_its_graphs_runs_and_quantizes(tiny_onnx
     out = _quantize(old, tmp_path / "q")
     assert WEIGHTS_FILE in read_manifest(out).files and _where(out / DECODER_FILE)
     assert Translator(out).translate(TEXTS, max_new_tokens=5)[0].token_ids
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_int8_rows_in_blocks_are_the_whole_tables(per_channel: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vocabulary table is quantized a block of rows at a time (bounded memory): the same values and scales as
+    the whole table at once, blocks not dividing the rows included."""
+    from onnxmt.export import quantize as module
+
+    table = np.random.default_rng(0).standard_normal((1000, 48)).astype(np.float32)
+    table[7] = 0  # an all-zero row: scale 1
+    monkeypatch.setattr(module, "_TABLE_BLOCK_ROWS", 64)
+    values, scale = module._int8_rows(table, per_channel)
+    peak = np.abs(table).max(axis=1) if per_channel else np.abs(table).max()
+    whole_scale = np.where(peak > 0, peak / 127, 1).astype(np.float32)
+    per_row = whole_scale[:, None] if per_channel else whole_scale
+    np.testing.assert_array_equal(scale, whole_scale)
+    np.testing.assert_array_equal(values, np.clip(np.rint(table / per_row), -127, 127).astype(np.int8))
+    assert values.dtype == np.int8 and np.abs(values).max() == 127

@@ -120,7 +120,13 @@ def _fold(graph: Any, constants: dict[str, _Constant], out: TensorFile) -> None:
     for node in list(graph.node):
         if node.op_type == "Constant" or not node.input or not all(i in known or i == "" for i in node.input):
             continue
-        if node.op_type == "Identity":  # a tied weight read under a second name: the same tensor
+        outputs = {o.name for o in graph.output}
+        if node.op_type == "Identity" and node.output[0] not in outputs and node.input[0] in constants:
+            # A weight read under a second name (tied, or equal to another: torch's exporter joins those): its
+            # readers read the first name, one initializer as torch's folding leaves it.
+            for reader in graph.node:
+                reader.input[:] = [node.input[0] if i == node.output[0] else i for i in reader.input]
+        elif node.op_type == "Identity":
             constants[node.output[0]] = known[node.output[0]] = known[node.input[0]]
         else:
             results = _run(node, [known[i].array if i else None for i in node.input])

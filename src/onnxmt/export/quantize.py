@@ -44,6 +44,8 @@ _QUANTIZED_DTYPES = {2, 3, 21, 22}
 
 Progress = Callable[[str], None]
 
+_TABLE_BLOCK_ROWS = 8192  # rows of a vocabulary table quantized at a time
+
 # The quantized weights as they are made; store_weights copies them into WEIGHTS_FILE.
 QUANTIZED_WEIGHTS_FILE = "quantized-weights.bin"
 
@@ -508,10 +510,16 @@ def _int8_rows(table: Any, per_channel: bool) -> tuple[Any, Any]:
     """Symmetric int8 of a (rows, columns) float table: one scale per row, or one for the table."""
     import numpy as np
 
-    peak = np.abs(table).max(axis=1) if per_channel else np.abs(table).max()
+    # In blocks of rows: NLLB-200-3.3B's table is 2 GB in fp32, and each whole-table temporary another 2 GB.
+    blocks = [slice(start, start + _TABLE_BLOCK_ROWS) for start in range(0, table.shape[0], _TABLE_BLOCK_ROWS)]
+    peaks = np.concatenate([np.abs(table[rows]).max(axis=1) for rows in blocks])
+    peak = peaks if per_channel else peaks.max()
     scale = np.where(peak > 0, peak / 127, 1).astype(np.float32)
-    per_row = scale[:, None] if per_channel else scale
-    return np.clip(np.rint(table / per_row), -127, 127).astype(np.int8), scale
+    values = np.empty(table.shape, np.int8)
+    for rows in blocks:
+        per_row = scale[rows, None] if per_channel else scale
+        values[rows] = np.clip(np.rint(table[rows] / per_row), -127, 127)
+    return values, scale
 
 
 def _attribute(node: Any, name: str, default: Any) -> Any:
