@@ -125,7 +125,14 @@ class Reader:
         if not _is_external(tensor):
             return numpy_helper.to_array(tensor)
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
-        return np.frombuffer(self.raw(tensor), dtype=dtype).reshape(tuple(tensor.dims))
+        array = np.empty(tuple(tensor.dims), dtype)
+        target, filled = array.reshape(-1).view(np.uint8), 0  # read block by block into it: no second copy
+        for block in self.blocks(tensor):
+            target[filled : filled + len(block)] = np.frombuffer(block, np.uint8)
+            filled += len(block)
+        if filled != array.nbytes:
+            raise ValueError(f"tensor {tensor.name!r}: {filled} bytes stored, {array.nbytes} expected")
+        return array
 
     def close(self) -> None:
         for f in self._files.values():
