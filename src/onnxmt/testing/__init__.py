@@ -12,10 +12,11 @@ from .builder import ModelSpec, build_random_model, generate_corpus
 from .m2m100 import NLLB_200_1_3B, NLLB_200_3_3B, NLLB_200_DISTILLED_600M, M2M100Spec, NllbSpec
 from .marian import OPUS_MT_EN_ZH, OPUS_MT_TC_BIG, MarianSpec, TcBigSpec
 from .mbart import MBART_LARGE_50, MBart50Spec
-from .t5 import FLAN_T5_BASE, MT5Spec, T5Spec
+from .t5 import FLAN_T5_BASE, MADLAD_400_3B, MT5Spec, T5Spec
 
 __all__ = [
     "FLAN_T5_BASE",
+    "MADLAD_400_3B",
     "MBART_LARGE_50",
     "NLLB_200_1_3B",
     "NLLB_200_3_3B",

@@ -241,3 +241,9 @@ FLAN_T5_BASE = T5Spec(
     d_model=768, d_kv=64, ffn_dim=2048, encoder_layers=12, decoder_layers=12, attention_heads=12, pieces=8000,
     vocab_size=32128, init_std=1.0, max_position_embeddings=512, gated=True, tied=False,
 )  # fmt: skip
+# google/madlad400-3b-mt's architecture (its config.json): 32+32 layers, d_model 1024, 16 heads of 128, gated FFN
+# 8192, 256,000 rows; 11.8 GB in fp32.
+MADLAD_400_3B = T5Spec(
+    d_model=1024, d_kv=128, ffn_dim=8192, encoder_layers=32, decoder_layers=32, attention_heads=16, pieces=8000,
+    vocab_size=256000, init_std=1.0, max_position_embeddings=512, madlad=True, gated=True, tied=False,
+)  # fmt: skip
