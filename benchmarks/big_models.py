@@ -6,8 +6,9 @@ quantize (int8, per-row int8, int4) and validate, against the bytes of its fp32 
 
 The model is a random one with the real architecture (benchmarks/models.py's specs, built once into
 benchmarks/.cache/). Each step runs `onnxmt` in a fresh child process; its peak RSS is the kernel's (wait4's
-ru_maxrss: the child's VmHWM, file-backed pages it mapped included). Steps run one after another, never beside other
-work. Results go to benchmarks/results/big-models/<model>.{md,json}.
+ru_maxrss: the child's VmHWM, file-backed pages it mapped included; this script itself stays small, as Linux
+carries a parent's peak over to its children). Steps run one after another, never beside other work. Results go to
+benchmarks/results/big-models/<model>.{md,json}.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ MODELS = {
 # larger side, which for an fp32 directory is about the weights themselves).
 TARGETS = {"export": 1.25, "int8": 0.5, "int8-rows": 0.5, "int4": 0.5, "validate": 1.1}
 STEPS = tuple(TARGETS)
-TARGETS_LANG = {"madlad400-3b-mt": ["--target-lang", "zh"]}
+TARGETS_LANG = {"madlad400-3b-mt": ["--target-lang", "zh"], "nllb-200-3.3B": ["--target-lang", "zho_Hans"]}
+TARGETS_LANG["nllb-200-1.3B"] = TARGETS_LANG["nllb-200-distilled-600M"] = TARGETS_LANG["nllb-200-3.3B"]
 VALIDATE_TEXTS = [
     "The river is long and the mountain is high.",
     "Where is the doctor?",
@@ -75,6 +77,10 @@ def run(command: list[str]) -> tuple[float, float]:
     return seconds, usage.ru_maxrss / 1024
 
 
+def build(model: str, directory: str) -> None:
+    build_random_model(Path(directory), MODELS[model])
+
+
 def weight_bytes(model_dir: Path) -> int:
     return sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
 
@@ -92,8 +98,11 @@ def main() -> None:
 
     source = CACHE / f"{args.model}-random"
     if not (source / "config.json").is_file():
+        # In a child: Linux carries a parent's peak RSS over to the children it forks (ru_maxrss), and the
+        # build holds the whole model.
         print(f"building a random {args.model} into {source}", flush=True)
-        build_random_model(source, MODELS[args.model])
+        build = f"import big_models; big_models.build({args.model!r}, {str(source)!r})"
+        subprocess.run([sys.executable, "-c", build], check=True, cwd=Path(__file__).parent)
     weights = weight_bytes(source)
     work = CACHE / f"{args.model}-big"
     fp32 = work / "fp32"
@@ -138,7 +147,13 @@ def main() -> None:
 
 
 def report(model: str, weights: int, results: list[Step]) -> None:
+    """Write the table, keeping the steps of an earlier run of the same model that this run did not repeat."""
     RESULTS.mkdir(parents=True, exist_ok=True)
+    earlier = RESULTS / f"{model}.json"
+    if earlier.is_file():
+        ran = {s.name for s in results}
+        kept = [Step(**s) for s in json.loads(earlier.read_text(encoding="utf-8"))["steps"] if s["name"] not in ran]
+        results = sorted(kept + results, key=lambda s: STEPS.index(s.name))
     machine = describe_machine()
     lines = [
         f"# {model} (random weights, real architecture): peak RSS per step",

@@ -42,6 +42,8 @@ def quantize_in_groups(
 ) -> None:
     """Quantize each group of `members` (lists of `model`'s nodes) with `quantizer` and splice the result into
     `model` in place of the group. `progress(n)` is told the group's weight bytes when it is done."""
+    import onnx
+
     graph = model.graph
     inits = {init.name: init for init in graph.initializer}
     types = _types(graph)
@@ -50,8 +52,6 @@ def quantize_in_groups(
             small = _group_model(model, group, inits, types, tensors)
             path = Path(scratch) / f"group{i}.onnx"
             quantizer(small, path)
-            import onnx
-
             _splice(model, group, onnx.load(str(path)), inits, tensors)
             path.unlink()
             progress(sum(nbytes(inits[n]) for node in group for n in node.input if n in inits))
@@ -70,7 +70,7 @@ def _group_model(model: Any, group: list[Any], inits: dict[str, Any], types: dic
     the graph records no type), their weights read in, their outputs as its outputs."""
     from onnx import TensorProto, helper, numpy_helper
 
-    produced = {out for node in group for out in node.input}
+    read_inside = {name for node in group for name in node.input}
     names = list(dict.fromkeys(name for node in group for name in node.input if name))
     weights = [numpy_helper.from_array(tensors.array(inits[n]), n) for n in names if n in inits]
     inputs = []
@@ -86,7 +86,7 @@ def _group_model(model: Any, group: list[Any], inits: dict[str, Any], types: dic
         helper.make_value_info(out, types[out]) if out in types else helper.make_tensor_value_info(out, 1, None)
         for node in group
         for out in node.output
-        if out not in produced
+        if out not in read_inside
     ]
     graph = helper.make_graph(list(group), "group", inputs, outputs, initializer=weights)
     return helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
