@@ -117,10 +117,10 @@ def _fold(graph: Any, constants: dict[str, _Constant], out: TensorFile) -> None:
     for node in graph.node:
         if node.op_type == "Constant" and [a.name for a in node.attribute] == ["value"]:
             known[node.output[0]] = _Constant(numpy_helper.to_array(node.attribute[0].t))
+    outputs = {o.name for o in graph.output}
     for node in list(graph.node):
         if node.op_type == "Constant" or not node.input or not all(i in known or i == "" for i in node.input):
             continue
-        outputs = {o.name for o in graph.output}
         if node.op_type == "Identity" and node.output[0] not in outputs and node.input[0] in constants:
             # A weight read under a second name (tied, or equal to another: torch's exporter joins those): its
             # readers read the first name, one initializer as torch's folding leaves it.
