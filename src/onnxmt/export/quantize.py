@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import logging
 import shutil
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,7 +35,7 @@ from .binding import TensorFile, Tensors
 from .groups import Quantizer, groups, quantize_in_groups
 from .row_scales import per_row_activations
 from .staging import occupied, staged
-from .weights import Reader, bias_add, join_heads, replace_node, store_weights, twin_transpose
+from .weights import Reader, bias_add, join_heads, nbytes, replace_node, store_weights, twin_transpose
 
 PARTS = ("encoder", "decoder", "all")
 LM_HEAD = "lm_head"  # an --exclude name for the tied LM head, whatever the exporter called its node
@@ -203,11 +204,14 @@ def _quantize_graph(model: Any, name: str, options: QuantizeOptions, tensors: Te
     if nodes:
         members = groups(model.graph, nodes, by_input=not options.int4)
         quantizer = _int4_group(options.block_size) if options.int4 else _int8_group(options.per_channel)
-        done = [0]
+        total = sum(nbytes(i) for i in model.graph.initializer if i.name in _weights_of(members))
+        done, start = [0, 0], time.monotonic()
 
         def advance(weight_bytes: int) -> None:
-            done[0] += 1
-            progress(f"quantizing {name} ({method}): {done[0]}/{len(members)} groups of nodes")
+            # The time left, from the weight bytes quantized so far (groups differ in size by 100x).
+            done[0], done[1] = done[0] + 1, done[1] + weight_bytes
+            left = (time.monotonic() - start) * (total - done[1]) / max(done[1], 1)
+            progress(f"quantizing {name} ({method}): {done[0]}/{len(members)} groups of nodes, ~{left:.0f} s left")
 
         quantize_in_groups(model, members, quantizer, tensors, advance)
         if not options.int4:
@@ -545,6 +549,10 @@ def _quiet() -> Iterator[None]:
             yield
     finally:
         root.setLevel(level)
+
+
+def _weights_of(members: list[list[Any]]) -> set[str]:
+    return {name for group in members for node in group for name in node.input}
 
 
 def _int8_group(per_channel: bool) -> Quantizer:
