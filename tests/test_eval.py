@@ -89,7 +89,8 @@ def test_rows_side_by_side_with_every_column(tiny_onnx_dir: Path, pair: tuple[Pa
         assert row.kind == "onnx"
         assert row.size_bytes == sum(p.stat().st_size for p in Path(row.model).iterdir())
         assert row.latency_ms > 0 and row.sentences_per_second > 0 and row.load_seconds > 0
-        assert 20e6 < row.peak_rss_bytes < 2e9  # a python process with onnxruntime, measured in bytes
+        # In bytes (kB would be under 20e6): the test process's peak so far, so every test before this one counts.
+        assert 20e6 < row.peak_rss_bytes < 64e9
         assert len(row.cells()) == len(COLUMNS)
     assert report.rows[1].size_bytes < report.rows[0].size_bytes
     # int8's activation scales are the batch's: it gets the batch-composition check, fp32 does not by default.
