@@ -169,3 +169,28 @@ def test_shape_inference_without_weight_values_traces_the_same_graphs(tiny_hf_di
     a, b = traced["without values"].graph, traced["with values"].graph
     assert len(a.node) > 100 and a.output[0].type.tensor_type.shape.dim  # inferred: the logits' shape
     assert (a.node, a.input, a.output, a.value_info) == (b.node, b.input, b.output, b.value_info)
+
+
+def test_a_weight_two_graphs_read_under_other_names_is_written_once(tmp_path: Path) -> None:
+    """The encoder and decoder modules hold the shared embedding under different names (and detach() gives a new
+    tensor object each time): the traced weights file holds it once."""
+    import torch
+
+    embedding = torch.nn.Parameter(torch.ones(64, 512))
+    out = TensorFile(tmp_path / "t.bin")
+    for name in ("encoder.embed_tokens.weight", "embed_tokens.weight"):
+        node = helper.make_node("Gather", [name, "ids"], ["rows"])
+        graph = helper.make_graph(
+            [node],
+            "g",
+            [
+                helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [2]),
+                helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [64, 512]),
+            ],
+            [helper.make_tensor_value_info("rows", onnx.TensorProto.FLOAT, None)],
+        )
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+        bind_weights(path, {name: embedding}, out)
+    out.close()
+    assert (tmp_path / "t.bin").stat().st_size == embedding.numel() * 4

@@ -11,7 +11,7 @@ each result written and dropped before the next: the model plus one tensor at a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -27,7 +27,7 @@ _INLINE_BYTES = MAP_MIN_BYTES
 @dataclass
 class _Constant:
     array: np.ndarray  # its value: a torch tensor's memory, a small result, or a view of where it was written
-    source: Any = None  # the torch tensor it is: a weight two graphs read is written once
+    source: Hashable = None  # where a torch weight lies in memory: a weight two graphs read is written once
     written: tuple[int, int] | None = None  # offset and length in the TensorFile
 
 
@@ -37,17 +37,17 @@ class TensorFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._file: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed by close()
-        self._by_source: dict[int, tuple[int, int]] = {}
+        self._by_source: dict[Hashable, tuple[int, int]] = {}
 
-    def write(self, array: np.ndarray, source: Any = None) -> tuple[int, int]:
+    def write(self, array: np.ndarray, source: Hashable = None) -> tuple[int, int]:
         """Append `array`; returns its offset and length. A `source` written before is not written again."""
-        if source is not None and id(source) in self._by_source:
-            return self._by_source[id(source)]
+        if source is not None and source in self._by_source:
+            return self._by_source[source]
         offset = self._file.seek(-(-self._file.tell() // WEIGHTS_ALIGN) * WEIGHTS_ALIGN)
         _contiguous(array).tofile(self._file)
         where = (offset, self._file.tell() - offset)
         if source is not None:
-            self._by_source[id(source)] = where
+            self._by_source[source] = where
         return where
 
     def view(self, offset: int, array: np.ndarray) -> np.ndarray:
@@ -70,7 +70,7 @@ def bind_weights(path: Path, weights: Mapping[str, Any], out: TensorFile) -> Non
     constants: dict[str, _Constant] = {}
     for value in [i for i in graph.input if i.name in weights]:
         tensor = weights[value.name].detach()
-        constants[value.name] = _Constant(tensor.numpy(), tensor)
+        constants[value.name] = _Constant(tensor.numpy(), _memory_of(tensor))
         graph.input.remove(value)
     for init in graph.initializer:
         constants[init.name] = _Constant(numpy_helper.to_array(init))
@@ -82,6 +82,13 @@ def bind_weights(path: Path, weights: Mapping[str, Any], out: TensorFile) -> Non
         if name in used and name not in kept:
             graph.initializer.append(_initializer(name, constant, out))
     onnx.save(model, str(path))
+
+
+def _memory_of(tensor: Any) -> Hashable:
+    """Where a torch tensor's values lie: the same for a weight the encoder and decoder modules both hold (the
+    shared embedding), whatever they call it."""
+    storage = tensor.untyped_storage().data_ptr()
+    return storage, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()), str(tensor.dtype)
 
 
 def tie_heads(graph: Any, constants: Mapping[str, _Constant]) -> None:
