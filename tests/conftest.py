@@ -262,7 +262,7 @@ tiny_mbart50_hf_dir = _built(
 # runs past 128 positions, where the relative position buckets saturate; init and eos bias measured for outputs of
 # several lengths.
 TINY_T5 = T5Spec(init_std=1.0, eos_bias=4.0)
-TINY_MADLAD = T5Spec(init_std=1.0, eos_bias=4.0, madlad=True)
+TINY_MADLAD = T5Spec(init_std=1.0, eos_bias=1.2, madlad=True)  # its own head: outputs of 1-2 and 51-60+ tokens
 tiny_t5_hf_dir = _built(TINY_T5, "tiny-t5-hf", "A tiny random T5 directory (t5-small's layout and task prefixes).")
 tiny_t5_onnx_dir = _exported("tiny_t5_hf_dir", "tiny-t5-onnx", "`tiny_t5_hf_dir` exported by onnxmt.")
 tiny_madlad_hf_dir = _built(TINY_MADLAD, "tiny-madlad-hf", "A tiny random MADLAD-400 directory (<2xx> tokens).")

@@ -196,3 +196,16 @@ def test_madlad_without_a_length_in_its_configs_stops_at_transformers_default(
         result = CliRunner().invoke(app, ["inspect", str(directory)], env={"COLUMNS": "400"})
         assert result.exit_code == 0, result.output
         assert line in " ".join(result.output.split())
+
+
+def test_the_madlad_fixture_has_a_head_of_its_own(tiny_madlad_hf_dir: Path, tiny_t5_hf_dir: Path) -> None:
+    """MADLAD's checkpoint holds `lm_head` apart from `shared` (transformers 5 unties them on load only then; its
+    T5Config ties them whatever it is told), and t5's ties them: the fixtures are built so, and the parity tests
+    above run both forms."""
+    import torch
+    from transformers import T5ForConditionalGeneration
+
+    madlad = T5ForConditionalGeneration.from_pretrained(str(tiny_madlad_hf_dir))
+    assert not torch.equal(madlad.lm_head.weight, madlad.shared.weight) and not madlad.config.scale_decoder_outputs
+    t5 = T5ForConditionalGeneration.from_pretrained(str(tiny_t5_hf_dir))
+    assert t5.lm_head.weight.data_ptr() == t5.shared.weight.data_ptr() and t5.config.scale_decoder_outputs

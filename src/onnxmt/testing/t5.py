@@ -108,6 +108,7 @@ class T5Spec(ModelSpec):
         return len(tokenizer)
 
     def model(self, vocab_size: int) -> Any:
+        import torch
         from transformers import T5Config, T5ForConditionalGeneration
 
         # Keys T5Config takes through its PretrainedConfig kwargs (not in its own signature).
@@ -118,7 +119,13 @@ class T5Spec(ModelSpec):
         config = T5Config(**self._config_arguments(vocab_size), **extra)
         if not self.madlad:
             config.task_specific_params = T5_TRANSLATION_TASKS
-        return T5ForConditionalGeneration(config)
+        model = T5ForConditionalGeneration(config)
+        if not extra["tie_word_embeddings"]:
+            # transformers 5's T5Config ties the head whatever it is told (keeping the flag as scale_decoder_outputs)
+            # and unties it on load only where the checkpoint holds a head of its own, as flan-T5's and MADLAD's do:
+            # so this one is drawn apart, as T5 draws it.
+            model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * self.init_std)
+        return model
 
     def _config_arguments(self, vocab_size: int) -> dict[str, Any]:
         """The arguments T5Config and MT5Config share: sizes, buckets, no dropout, the FFN, the ids."""
