@@ -209,3 +209,17 @@ def test_the_madlad_fixture_has_a_head_of_its_own(tiny_madlad_hf_dir: Path, tiny
     assert not torch.equal(madlad.lm_head.weight, madlad.shared.weight) and not madlad.config.scale_decoder_outputs
     t5 = T5ForConditionalGeneration.from_pretrained(str(tiny_t5_hf_dir))
     assert t5.lm_head.weight.data_ptr() == t5.shared.weight.data_ptr() and t5.config.scale_decoder_outputs
+
+
+@pytest.mark.parametrize(("form", "code", "prefix"), FORMS)
+def test_validate_passes_on_the_family(form: str, code: str | None, prefix: str, request) -> None:
+    """`onnxmt validate` on t5, MADLAD and mT5 (whose configs have no max_position_embeddings): token-identical,
+    greedy and beam, with the reference run and freed before the ONNX side."""
+    from onnxmt.export.validate import ValidateOptions, validate
+    from onnxmt.runtime.options import DecodeOptions
+
+    hf_dir, onnx_dir = (request.getfixturevalue(f"tiny_{form}_{kind}_dir") for kind in ("hf", "onnx"))
+    options = ValidateOptions(decoding=DecodeOptions(beams=2, max_new_tokens=12), target_lang=code)
+    report = validate(onnx_dir, str(hf_dir), SENTENCES[:4], options)
+    assert report.greedy_identical == report.beam_identical == report.tokenizer_identical == 4
+    assert report.max_abs_logit_diff < 1e-3

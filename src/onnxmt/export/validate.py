@@ -224,7 +224,7 @@ def _quiet_transformers() -> Iterator[None]:
 class _Reference:
     """transformers' side: tokenizer, model, generate() and teacher-forced logits."""
 
-    def __init__(self, reference: str, threads: int | None) -> None:
+    def __init__(self, reference: str, threads: int | None, max_positions: int) -> None:
         import torch
         from transformers import AutoTokenizer
 
@@ -234,6 +234,9 @@ class _Reference:
         source, _ = resolve_model(reference)
         config = json.loads((source / "config.json").read_text(encoding="utf-8"))
         self.torch = torch
+        # Truncated at the model's positions, as onnxmt's tokenizer does (opus-mt names no model_max_length; T5's
+        # config has no max_position_embeddings): the manifest's figure, on both sides.
+        self.max_positions = max_positions
         if threads:
             torch.set_num_threads(threads)
         with _quiet_transformers():
@@ -246,8 +249,7 @@ class _Reference:
         texts = [prompt.text + t for t in texts]
         if source is not None and hasattr(self.tokenizer, "src_lang"):
             self.tokenizer.src_lang = source
-        # Truncated at the model's positions, as onnxmt's tokenizer does (opus-mt names no model_max_length).
-        limit = min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
+        limit = min(self.tokenizer.model_max_length, self.max_positions)
         return self.tokenizer(list(texts), return_tensors="pt", padding=True, truncation=True, max_length=limit)
 
     def generate(self, encoded: Any, prompt: Prompt, **kwargs: Any) -> list[list[int]]:
@@ -255,10 +257,16 @@ class _Reference:
             kwargs["forced_bos_token_id"] = prompt.forced_bos
         with self.torch.no_grad(), _quiet_transformers():
             out = self.model.generate(**encoded, **kwargs)
-        pad = self.model.generation_config.pad_token_id
+        config = self.model.generation_config
+        pad = config.pad_token_id
+        eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
         rows = []
         for row in out.tolist():
             row = row[1:]  # the decoder start token
+            # Up to the first eos, as onnxmt returns it: generate() pads a finished row with pad, or with eos where
+            # the generation config names no pad (T5's).
+            end = next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
+            row = row[:end]
             while row and row[-1] == pad:
                 row.pop()
             rows.append(row)
@@ -300,7 +308,8 @@ def validate(
     beams = options.decoding.beams or int(manifest.generation.get("num_beams") or 1)
     start = int(manifest.tokens["decoder_start"])
     with tempfile.TemporaryDirectory(prefix="onnxmt-validate-") as scratch:
-        ref = _reference_side(reference, texts, beams, token, start, options, advance, Path(scratch))
+        positions = int(manifest.model["max_positions"])
+        ref = _reference_side(reference, texts, beams, token, start, positions, options, advance, Path(scratch))
         translator = Translator(model_dir, options.runtime)
         onnx_out = {
             search: _onnx_outputs(translator, texts, b, options, advance if search == "beam" else lambda n: None)
@@ -356,12 +365,13 @@ def _reference_side(
     beams: int,
     token: tuple[Prompt, str | None],
     start: int,
+    max_positions: int,
     options: ValidateOptions,
     advance: Callable[[int], None],
     scratch: Path,
 ) -> _ReferenceRun:
     """transformers' outputs for both searches and their teacher-forced logits; the model is freed on return."""
-    ref = _Reference(reference, options.runtime.threads)
+    ref = _Reference(reference, options.runtime.threads, max_positions)
     searches = (("greedy", 1), ("beam", beams))
     outputs: dict[str, list[list[int]]] = {search: [] for search, _ in searches}
     size, max_new_tokens = options.decoding.batch_size, options.decoding.max_new_tokens
