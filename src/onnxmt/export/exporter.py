@@ -41,6 +41,8 @@ TRACED_WEIGHTS_FILE = "traced-weights.bin"
 CHECK_TOLERANCE = 1e-3
 
 
+TOKENIZER_JSON = "tokenizer.json"
+
 # `onnxmt export --quantize` forms: the `onnxmt quantize` options each stands for.
 QUANTIZED_FORMS = ("int8", "int8-rows", "int4")
 
@@ -184,6 +186,22 @@ def _export_into(
         manifest = _with_provenance(manifest, check=report.__dict__)
     manifest.save(staging)
     return manifest, report
+
+
+def write_tokenizer_json(tokenizer_class: Any, source: Path, staging: Path, family: str, needs: tuple[str, ...]) -> str:
+    """`tokenizer.json` as transformers' `tokenizer_class` builds it from the source's files (its conversion of a
+    sentencepiece model, or the source's own tokenizer.json), for a family whose checkpoints may ship only the
+    sentencepiece model (an `Architecture.write_tokenizer` hook); `needs`: the files of which one must exist."""
+    if not any((source / name).is_file() for name in needs):
+        raise ExportError(f"{source}: no tokenizer; an {family} model directory needs {' or '.join(needs)}")
+    try:
+        tokenizer = tokenizer_class.from_pretrained(str(source))
+    except Exception as e:  # sentencepiece and tokenizers raise their own types for a corrupt file
+        raise ExportError(f"{source}: the {family} tokenizer does not load ({e})") from e
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        (staging / TOKENIZER_JSON).write_bytes((Path(tmp) / TOKENIZER_JSON).read_bytes())
+    return TOKENIZER_JSON
 
 
 def _copy_side_files(source: Path, staging: Path, arch: Architecture) -> list[str]:

@@ -10,7 +10,6 @@ tokenizer.json the run side reads.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +18,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..architectures.mbart import SOURCE_TOKENIZER_FILES
-from .exporter import ExportError
+from .exporter import write_tokenizer_json
 from .m2m100 import M2M100DecoderExport
 from .marian import MarianDecoderExport, load_eager
 from .marian import encoder as encoder  # the encoder graph is Marian's (module docstring)
-
-TOKENIZER_FILE = "tokenizer.json"
 
 
 class MBartDecoderExport(MarianDecoderExport):
@@ -63,14 +60,4 @@ def write_tokenizer(source: Path, staging: Path) -> list[str]:
     sentencepiece.bpe.model, or the source's own tokenizer.json), with the 52 language codes and `<mask>`."""
     from transformers import MBart50Tokenizer
 
-    if not any((source / name).is_file() for name in SOURCE_TOKENIZER_FILES):
-        needs = " or ".join(SOURCE_TOKENIZER_FILES)
-        raise ExportError(f"{source}: no tokenizer; an mBART-50 model directory needs {needs}")
-    try:
-        tokenizer = MBart50Tokenizer.from_pretrained(str(source))
-    except Exception as e:  # sentencepiece and tokenizers raise their own types for a corrupt file
-        raise ExportError(f"{source}: the mBART-50 tokenizer does not load ({e})") from e
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer.save_pretrained(tmp)
-        (staging / TOKENIZER_FILE).write_bytes((Path(tmp) / TOKENIZER_FILE).read_bytes())
-    return [TOKENIZER_FILE]
+    return [write_tokenizer_json(MBart50Tokenizer, source, staging, "mBART-50", SOURCE_TOKENIZER_FILES)]

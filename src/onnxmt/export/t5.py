@@ -21,7 +21,6 @@ Only the buffered decoder (the default export: one new token per row, each row i
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +29,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..architectures.t5 import MT5_SOURCE_TOKENIZER_FILES
-from .exporter import ExportError
+from .exporter import write_tokenizer_json
 from .marian import _attend_beams, _split_heads, load_eager
-
-TOKENIZER_FILE = "tokenizer.json"
 
 
 def _project(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
@@ -65,12 +62,24 @@ def bucket_table(attention: Any, bidirectional: bool) -> torch.Tensor:
 
 
 class _T5Parts(nn.Module):
-    def __init__(self, model: Any) -> None:
+    """What the encoder and decoder modules share: the sizes, the decoder's blocks, and their own stack (`stack`:
+    its embedding, blocks, final norm, the first layer's relative bias and its bucket table)."""
+
+    buckets: torch.Tensor
+
+    def __init__(self, model: Any, stack: Any, bidirectional: bool) -> None:
         super().__init__()
         config = model.config
         self.heads = int(config.num_heads)
         self.head_dim = int(config.d_kv)
         self.decoder_blocks = model.decoder.block
+        self.embed_tokens = stack.embed_tokens
+        self.blocks = stack.block
+        self.final_layer_norm = stack.final_layer_norm
+        attention = stack.block[0].layer[0].SelfAttention
+        self.relative_attention_bias = attention.relative_attention_bias
+        self.limit = int(attention.relative_attention_max_distance)
+        self.register_buffer("buckets", bucket_table(attention, bidirectional=bidirectional), persistent=False)
 
     def _ffn(self, layer: Any, x: torch.Tensor) -> torch.Tensor:
         dense = layer.DenseReluDense
@@ -84,18 +93,8 @@ class _T5Parts(nn.Module):
 class T5EncoderExport(_T5Parts):
     """input_ids, attention_mask -> encoder_hidden_states, cross_key.i, cross_value.i for every decoder layer."""
 
-    buckets: torch.Tensor
-
     def __init__(self, model: Any) -> None:
-        super().__init__(model)
-        encoder = model.encoder
-        self.embed_tokens = encoder.embed_tokens
-        self.blocks = encoder.block
-        self.final_layer_norm = encoder.final_layer_norm
-        attention = encoder.block[0].layer[0].SelfAttention
-        self.relative_attention_bias = attention.relative_attention_bias
-        self.limit = int(attention.relative_attention_max_distance)
-        self.register_buffer("buckets", bucket_table(attention, bidirectional=True), persistent=False)
+        super().__init__(model, model.encoder, bidirectional=True)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         hidden = self.embed_tokens(input_ids)  # (batch, src, d_model): no scale, no positions
@@ -130,21 +129,12 @@ class T5DecoderExport(_T5Parts):
     (sentences, heads, src, d_kv); out: logits (rows, vocab) and per layer the new token's key and value."""
 
     buffered = True
-    buckets: torch.Tensor
 
     def __init__(self, model: Any) -> None:
-        super().__init__(model)
-        decoder = model.decoder
-        self.embed_tokens = decoder.embed_tokens
-        self.blocks = decoder.block
-        self.final_layer_norm = decoder.final_layer_norm
+        super().__init__(model, model.decoder, bidirectional=False)
         self.lm_head = model.lm_head
         self.d_model = int(model.config.d_model)
         self.output_scale = self.d_model**-0.5 if _scales_decoder_outputs(model) else None
-        attention = decoder.block[0].layer[0].SelfAttention
-        self.relative_attention_bias = attention.relative_attention_bias
-        self.limit = int(attention.relative_attention_max_distance)
-        self.register_buffer("buckets", bucket_table(attention, bidirectional=False), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor, *inputs: torch.Tensor):
         n = len(self.blocks)
@@ -228,14 +218,4 @@ def write_tokenizer(source: Path, staging: Path) -> list[str]:
     spiece.model, or the source's own tokenizer.json), with the source's tokenizer config (mT5's: no extra ids)."""
     from transformers import T5Tokenizer
 
-    if not any((source / name).is_file() for name in MT5_SOURCE_TOKENIZER_FILES):
-        needs = " or ".join(MT5_SOURCE_TOKENIZER_FILES)
-        raise ExportError(f"{source}: no tokenizer; an mT5 model directory needs {needs}")
-    try:
-        tokenizer = T5Tokenizer.from_pretrained(str(source))
-    except Exception as e:  # sentencepiece and tokenizers raise their own types for a corrupt file
-        raise ExportError(f"{source}: the mT5 tokenizer does not load ({e})") from e
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer.save_pretrained(tmp)
-        (staging / TOKENIZER_FILE).write_bytes((Path(tmp) / TOKENIZER_FILE).read_bytes())
-    return [TOKENIZER_FILE]
+    return [write_tokenizer_json(T5Tokenizer, source, staging, "mT5", MT5_SOURCE_TOKENIZER_FILES)]
