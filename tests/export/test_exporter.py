@@ -339,3 +339,11 @@ def test_export_quantize_writes_what_export_then_quantize_write(
     assert [t.token_ids for t in Translator(direct).translate(texts)] == expected
     with pytest.raises(ValueError, match="unknown quantization 'int2'; valid: int8, int8-rows, int4"):
         export(str(tiny_hf_dir), tmp_path / "bad", ExportOptions(quantize="int2"), progress=lambda _: None)
+
+
+def test_an_unknown_default_target_names_the_valid_ones(tiny_multi_hf_dir: Path, tmp_path: Path) -> None:
+    from onnxmt.export.exporter import ExportOptions, export
+
+    with pytest.raises(ValueError, match=r"--default-target 'xx' is not a target language of this model; valid: .*"):
+        export(str(tiny_multi_hf_dir), tmp_path / "out", ExportOptions(default_target="xx"), progress=lambda _: None)
+    assert not (tmp_path / "out").exists()

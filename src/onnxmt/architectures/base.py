@@ -57,6 +57,14 @@ def get_architecture(model_type: str | None) -> Architecture:
     return _REGISTRY[model_type]()
 
 
+def check_default_target(default_target: str | None, tokens: dict[str, Any], when_none: str) -> None:
+    """ValueError unless `default_target` (`--default-target`) is None or one of `tokens`, the model's target
+    language tokens; `when_none` says why a model has none."""
+    if default_target is not None and default_target not in tokens:
+        valid = ", ".join(sorted(tokens)) or when_none
+        raise ValueError(f"--default-target {default_target!r} is not a target language of this model; valid: {valid}")
+
+
 def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..tokenization import MarianTokenizer
-from .base import Architecture, read_json, register
+from .base import Architecture, check_default_target, read_json, register
 from .schemes import TargetTokenPrefix
 
 MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json")
@@ -58,11 +58,7 @@ class Marian(Architecture):
     def languages(self, source: Path, default_target: str | None) -> dict[str, Any]:
         tokenizer_config = read_json(source / "tokenizer_config.json")
         target_tokens = marian_target_tokens(read_json(source / "vocab.json"))
-        if default_target is not None and default_target not in target_tokens:
-            valid = ", ".join(sorted(target_tokens)) or "none (single-target model)"
-            raise ValueError(
-                f"--default-target {default_target!r} is not a target language of this model; valid: {valid}"
-            )
+        check_default_target(default_target, target_tokens, "none (single-target model)")
         return {
             "scheme": TargetTokenPrefix.name,
             "source": tokenizer_config.get("source_lang"),

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..tokenization import JsonTokenizer
-from .base import Architecture, read_json, register
+from .base import Architecture, check_default_target, read_json, register
 from .schemes import TargetTokenPrefix
 
 _LANGUAGE_TOKEN = re.compile(r"^<2([A-Za-z][A-Za-z0-9_-]*)>$")  # MADLAD's <2zh>, <2zh_Latn>
@@ -66,11 +66,7 @@ class T5(Architecture):
             for key in (read_json(source / "config.json").get("task_specific_params") or {})
             if (match := _TASK.match(key))
         }
-        if default_target is not None and default_target not in tokens:
-            valid = ", ".join(sorted(tokens)) or "none (no translation prefix or language token)"
-            raise ValueError(
-                f"--default-target {default_target!r} is not a target language of this model; valid: {valid}"
-            )
+        check_default_target(default_target, tokens, "none (no translation prefix or language token)")
         return {
             "scheme": TargetTokenPrefix.name,
             "source": sources.pop() if len(sources) == 1 else None,
