@@ -4,6 +4,8 @@
     python benchmarks/bench.py --quick     # tiny model, 2 sentences, seconds: checks the harness still works
     python benchmarks/bench.py --model nllb-200-distilled-600M   # NLLB-200's architecture (eng_Latn -> zho_Hans)
     python benchmarks/bench.py --model nllb-200-1.3B             # NLLB-200-1.3B's (24+24 layers, 5.5 GB in fp32)
+    python benchmarks/bench.py --model nllb-200-3.3B --sentences 16 --latency-sentences 6 --tokens 20 \
+        --repeats 1 --rounds 2 --batch-sizes 8   # a 3B model: int8 rows only (onnxmt and CTranslate2), ~1 h
 
 Builds (once, cached) a random model with the chosen architecture and its conversions, runs every engine
 available here through benchmarks/worker.py, prints a Markdown table with ratios to onnxmt and writes
@@ -35,6 +37,7 @@ TOKENIZER_CORPUS = ("tatoeba/test-v2021-08-07.eng", INPUT_FILE)
 COLD_BATCH = 8
 # Engines the table must have: a run without them is a broken harness, not a missing optional package.
 REQUIRED = ("onnxmt-fp32", "transformers")
+REQUIRED_INT8_ONLY = ("onnxmt-int8",)  # a 3B model's table (models.Family.int8_only)
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,14 @@ class Engine:
 
 
 def engines(art: models.Artifacts, quick: bool = False) -> list[Engine]:
-    """Every engine variant this machine can run, onnxmt fp32 first (the reference of the ratios). --quick keeps
-    one Optimum variant: each costs a torch + transformers import, the bulk of a quick run."""
-    found = [Engine("onnxmt-fp32", "onnxmt fp32", "onnxmt", art.onnxmt_fp32)]
+    """Every engine variant this machine can run, onnxmt first (fp32, or int8 for an int8-only model: the reference
+    of the ratios). --quick keeps one Optimum variant: each costs a torch + transformers import, the bulk of a quick
+    run."""
+    found = [Engine("onnxmt-fp32", "onnxmt fp32", "onnxmt", art.onnxmt_fp32)] if art.onnxmt_fp32 else []
     if art.onnxmt_int8:
         found.append(Engine("onnxmt-int8", "onnxmt int8", "onnxmt", art.onnxmt_int8))
-    found.append(Engine("transformers", "transformers PyTorch fp32", "transformers", art.hf))
+    if art.onnxmt_fp32:  # int8-only models: PyTorch fp32 at 3B would take an hour and the memory of both
+        found.append(Engine("transformers", "transformers PyTorch fp32", "transformers", art.hf))
     if art.optimum_fp32 and art.optimum_python:
         optimum = ("optimum", art.optimum_fp32, art.optimum_python)
         if not quick:
@@ -257,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Models just built are still being written back to disk; no engine's cold start should pay for that.
     os.sync()
-    lengths = source_lengths(art.onnxmt_fp32, texts, family)
+    reference_dir = art.onnxmt_fp32 or art.onnxmt_int8
+    assert reference_dir is not None
+    lengths = source_lengths(reference_dir, texts, family)
     settings = {
         "sentences": len(texts),
         "latency_sentences": args.latency_sentences,
@@ -291,9 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     selected = engines(art, args.quick)
     if args.engines:
         wanted = set(args.engines.split(","))
-        selected = [e for e in selected if e.name in wanted or e.name == "onnxmt-fp32"]
+        selected = [e for e in selected if e.name in wanted or e is selected[0]]  # the reference always runs
     for name, directory in args.onnxmt:
         selected.append(Engine(name, f"onnxmt {name.removeprefix('onnxmt-')}", "onnxmt", directory))
+    settings["reference"] = selected[0].label  # the ratios' denominator
     rounds: dict[str, list[dict[str, Any]]] = {engine.name: [] for engine in selected}
     for r in range(args.rounds):
         for engine in selected:
@@ -317,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         result["env_sizes"] = envsize.measure(args.cache, log)
     write(result, args.out / mode)
     failed = [e["name"] for e in results if e["status"] != "ok"]
-    missing = [name for name in REQUIRED if name not in {e["name"] for e in results}]
+    required = REQUIRED_INT8_ONLY if family.int8_only else REQUIRED
+    missing = [name for name in required if name not in {e["name"] for e in results}]
     if failed or (missing and not args.engines):
         log(f"failed: {', '.join(failed + missing)}")
         return 1

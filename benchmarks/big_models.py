@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import models
 from machine import describe as describe_machine
 from onnxmt.testing import (
     MADLAD_400_3B,
@@ -96,13 +97,13 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown steps {sorted(unknown)}; choose from {', '.join(STEPS)}")
 
-    source = CACHE / f"{args.model}-random"
+    # The source bench.py's int8 rows of the same model use (any random model of the architecture will do here).
+    source = CACHE / f"{args.model}-random" / "hf"
     if not (source / "config.json").is_file():
         # In a child: Linux carries a parent's peak RSS over to the children it forks (ru_maxrss), and the
         # build holds the whole model.
-        print(f"building a random {args.model} into {source}", flush=True)
-        build = f"import big_models; big_models.build({args.model!r}, {str(source)!r})"
-        subprocess.run([sys.executable, "-c", build], check=True, cwd=Path(__file__).parent)
+        key = models.source_key(MODELS[args.model], None)
+        models.cached(source, key, lambda out: models.in_child(build, args.model, str(out)), print)
     weights = weight_bytes(source)
     work = CACHE / f"{args.model}-big"
     fp32 = work / "fp32"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import shutil
 import subprocess
 import sys
@@ -17,17 +18,21 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from onnxmt.testing import (
     FLAN_T5_BASE,
+    MADLAD_400_3B,
     MBART_LARGE_50,
     NLLB_200_1_3B,
+    NLLB_200_3_3B,
     NLLB_200_DISTILLED_600M,
     OPUS_MT_EN_ZH,
     OPUS_MT_TC_BIG,
     M2M100Spec,
     MarianSpec,
     MBart50Spec,
+    ModelSpec,
     NllbSpec,
     T5Spec,
     TcBigSpec,
@@ -60,7 +65,8 @@ NLLB_QUICK = NllbSpec(d_model=64, ffn_dim=128, max_position_embeddings=256, piec
 TC_BIG_QUICK = TcBigSpec(d_model=64, ffn_dim=128, max_position_embeddings=256, source_pieces=SOURCE_PIECES)
 MBART_QUICK = MBart50Spec(d_model=64, ffn_dim=128, max_position_embeddings=256, pieces=2000)
 FLAN_T5_QUICK = T5Spec(d_model=64, ffn_dim=128, max_position_embeddings=256, pieces=2000, gated=True, tied=False)
-QUICK_SPECS = (QUICK, NLLB_QUICK, TC_BIG_QUICK, MBART_QUICK, FLAN_T5_QUICK)
+MADLAD_QUICK = replace(FLAN_T5_QUICK, madlad=True, init_std=1.0)
+QUICK_SPECS = (QUICK, NLLB_QUICK, TC_BIG_QUICK, MBART_QUICK, FLAN_T5_QUICK, MADLAD_QUICK)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,10 @@ class Family:
     target_lang: str | None  # None: a single-target model
     spm_files: tuple[str, ...]  # sentencepiece models CTranslate2 tokenizes with
     optimum: bool  # whether the Optimum rows are part of this model's table
+    # A 3B model: int8 rows only (onnxmt's straight from `export --quantize int8`, CTranslate2's), as fp32 copies
+    # of 12-13 GB each would not fit the disk beside them; its source is big_models.py's (a tokenizer trained on
+    # generated sentences, so source lengths differ from the smaller models' tables: the legend gives them).
+    int8_only: bool = False
 
 
 MARIAN = Family("opus-mt-en-zh-random", None, TARGET_LANG, ("source.spm", "target.spm"), True)
@@ -85,6 +95,9 @@ TC_BIG = Family("opus-mt-tc-big-random", None, None, ("source.spm", "target.spm"
 MBART50 = Family("mbart-large-50-random", "en_XX", "zh_CN", ("sentencepiece.bpe.model",), False)
 # flan-T5: `translate English to German: ` before the text (its config's task prefix), one tokenizer.
 FLAN_T5 = Family("flan-t5-base-random", None, "de", ("tokenizer.json",), False)
+NLLB_3_3B = replace(NLLB, name="nllb-200-3.3B-random", int8_only=True)
+# MADLAD-400: `<2zh> X </s>`, the target language a token written before the text.
+MADLAD_3B = Family("madlad400-3b-mt-random", None, "zh", ("tokenizer.json",), False, int8_only=True)
 MODELS: dict[str, tuple[Family, Spec, Spec]] = {  # --model: family, full-size spec, --quick spec
     "opus-mt-en-zh": (MARIAN, FULL, QUICK),
     "nllb-200-distilled-600M": (NLLB, NLLB_200_DISTILLED_600M, NLLB_QUICK),
@@ -92,6 +105,8 @@ MODELS: dict[str, tuple[Family, Spec, Spec]] = {  # --model: family, full-size s
     "opus-mt-tc-big": (TC_BIG, replace(OPUS_MT_TC_BIG, source_pieces=SOURCE_PIECES), TC_BIG_QUICK),
     "mbart-large-50": (MBART50, MBART_LARGE_50, MBART_QUICK),
     "flan-t5-base": (FLAN_T5, FLAN_T5_BASE, FLAN_T5_QUICK),
+    "nllb-200-3.3B": (NLLB_3_3B, NLLB_200_3_3B, NLLB_QUICK),
+    "madlad400-3b-mt": (MADLAD_3B, MADLAD_400_3B, MADLAD_QUICK),
 }
 
 
@@ -103,7 +118,7 @@ class Artifacts:
     """Model directories by engine variant; None where the tool to make it is not available."""
 
     hf: Path
-    onnxmt_fp32: Path
+    onnxmt_fp32: Path | None  # None for an int8-only family
     onnxmt_int8: Path | None
     ct2_float32: Path | None
     ct2_int8: Path | None
@@ -127,6 +142,16 @@ def _version(name: str) -> str | None:
         return None
 
 
+def source_key(spec: ModelSpec, corpus: list[str] | None) -> dict[str, Any]:
+    """What a random source model is built from: its `.bench-key` (big_models.py's source has the same)."""
+    return {
+        "spec": asdict(spec),
+        "corpus": hashlib.sha256("\n".join(corpus).encode()).hexdigest()[:16] if corpus is not None else None,
+        "pieces": SOURCE_PIECES,
+        "builder": _hash_files(REPO / "src" / "onnxmt" / "testing"),
+    }
+
+
 def cached(path: Path, key: dict, build: Callable[[Path], None], log: Log) -> Path:
     """`path`, built by `build(tmp)` unless it already holds an artifact built with the same `key`."""
     text = json.dumps(key, sort_keys=True)
@@ -148,15 +173,35 @@ def read_lines(path: Path, n: int | None = None) -> list[str]:
     return lines if n is None else lines[:n]
 
 
-def build_hf(out: Path, spec: Spec, corpus: list[str]) -> None:
-    """The random model, its source tokenizer trained on `corpus` (real English: see SOURCE_PIECES)."""
+def build_hf(out: Path, spec: Spec, corpus: list[str] | None) -> None:
+    """The random model, its source tokenizer trained on `corpus` (real English: see SOURCE_PIECES; None: on
+    generated sentences)."""
     build_random_model(out, spec, corpus)
 
 
-def export_onnxmt(hf: Path, out: Path) -> None:
-    from onnxmt.export.exporter import ExportOptions, export
+def in_child(function: Callable[..., None], *args: Any) -> None:
+    """`function(*args)` in a fresh (spawned) process: building or converting a 3B model holds it whole in
+    PyTorch, and this process must not keep that memory while the engines run."""
+    child = multiprocessing.get_context("spawn").Process(target=function, args=args)
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise RuntimeError(f"{function.__name__} failed in a child process (exit code {child.exitcode})")
 
-    export(str(hf), out, ExportOptions(force=True), progress=lambda _: None)
+
+def onnxmt_command(*args: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "onnxmt.cli", *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"`onnxmt {args[0]}` failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+
+
+def export_onnxmt(hf: Path, out: Path) -> None:
+    onnxmt_command("export", str(hf), str(out), "--force")
+
+
+def export_onnxmt_int8(hf: Path, out: Path) -> None:
+    """int8 straight from the checkpoint (`export --quantize int8`), for families with no fp32 rows."""
+    onnxmt_command("export", str(hf), str(out), "--quantize", "int8", "--force")
 
 
 def quantize_available() -> bool:
@@ -166,16 +211,14 @@ def quantize_available() -> bool:
 
 
 def quantize_onnxmt(fp32: Path, out: Path, *flags: str) -> None:
-    command = [sys.executable, "-m", "onnxmt.cli", "quantize", str(fp32), str(out), *flags]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"`onnxmt quantize` failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    onnxmt_command("quantize", str(fp32), str(out), *flags)
 
 
 def convert_ct2(hf: Path, out: Path, quantization: str, spm_files: tuple[str, ...]) -> None:
     from ctranslate2.converters import TransformersConverter
 
-    TransformersConverter(str(hf)).convert(str(out), quantization=quantization, force=True)
+    # low_cpu_mem_usage: transformers loads the checkpoint without first filling a randomly initialised copy.
+    TransformersConverter(str(hf), low_cpu_mem_usage=True).convert(str(out), quantization=quantization, force=True)
     # The benchmark tokenizes with sentencepiece directly, as a CTranslate2 deployment does.
     for name in spm_files:
         shutil.copy2(hf / name, out / name)
@@ -228,18 +271,13 @@ def prepare(
     """`family` names the cache folder: the spec alone does not tell NLLB-200-1.3B from the 600M model."""
     quick = spec in QUICK_SPECS
     root = cache / (f"{family.name}-quick" if quick else family.name)
-    hf_key = {
-        "spec": asdict(spec),
-        "corpus": hashlib.sha256("\n".join(corpus).encode()).hexdigest()[:16],
-        "pieces": SOURCE_PIECES,
-        "builder": _hash_files(REPO / "src" / "onnxmt" / "testing"),
-    }
-    hf = cached(root / "hf", hf_key, lambda out: build_hf(out, spec, corpus), log)
+    source_corpus = None if family.int8_only else corpus
+    hf_key = source_key(spec, source_corpus)
+    hf = cached(root / "hf", hf_key, lambda out: in_child(build_hf, out, spec, source_corpus), log)
     onnxmt_key = {
         **hf_key,
         "exporter": _hash_files(REPO / "src" / "onnxmt" / "export", REPO / "src" / "onnxmt" / "manifest.py"),
     }
-    fp32 = cached(root / "onnxmt-fp32", onnxmt_key, lambda out: export_onnxmt(hf, out), log)
     skipped: dict[str, str] = {}
 
     def optional(name: str, key: dict, build: Callable[[Path], None], reason: str | None) -> Path | None:
@@ -255,25 +293,32 @@ def prepare(
             log(f"{name}: {skipped[name]}")
             return None
 
-    int8 = optional(
-        "onnxmt-int8",
-        onnxmt_key,
-        lambda out: quantize_onnxmt(fp32, out),
-        None if quantize_available() else "this onnxmt has no `quantize` command",
-    )
+    if family.int8_only:
+        fp32 = None
+        int8 = cached(root / "onnxmt-int8", onnxmt_key, lambda out: export_onnxmt_int8(hf, out), log)
+        fp32_reason: str | None = "an int8-only model (fp32 rows are not part of its table)"
+    else:
+        fp32_reason = None
+        fp32 = cached(root / "onnxmt-fp32", onnxmt_key, lambda out: export_onnxmt(hf, out), log)
+        int8 = optional(
+            "onnxmt-int8",
+            onnxmt_key,
+            lambda out: quantize_onnxmt(fp32, out),
+            None if quantize_available() else "this onnxmt has no `quantize` command",
+        )
     ct2_key = {**hf_key, "ctranslate2": _version("ctranslate2"), "transformers": _version("transformers")}
     no_ct2 = None if _version("ctranslate2") else "ctranslate2 is not installed"
     ct2 = {
         q: optional(
             f"ct2-{q}",
             {**ct2_key, "quantization": q},
-            lambda out, q=q: convert_ct2(hf, out, q, family.spm_files),
-            no_ct2 or skip_ct2,
+            lambda out, q=q: in_child(convert_ct2, hf, out, q, family.spm_files),
+            no_ct2 or skip_ct2 or (fp32_reason if q == "float32" else None),
         )
         for q in ("float32", "int8")
     }
     optimum = None
-    if not family.optimum:
+    if not family.optimum or family.int8_only:
         skip_optimum = skip_optimum or "not part of this model's table (transformers and CTranslate2 only)"
     if skip_optimum:
         skipped["optimum-fp32"] = skip_optimum

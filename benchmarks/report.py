@@ -48,7 +48,8 @@ def _fmt(value: float, unit: str) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    """Markdown: one row per engine; each cell its value and, in parentheses, value / onnxmt fp32's value."""
+    """Markdown: one row per engine; each cell its value and, in parentheses, value / the first engine's value (onnxmt
+    fp32, or onnxmt int8 on an int8-only model)."""
     cols = metrics(result["settings"])
     ref = flatten(result["engines"][0])
     header = "| engine | " + " | ".join(c[0] for c in cols) + " | same tokens |"
@@ -79,6 +80,7 @@ def table(result: dict[str, Any]) -> str:
 def legend(result: dict[str, Any]) -> str:
     s = result["settings"]
     model = s.get("model_name", "opus-mt-en-zh")
+    reference = s.get("reference", "onnxmt fp32")
     languages = f", {s['source_lang']} → {s['target_lang']}" if s.get("source_lang") else ""
     return (
         f"A random model with {model}'s architecture{languages}. "
@@ -95,8 +97,8 @@ def legend(result: dict[str, Any]) -> str:
         f"first {s['latency_sentences']}; bsN: generated tokens/s (beam search counts the returned tokens, not every "
         f"beam's). Peak RSS and cold start: a fresh process that loads the model and translates a batch of "
         f"{s['cold_batch']} (greedy); peak RSS, whole run: the same process's peak at its end, after every column "
-        f"(the largest batches set it). (×): the engine's value divided by onnxmt fp32's. Same tokens: greedy "
-        f"outputs of that batch equal to onnxmt fp32's."
+        f"(the largest batches set it). (×): the engine's value divided by {reference}'s. Same tokens: greedy "
+        f"outputs of that batch equal to {reference}'s."
     )
 
 

@@ -174,11 +174,14 @@ def load_ctranslate2(cfg: dict[str, Any]) -> TranslateFn:
 
 
 def _ctranslate2_tokenizer_json(translator: Any, directory: Path, cfg: dict[str, Any], ids: dict[str, int]):
-    """CTranslate2 on a model tokenized by its tokenizer.json (T5's task prefix written before the text)."""
+    """CTranslate2 on a model tokenized by its tokenizer.json (T5's task prefix or MADLAD's `<2xx>` token written
+    before the text)."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
     prefix = _task_prefix(directory, cfg["target_lang"]) or ""
+    if cfg["target_lang"] and f"<2{cfg['target_lang']}>" in ids:  # MADLAD-400: `<2zh> X`, as onnxmt writes it
+        prefix = f"<2{cfg['target_lang']}> "
     n = cfg["max_new_tokens"]
 
     def translate(texts: Sequence[str], beams: int) -> list[list[int]]:

@@ -68,6 +68,31 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: Path) -> None:
     assert set(result["machine"]) >= {"cpu", "simd", "versions", "load_average"}
 
 
+@pytest.mark.timeout(300)
+def test_quick_int8_only_model_runs_onnxmt_int8_against_ctranslate2_int8(tmp_path: Path) -> None:
+    # The 3B tables (--model madlad400-3b-mt, nllb-200-3.3B): onnxmt's int8 straight from `export --quantize int8`,
+    # CTranslate2's int8, no fp32 rows; the ratios are to onnxmt int8.
+    data = shared_data("flores200").parent
+    command = [sys.executable, str(BENCHMARKS / "bench.py"), "--quick", "--model", "madlad400-3b-mt"]
+    proc = subprocess.run(
+        [*command, "--no-envsize", "--out", str(tmp_path), "--data", str(data)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "quick.json").read_text())
+    names = [e["name"] for e in result["engines"]]
+    assert names[0] == "onnxmt-int8" and "onnxmt-fp32" not in names and "transformers" not in names
+    assert result["settings"]["reference"] == "onnxmt int8"
+    assert "divided by onnxmt int8's" in proc.stdout
+    assert "ct2-float32" in result["skipped"]
+    if IN_CI:
+        assert names == ["onnxmt-int8", "ct2-int8"]
+    if "ct2-int8" in names:  # `<2zh> X </s>` in both: the same greedy tokens on this tiny model
+        assert result["engines"][1]["agreement"] == [2, 2]
+    int8_dir = Path(result["engines"][0]["model_dir"])
+    manifest = json.loads((int8_dir / "onnxmt.json").read_text())
+    assert manifest["quantization"] and "not kept" in manifest["provenance"]["quantized_from"]
+
+
 def _entry(cold: float, latency: float, tps: float, runs: list[float]) -> dict:
     result = {
         "cold_start_s": cold,

@@ -334,6 +334,9 @@ def test_export_quantize_writes_what_export_then_quantize_write(
     assert manifest.quantization["method"] == read_manifest(two_steps).quantization["method"]
     assert (direct / "weights.bin").read_bytes() == (two_steps / "weights.bin").read_bytes()
     assert [p.name for p in parent.iterdir()] == ["model"]  # the fp32 directory is gone
+    # ... and the provenance does not name its path as if it were still there
+    kept = f"an fp32 export of {tiny_hf_dir} (export --quantize {form}; not kept)"
+    assert manifest.provenance["quantized_from"] == kept
     texts = ["Where is the doctor?", "The river is long and the mountain is high"]
     expected = [t.token_ids for t in Translator(two_steps).translate(texts)]
     assert [t.token_ids for t in Translator(direct).translate(texts)] == expected

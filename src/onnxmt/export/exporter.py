@@ -135,7 +135,9 @@ def _export_quantized(
     with tempfile.TemporaryDirectory(prefix=f".{output.name}.{os.getpid()}.fp32.", dir=output.parent) as temporary:
         fp32 = Path(temporary) / "fp32"
         _, report = export(model, fp32, replace(options, quantize=None, force=False), progress)
-        manifest, _ = quantize(fp32, output, form, progress)
+        # The fp32 directory is gone once this returns: the provenance says what it was, not where.
+        kept = f"an fp32 export of {model} (export --quantize {options.quantize}; not kept)"
+        manifest, _ = quantize(fp32, output, form, progress, quantized_from=kept)
     return manifest, report
 
 

@@ -95,8 +95,10 @@ def quantize(
     output_dir: str | Path,
     options: QuantizeOptions = QuantizeOptions(),
     progress: Progress = print,
+    quantized_from: str | None = None,
 ) -> tuple[Manifest, list[FileResult]]:
-    """Quantize the graphs of `model_dir` into a new model directory `output_dir`; returns its manifest."""
+    """Quantize the graphs of `model_dir` into a new model directory `output_dir`; returns its manifest.
+    `quantized_from` is what the manifest's provenance names as the source (default: `model_dir`'s path)."""
     source, output = Path(model_dir), Path(output_dir)
     manifest = _check_request(source, output, options)
     files = _graph_files(manifest, options.parts)
@@ -109,7 +111,7 @@ def quantize(
             manifest,
             files=describe_files(staging, names),
             quantization=_record(manifest, results, options),
-            provenance={**manifest.provenance, "quantized_from": str(source.resolve())},
+            provenance={**manifest.provenance, "quantized_from": quantized_from or str(source.resolve())},
         )
         new_manifest.save(staging)
     return new_manifest, results
