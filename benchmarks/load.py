@@ -98,11 +98,14 @@ def rss_mb(pid: int) -> dict[str, float]:
     return out
 
 
-def start_server(model_dirs: list[Path], port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_server(model_dirs: list[Path], port: int, log: Path) -> tuple[subprocess.Popen[bytes], float]:
+    """The server, and the seconds from its start until /ready answered 200 (its cold start: imports, and the
+    model opened; a single model is loaded by then)."""
     env = {**os.environ, "ONNXMT_ACCESS_LOG": os.environ.get("ONNXMT_ACCESS_LOG", "false")}
     env.setdefault("ONNXMT_CACHE_SIZE", "0")
     command = [sys.executable, "-m", "onnxmt.cli", "serve", *map(str, model_dirs)]
     command += ["--host", "127.0.0.1", "--port", str(port)]
+    started = time.monotonic()
     with open(log, "wb") as sink:
         process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
@@ -111,7 +114,7 @@ def start_server(model_dirs: list[Path], port: int, log: Path) -> subprocess.Pop
             sys.exit(f"the server exited with {process.returncode}; see {log}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                return process
+                return process, time.monotonic() - started
         except httpx.TransportError:
             pass
         time.sleep(0.2)
@@ -279,12 +282,19 @@ def main() -> None:
     name = args.name or "+".join(d.name for d in args.model_dirs)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = start_server(args.model_dirs, port, Path(tempfile.gettempdir()) / f"onnxmt-load-{port}.log")
+    process, ready_s = start_server(args.model_dirs, port, Path(tempfile.gettempdir()) / f"onnxmt-load-{port}.log")
     try:
+        first = time.monotonic()
         for warm, pool in zip(bodies, texts, strict=True):  # every model loaded before the first level
             httpx.post(f"{url}/translate", json={**warm, "q": pool[0]}, timeout=300).raise_for_status()
+        first_request_s = time.monotonic() - first
         server_start = rss_mb(process.pid)
-        print(f"server pid {process.pid} on {url}: RSS at start {server_start['rss_mb']} MB", file=sys.stderr)
+        info = httpx.get(f"{url}/info", params={"api_key": body.get("api_key", "")}, timeout=30).json()
+        print(
+            f"server pid {process.pid} on {url}: ready in {ready_s:.1f} s, first request(s) {first_request_s:.1f} s, "
+            f"RSS at start {server_start['rss_mb']} MB",
+            file=sys.stderr,
+        )
         levels = []
         for concurrency in args.concurrency:
             before, cpu_before, load_before = batch_sizes(url), cpu_seconds(process.pid), os.getloadavg()[0]
@@ -322,6 +332,12 @@ def main() -> None:
             **{"ONNXMT_CACHE_SIZE": "0"},
             **{k: v for k, v in os.environ.items() if k.startswith("ONNXMT_") and k != "ONNXMT_API_KEYS"},
         },
+        "ready_s": round(ready_s, 2),
+        "first_request_s": round(first_request_s, 2),
+        # What /info says of each model: its size, quantization and cost limits.
+        "models": [
+            {k: m.get(k) for k in ("name", "bytes", "quantization", "cost_limits")} for m in info.get("models", [])
+        ],
         "server_rss_start_mb": server_start,
         "server_rss_end_mb": server_end,
         "server_exit_code": exit_code,
@@ -333,7 +349,8 @@ def main() -> None:
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(table(levels))
     print(
-        f"\nserver RSS: {server_start['rss_mb']} MB at start, {server_end['rss_mb']} MB at the end "
+        f"\nserver ready in {ready_s:.1f} s (first request(s) {first_request_s:.1f} s more); "
+        f"server RSS: {server_start['rss_mb']} MB at start, {server_end['rss_mb']} MB at the end "
         f"(peak {server_end['peak_rss_mb']} MB); exit code {exit_code} after SIGTERM; wrote {path}"
     )
 

@@ -103,7 +103,7 @@ def main() -> None:
     texts = sentences(500, "en")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = start_server([args.model_dir], port, Path(tempfile.gettempdir()) / f"onnxmt-mixed-{port}.log")
+    process, _ = start_server([args.model_dir], port, Path(tempfile.gettempdir()) / f"onnxmt-mixed-{port}.log")
     try:
         asyncio.run(client(url, texts, tuple(args.short_tokens), body, time.monotonic() + 60, 3, 1))  # warm-up
         idle = asyncio.run(client(url, texts, tuple(args.short_tokens), body, time.monotonic() + 300,

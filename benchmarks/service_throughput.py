@@ -54,7 +54,7 @@ def main() -> None:
     )  # fmt: skip
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = start_server([args.model_dir], port, Path(tempfile.gettempdir()) / f"onnxmt-throughput-{port}.log")
+    process, _ = start_server([args.model_dir], port, Path(tempfile.gettempdir()) / f"onnxmt-throughput-{port}.log")
     # The sources are English: said, as the offline call knows it (no language detection per request).
     body = {"source": "en", **({"target": target} if target else {})}
     figures: dict[str, list[float]] = {"offline": [], **{f"service {c}": [] for c in args.concurrency}}

@@ -36,7 +36,7 @@ def _traced_with_weights(module: object, path: Path) -> None:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.onnx, "export", folding)
-        patch.setattr(graphs, "bind_weights", lambda path, weights, out: _tie_by_value(path))
+        patch.setattr(graphs, "bind_weights", lambda path, weights, out, progress: _tie_by_value(path))
         patch.setattr(graphs, "shape_inference_without_weight_values", contextlib.nullcontext)
         if path.name == ENCODER_FILE:
             graphs.export_encoder(module, path, _FACTS, 17, None)  # type: ignore[arg-type]
@@ -162,7 +162,7 @@ def test_shape_inference_without_weight_values_traces_the_same_graphs(tiny_hf_di
         with pytest.MonkeyPatch.context() as patch:
             if kind == "with values":
                 patch.setattr(graphs, "shape_inference_without_weight_values", contextlib.nullcontext)
-            patch.setattr(graphs, "bind_weights", lambda path, weights, out: None)
+            patch.setattr(graphs, "bind_weights", lambda path, weights, out, progress: None)
             patch.setattr(graphs, "fix_static_dims", lambda path, facts: None)
             graphs.export_decoder(arch.decoder(model, True), tmp_path / f"{kind}.onnx", facts, 17, None)  # type: ignore[arg-type]
         traced[kind] = onnx.load(str(tmp_path / f"{kind}.onnx"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from itertools import pairwise
 from pathlib import Path
@@ -316,17 +317,26 @@ def test_a_killed_exports_staging_directory_is_removed_by_the_next_and_said(tiny
     assert not left.exists() and live.exists()
     assert any(m.startswith(f"removed {left}") for m in messages)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "model"])
+    # The long steps each end at 100% on the status line, with their size and the time left.
+    for step in ("binding the weights of encoder.onnx", "binding the weights of decoder.onnx", "writing weights.bin"):
+        assert any(re.fullmatch(rf"{step}: 100% of \d+ MB, ~0 s left", m) for m in messages), (step, messages)
+
+
+def _never(*args: object, **kwargs: object) -> bool:
+    raise AssertionError("export --quantize wrote an fp32 weights.bin")
 
 
 @pytest.mark.parametrize("form", ["int8", "int4"])
 def test_export_quantize_writes_what_export_then_quantize_write(
-    form: str, tiny_hf_dir: Path, tiny_onnx_dir: Path, tmp_path: Path
+    form: str, tiny_hf_dir: Path, tiny_onnx_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from onnxmt.export.exporter import ExportOptions, export
     from onnxmt.export.quantize import QuantizeOptions, quantize
     from onnxmt.runtime.translator import Translator
 
     direct, parent = tmp_path / "direct" / "model", tmp_path / "direct"
+    # No fp32 weights.bin is written on the way: the quantizer reads the weights where binding wrote them.
+    monkeypatch.setattr("onnxmt.export.exporter.store_weights", _never)
     manifest, report = export(str(tiny_hf_dir), direct, ExportOptions(quantize=form), progress=lambda _: None)
     assert report is not None and report.worst < 1e-4  # the fp32 graphs were checked before quantizing
     two_steps = tmp_path / "two-steps"

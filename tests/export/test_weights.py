@@ -164,7 +164,11 @@ def test_large_tensors_are_aligned_and_small_unshared_ones_stay_inline(tmp_path:
             inits,
         )
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / f"{name}.onnx"))
-    assert store_weights([tmp_path / "a.onnx", tmp_path / "b.onnx"], "weights.bin")
+    told: list[str] = []
+    assert store_weights([tmp_path / "a.onnx", tmp_path / "b.onnx"], "weights.bin", progress=told.append)
+    # The status line: bytes read to hash and to write, out of twice the graphs' weight bytes, and the time left.
+    total = 2 * 2 * (big.nbytes + small.nbytes)
+    assert told and told[-1].startswith(f"writing weights.bin: 100% of {total / 1e6:.0f} MB, ~0 s left"), told
     places = [_where(onnx.load(str(tmp_path / f"{n}.onnx"), load_external_data=False).graph) for n in "ab"]
     assert places[0] == {"big": (0, big.nbytes)} and places[1] == {"big": (WEIGHTS_ALIGN * 3, big.nbytes)}
     back = onnx.load(str(tmp_path / "b.onnx")).graph

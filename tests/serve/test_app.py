@@ -526,6 +526,49 @@ def test_the_cost_budget_gives_413_naming_the_limit(tiny_onnx_dir: Path) -> None
         assert client.get("/info").json()["limits"]["max_request_cost"] == 10000
 
 
+def test_cache_bytes_per_token_from_the_real_configs() -> None:
+    from types import SimpleNamespace
+
+    from onnxmt.serve.service import cache_bytes_per_cost
+
+    def per_token(layers: int, heads: int, head_dim: int) -> int:
+        facts = {"num_layers": layers, "num_heads": heads, "head_dim": head_dim}
+        return cache_bytes_per_cost(SimpleNamespace(model=facts))  # type: ignore[arg-type]
+
+    assert per_token(6, 8, 64) == 24 * 1024  # opus-mt-en-zh: 6 decoder layers, d_model 512
+    assert per_token(24, 16, 128) == 384 * 1024  # NLLB-200-3.3B: 24 layers, d_model 2048
+    assert per_token(32, 16, 128) == 512 * 1024  # MADLAD-400-3B: 32 layers, 16 heads of d_kv 128
+
+
+def test_max_cache_mb_caps_both_costs_per_model(tiny_onnx_dir: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from onnxmt.runtime.modeldir import load_manifest
+    from onnxmt.serve.app import create_app
+    from onnxmt.serve.service import cache_bytes_per_cost
+
+    per_token = cache_bytes_per_cost(load_manifest(tiny_onnx_dir))
+    options = ServeOptions(max_cache_mb=1000 * per_token / 2**20, max_request_cost=10000, max_batch_cost=20000)
+    with TestClient(create_app(tiny_onnx_dir, options)) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        limits = client.get("/info").json()["models"][0]["cost_limits"]
+        assert limits == {"cache_bytes_per_token": per_token, "cap": 1000, "request": 1000, "batch": 1000}
+        body = {"q": ["word " * 100] * 4, "beams": 2, "max_new_tokens": 63}
+        message = assert_error_body(client.post("/translate", json=body), 413)
+        assert "the limit is 1000 (max_cache_mb:" in message and "KB per token x beam" in message, message
+        assert client.post("/translate", json={**body, "q": body["q"][:1], "beams": 1}).status_code == 200
+        entry = client.app.state.service.catalog.entries[0]  # type: ignore[attr-defined]
+        assert entry.batcher is not None and entry.batcher.max_batch_cost == 1000
+    with TestClient(create_app(tiny_onnx_dir, ServeOptions(max_cache_mb=0, max_request_cost=10000))) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        limits = client.get("/info").json()["models"][0]["cost_limits"]
+        assert limits == {"cache_bytes_per_token": per_token, "cap": None, "request": 10000, "batch": 65536}
+
+
 def test_ready_only_once_the_model_is_loaded(tiny_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fastapi.testclient import TestClient
 

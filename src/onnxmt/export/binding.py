@@ -11,13 +11,14 @@ each result written and dropped before the next: the model plus one tensor at a 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from .meter import Meter
 from .weights import MAP_MIN_BYTES, WEIGHTS_ALIGN, Reader, point_to, replace_node
 
 # Smaller tensors stay inside the graph file (store_weights decides again where each tensor lives).
@@ -38,6 +39,7 @@ class TensorFile:
         self.path = path
         self._file: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed by close()
         self._by_source: dict[Hashable, tuple[int, int]] = {}
+        self.on_write: Callable[[int], None] | None = None  # told the bytes of each tensor written
 
     def write(self, array: np.ndarray, source: Hashable = None) -> tuple[int, int]:
         """Append `array`; returns its offset and length. A `source` written before is not written again."""
@@ -46,6 +48,8 @@ class TensorFile:
         offset = self._file.seek(-(-self._file.tell() // WEIGHTS_ALIGN) * WEIGHTS_ALIGN)
         _contiguous(array).tofile(self._file)
         where = (offset, self._file.tell() - offset)
+        if self.on_write is not None:
+            self.on_write(where[1])
         if source is not None:
             self._by_source[source] = where
         return where
@@ -59,9 +63,23 @@ class TensorFile:
         self._file.close()
 
 
-def bind_weights(path: Path, weights: Mapping[str, Any], out: TensorFile) -> None:
+def bind_weights(
+    path: Path, weights: Mapping[str, Any], out: TensorFile, progress: Callable[[str], None] = lambda _: None
+) -> None:
     """Turn the graph file `path`'s inputs named in `weights` (name -> torch tensor) into initializers, fold the
-    nodes that read only constants, and save it; its large tensors go to `out`."""
+    nodes that read only constants, and save it; its large tensors go to `out`. `progress` is told the bytes
+    written so far and the time left."""
+    total = sum(int(t.numel()) * t.element_size() for t in weights.values())
+    meter = Meter(progress, f"binding the weights of {path.name}", total)
+    out.on_write = meter.advance
+    try:
+        _bind(path, weights, out)
+    finally:
+        out.on_write = None
+    meter.finish()
+
+
+def _bind(path: Path, weights: Mapping[str, Any], out: TensorFile) -> None:
     import onnx
     from onnx import numpy_helper
 

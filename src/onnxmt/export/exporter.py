@@ -32,7 +32,7 @@ from .binding import TensorFile
 from .graphs import cache_names, export_decoder, export_encoder, graph_spec
 from .hub import resolve_model
 from .staging import occupied, staged
-from .weights import store_weights
+from .weights import rename_weights_file, store_weights
 
 # The weights as traced, in the order the graphs read them; store_weights copies them into WEIGHTS_FILE.
 TRACED_WEIGHTS_FILE = "traced-weights.bin"
@@ -101,6 +101,14 @@ def export(
         raise ExportError(f"{output} exists and is not empty; pass --force to replace it")
     if options.quantize is not None:
         return _export_quantized(model, output, options, progress)
+    return _export(model, output, options, progress, store=True)
+
+
+def _export(
+    model: str, output: Path, options: ExportOptions, progress: Progress, store: bool
+) -> tuple[Manifest, CheckReport | None]:
+    """`export` without quantizing; `store=False` leaves the weights where binding wrote them (the traced-weights
+    file) instead of writing weights.bin: a directory for `quantize` to read, not for users."""
     progress(f"resolving {model}")
     source, revision = resolve_model(model, options.revision)
     config = json.loads((source / "config.json").read_text(encoding="utf-8"))
@@ -116,7 +124,7 @@ def export(
     # Refuse generation settings onnxmt cannot honour before any work is done (ModelDirError names them).
     check_generation_config(_read_json(source / "generation_config.json"), str(source / "generation_config.json"))
     with staged(output, progress) as staging:
-        manifest, report = _export_into(staging, source, config, arch, model, revision, options, progress)
+        manifest, report = _export_into(staging, source, config, arch, model, revision, options, progress, store)
     progress(f"wrote {output}")
     return manifest, report
 
@@ -124,7 +132,9 @@ def export(
 def _export_quantized(
     model: str, output: Path, options: ExportOptions, progress: Progress
 ) -> tuple[Manifest, CheckReport | None]:
-    """Export to fp32 in a temporary directory beside `output`, quantize it into `output`, remove the fp32 one."""
+    """Export to fp32 in a temporary directory beside `output`, quantize it into `output`, remove the fp32 one. The
+    fp32 weights are never written as weights.bin: the quantizer reads them from the file binding wrote them to,
+    so the disk holds the fp32 weights once and the quantized ones."""
     from .quantize import QuantizeOptions, quantize
 
     if options.quantize not in QUANTIZED_FORMS:
@@ -134,7 +144,7 @@ def _export_quantized(
     # Named as a staging directory (staging.py): a killed run's is removed by the next.
     with tempfile.TemporaryDirectory(prefix=f".{output.name}.{os.getpid()}.fp32.", dir=output.parent) as temporary:
         fp32 = Path(temporary) / "fp32"
-        _, report = export(model, fp32, replace(options, quantize=None, force=False), progress)
+        _, report = _export(model, fp32, replace(options, quantize=None, force=False), progress, store=False)
         # The fp32 directory is gone once this returns: the provenance says what it was, not where.
         kept = f"an fp32 export of {model} (export --quantize {options.quantize}; not kept)"
         manifest, _ = quantize(fp32, output, form, progress, quantized_from=kept)
@@ -150,18 +160,18 @@ def _export_into(
     revision: str | None,
     options: ExportOptions,
     progress: Progress,
+    store: bool,
 ) -> tuple[Manifest, CheckReport | None]:
-
     progress("loading the PyTorch model")
     model = arch.load(str(source))
     facts = arch.facts(config)
     traced = TensorFile(staging / TRACED_WEIGHTS_FILE)
     try:
         progress(f"exporting the encoder ({ENCODER_FILE})")
-        export_encoder(arch.encoder(model), staging / ENCODER_FILE, facts, options.opset, traced)
+        export_encoder(arch.encoder(model), staging / ENCODER_FILE, facts, options.opset, traced, progress)
         progress(f"exporting the decoder ({DECODER_FILE})")
         export_decoder(
-            arch.decoder(model, options.buffered_cache), staging / DECODER_FILE, facts, options.opset, traced
+            arch.decoder(model, options.buffered_cache), staging / DECODER_FILE, facts, options.opset, traced, progress
         )
     finally:
         traced.close()
@@ -170,9 +180,16 @@ def _export_into(
     # The PyTorch model goes before the weights are stored and ONNX Runtime loads them: never both resident.
     del model
     gc.collect()
-    progress(f"writing {WEIGHTS_FILE}")
-    stored = store_weights([staging / ENCODER_FILE, staging / DECODER_FILE], WEIGHTS_FILE)
-    graph_files = [ENCODER_FILE, DECODER_FILE] + ([WEIGHTS_FILE] if stored else [])
+    if store:
+        progress(f"writing {WEIGHTS_FILE}")
+        stored = store_weights([staging / ENCODER_FILE, staging / DECODER_FILE], WEIGHTS_FILE, progress=progress)
+        graph_files = [ENCODER_FILE, DECODER_FILE] + ([WEIGHTS_FILE] if stored else [])
+    else:  # the traced file becomes weights.bin as it is (store_weights runs on the quantized graphs instead)
+        graphs = [staging / ENCODER_FILE, staging / DECODER_FILE]
+        kept = (staging / TRACED_WEIGHTS_FILE).stat().st_size > 0
+        if kept:
+            rename_weights_file(graphs, TRACED_WEIGHTS_FILE, WEIGHTS_FILE)
+        graph_files = [ENCODER_FILE, DECODER_FILE] + ([WEIGHTS_FILE] if kept else [])
     # The traced weights were copied into WEIGHTS_FILE (or into the graphs, for a small model).
     for leftover in set(os.listdir(staging)) - set(graph_files):
         (staging / leftover).unlink()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,14 @@ def cache_names(prefix: str, layers: int) -> list[str]:
     return [f"{prefix}_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
 
 
-def export_encoder(module: Any, path: Path, facts: dict[str, Any], opset: int, out: TensorFile) -> None:
+def export_encoder(
+    module: Any,
+    path: Path,
+    facts: dict[str, Any],
+    opset: int,
+    out: TensorFile,
+    progress: Callable[[str], None] = lambda _: None,
+) -> None:
     """Trace the encoder module into `path`, its large tensors in `out` (binding.py)."""
     import torch
 
@@ -32,11 +39,18 @@ def export_encoder(module: Any, path: Path, facts: dict[str, Any], opset: int, o
     axes["encoder_hidden_states"] = {0: "batch", 1: "src_len"}
     axes.update({name: {0: "batch", 2: "src_len"} for name in outputs[1:]})
     _export(module, (ids, mask), path, ["input_ids", "attention_mask"], outputs, axes, opset)
-    bind_weights(path, _weights(module), out)
+    bind_weights(path, _weights(module), out, progress)
     fix_static_dims(path, facts)
 
 
-def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int, out: TensorFile) -> None:
+def export_decoder(
+    module: Any,
+    path: Path,
+    facts: dict[str, Any],
+    opset: int,
+    out: TensorFile,
+    progress: Callable[[str], None] = lambda _: None,
+) -> None:
     """Trace the decoder step module into `path`, its large tensors in `out` (binding.py)."""
     import torch
 
@@ -74,7 +88,7 @@ def export_decoder(module: Any, path: Path, facts: dict[str, Any], opset: int, o
     else:
         axes.update({name: {0: "rows", 2: "total_len"} for name in cache_names("present", layers)})
     _export(module, (ids, mask, *length, *past, *cross), path, inputs, outputs, axes, opset)
-    bind_weights(path, _weights(module), out)
+    bind_weights(path, _weights(module), out, progress)
     fix_static_dims(path, facts)
 
 

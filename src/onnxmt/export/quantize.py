@@ -179,7 +179,7 @@ def _quantize_into(
     # What the graphs still hold identically (the int8 vocabulary matrix, float weights of a graph left as it was)
     # is stored once; every large tensor is memory-mapped (export/weights.py).
     progress(f"writing {WEIGHTS_FILE}")
-    store_weights([staging / name for name in all_graphs], WEIGHTS_FILE, locations)
+    store_weights([staging / name for name in all_graphs], WEIGHTS_FILE, locations, progress)
     (staging / QUANTIZED_WEIGHTS_FILE).unlink()
     results = [_result(source / n, staging / n, selected[n]) for n in files]
     for name in sorted(external | {WEIGHTS_FILE}):

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from .meter import Meter
+
 WEIGHTS_ALIGN = 1 << 16  # ONNX Runtime maps external data at offsets aligned to 64 KiB (Windows' granularity)
 MAP_MIN_BYTES = 1 << 16  # smaller tensors stay in the graph files, unless several graphs hold them
 SHARE_MIN_BYTES = 1 << 12
@@ -39,7 +41,12 @@ _ROWS = ".rows"  # a chunk's nodes, outputs and sliced tensors are named f"{whol
 _JOIN = ".chunks"  # the Concat that joins them: f"{head node}.chunks"
 
 
-def store_weights(paths: list[Path], file_name: str, locations: dict[str, Path] | None = None) -> bool:
+def store_weights(
+    paths: list[Path],
+    file_name: str,
+    locations: dict[str, Path] | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> bool:
     """Rewrite the graph files `paths` (one directory) so that their large and shared tensors live in `file_name`
     next to them, their tied LM heads in chunks (module docstring). Returns whether `file_name` was written. Running
     it again on its own output stores the same bytes the same way.
@@ -47,12 +54,15 @@ def store_weights(paths: list[Path], file_name: str, locations: dict[str, Path] 
     Tensors are read where they are (in the graph files, or in external files next to them: an earlier
     `file_name`, side files, the export's traced weights; `locations` names the files that lie elsewhere, such as
     the source directory's weights a quantized graph still reads) a block at a time, when they are hashed and when
-    they are written: the call holds no weight in memory, whatever the model's size."""
+    they are written: the call holds no weight in memory, whatever the model's size. `progress` is told how far
+    it is (the weights are read twice, to hash them and to write them) and the time left."""
     import onnx
 
     directory = paths[0].parent
     models = [onnx.load(str(p), load_external_data=False) for p in paths]
-    reader = Reader(directory, locations)
+    total = sum(nbytes(init) for model in models for init in model.graph.initializer)
+    meter = Meter(progress, f"writing {file_name}", 2 * total)
+    reader = Reader(directory, locations, meter.advance)
     # Tensors are told apart by digest, not by their bytes (which would be a second copy of every weight).
     # Where a key's bytes are read from when they are written: an initializer holding them or pointing at them.
     data: dict[_Key, Any] = {}
@@ -70,6 +80,7 @@ def store_weights(paths: list[Path], file_name: str, locations: dict[str, Path] 
             _read_in(model, done, reader)
     finally:
         reader.close()
+    meter.finish()
     data.clear()
     for model, path in zip(models, paths, strict=True):
         onnx.save(model, str(path))
@@ -84,9 +95,13 @@ class Reader:
 
     BLOCK = 64 << 20
 
-    def __init__(self, directory: Path, locations: dict[str, Path] | None = None) -> None:
+    def __init__(
+        self, directory: Path, locations: dict[str, Path] | None = None, on_read: Callable[[int], None] | None = None
+    ) -> None:
+        """`on_read(n)` is told the bytes of each block read."""
         self.directory = directory
         self.locations = locations or {}
+        self._on_read = on_read
         self._files: dict[str, Any] = {}
 
     def path(self, location: str) -> Path:
@@ -94,6 +109,8 @@ class Reader:
 
     def blocks(self, tensor: Any) -> Iterator[bytes]:
         if not _is_external(tensor):
+            if self._on_read is not None:
+                self._on_read(len(tensor.raw_data))
             yield tensor.raw_data
             return
         location, offset, length = _external(tensor)
@@ -106,6 +123,8 @@ class Reader:
             if not block:
                 raise ValueError(f"{self.path(location)}: ends before the tensor {tensor.name!r} does")
             length -= len(block)
+            if self._on_read is not None:
+                self._on_read(len(block))
             yield block
 
     def key(self, tensor: Any) -> _Key:
@@ -572,6 +591,21 @@ def _read_names(graph: Any) -> set[str]:
 
 
 _Key = tuple[int, bytes, int]  # a tensor's data type, the sha256 of its bytes, their length
+
+
+def rename_weights_file(paths: list[Path], old: str, new: str) -> None:
+    """Rename the weights file `old` next to the graph files `paths` to `new`, and point their tensors at it (the
+    bytes stay where they are: no copy)."""
+    import onnx
+
+    directory = paths[0].parent
+    for path in paths:
+        model = onnx.load(str(path), load_external_data=False)
+        for tensor in model.graph.initializer:
+            if _is_external(tensor) and _external(tensor)[0] == old:
+                point_to(tensor, new, *_external(tensor)[1:])
+        onnx.save(model, str(path))
+    (directory / old).replace(directory / new)
 
 
 def point_to(tensor: Any, location: str, offset: int, length: int) -> None:

@@ -126,9 +126,10 @@ async def _plan(
 def _chunks(
     service: Service, plan: Plan, cost: Cost, first: int | None = None, size: int | None = None
 ) -> Iterator[tuple[list[str], list[Sequence[int]]]]:
-    """The plan's sentences (and their source ids) as consecutive requests, each under --max-request-cost and of at
-    most `size` texts (default and at most: --max-texts); the first of at most `first`."""
-    limit = service.options.max_request_cost or None
+    """The plan's sentences (and their source ids) as consecutive requests, each under every model's request limit
+    (--max-request-cost, capped by --max-cache-mb: Service.cost_limits) and of at most `size` texts (default and
+    at most: --max-texts); the first of at most `first`."""
+    limit = service.smallest_request_limit()
     size = min(size or service.options.max_texts, service.options.max_texts)
     chunk: list[str] = []
     ids: list[Sequence[int]] = []

@@ -49,6 +49,15 @@ class ServeOptions:
     max_batch_cost: int = option(
         65536, help="Most tokens x beams in the running decoder batch: bounds memory (0: none).", min=0
     )
+    # One token x beam holds K and V in every decoder layer: 24 KB in opus-mt, 384 KB in NLLB-200-3.3B, 512 KB in
+    # MADLAD-400-3B. 65,536 tokens x beams are 1.5 GB of caches in the first and 24-32 GB in the last two.
+    max_cache_mb: float = option(
+        4096.0,
+        help="Most MB of attention caches (K and V in every decoder layer, fp32) a model's running batch or one "
+        "request may hold: caps --max-batch-cost and --max-request-cost for each model by its cache bytes per token "
+        "x beam, given in /info (0: no cap).",
+        min=0,
+    )
     api_keys: tuple[str, ...] = option((), help="Comma-separated API keys; when set, /translate needs one.")
     protect_all: bool = option(False, help="Every endpoint but /health and /ready needs a key too.")
     cors_origins: tuple[str, ...] = option((), help="Comma-separated origins allowed from browsers, or *.")

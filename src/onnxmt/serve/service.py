@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import __version__
 from ..documents.translate import Counting, counting
@@ -168,7 +168,7 @@ class Service:
                 self._executor,
                 max_batch_size=self.options.max_batch_size,
                 max_queue=self.options.max_queue,
-                max_batch_cost=self.options.max_batch_cost or None,
+                max_batch_cost=self.cost_limits(entry.manifest).batch,
                 on_queue=on_queue,
                 on_step=partial(self.metrics.observe_step, entry.name),
             )
@@ -183,7 +183,7 @@ class Service:
             max_batch_size=self.options.max_batch_size,
             window=self.options.batch_window_ms / 1000,
             max_queue=self.options.max_queue,
-            max_batch_cost=self.options.max_batch_cost or None,
+            max_batch_cost=self.cost_limits(entry.manifest).batch,
             on_queue=on_queue,
             on_batch=partial(self.metrics.observe_batch, entry.name),
         )
@@ -315,7 +315,7 @@ class Service:
             prepared = await self._prepare(translator, leg, texts, request, alternatives, source, ids)
             if not prepared:
                 return []
-            self._check_cost(prepared)
+            self._check_cost(prepared, entry.manifest)
             if not self.cache.size:
                 return await self._queue(batcher, prepared, disconnected, _partials(translator, on_partial))
             found = [self.cache.get((entry.name, p)) for p in prepared]
@@ -408,17 +408,41 @@ class Service:
             return None
         return min(self.options.fallback_max_new_tokens, int(manifest.model["max_positions"]))
 
-    def _check_cost(self, prepared: list[Prepared]) -> None:
-        """ApiError 413 when the request's cost in tokens x beams is above --max-request-cost."""
+    def cost_limits(self, manifest: Manifest) -> CostLimits:
+        """The model's limits in tokens x beams: --max-request-cost and --max-batch-cost, each capped by
+        --max-cache-mb over the model's cache bytes per token x beam."""
+        o = self.options
+        per_token = cache_bytes_per_cost(manifest)
+        cap = max(1, int(o.max_cache_mb * 2**20) // per_token) if o.max_cache_mb else None
+        request, batch = _least(o.max_request_cost or None, cap), _least(o.max_batch_cost or None, cap)
+        return CostLimits(per_token, cap, request, batch)
+
+    def smallest_request_limit(self) -> int | None:
+        """The lowest request limit of the models (what a document's requests are cut by, whichever model reads
+        them)."""
+        catalog, _ = self.require_ready()
+        limits = [self.cost_limits(e.manifest).request for e in catalog.entries]
+        return min((x for x in limits if x is not None), default=None)
+
+    def _check_cost(self, prepared: list[Prepared], manifest: Manifest) -> None:
+        """ApiError 413 when the request's cost in tokens x beams is above the model's request limit."""
         cost = sum(p.cost for p in prepared)
-        limit = self.options.max_request_cost
+        limits = self.cost_limits(manifest)
+        limit = limits.request
         if limit and cost > limit:
             settings = prepared[0].settings
+            if limits.cap == limit:
+                why = (
+                    f"max_cache_mb: {self.options.max_cache_mb:g} MB of attention caches at "
+                    f"{limits.cache_bytes_per_token / 1024:g} KB per token x beam in this model"
+                )
+            else:
+                why = "max_request_cost"
             raise ApiError(
                 413,
                 f"request too large: it costs {cost} tokens x beams ((source tokens + {settings.max_length - 1} "
                 f"new tokens) x {settings.num_beams} beams, over {len(prepared)} texts); the limit is {limit} "
-                "(max_request_cost): send fewer or shorter texts, fewer beams or a lower max_new_tokens",
+                f"({why}): send fewer or shorter texts, fewer beams or a lower max_new_tokens",
             )
 
     def info(self) -> dict[str, Any]:
@@ -439,6 +463,7 @@ class Service:
                 "languages": _languages_info(e.languages),
                 "batch_invariant": batch_invariant(e.manifest, o.max_batch_size),
                 "in_flight": None if e.translator is None else in_flight(e.translator),
+                "cost_limits": self.cost_limits(e.manifest)._asdict(),
                 **_model_info(e),
             }
             for e in catalog.entries
@@ -468,6 +493,7 @@ class Service:
             "max_beams": o.max_beams,
             "max_request_cost": o.max_request_cost,
             "max_batch_cost": o.max_batch_cost,
+            "max_cache_mb": o.max_cache_mb,
             "timeout": o.timeout,
         }
         answer["api_keys"] = bool(o.api_keys)
@@ -477,6 +503,27 @@ class Service:
     def libretranslate_languages(self) -> list[dict[str, Any]]:
         catalog, _ = self.require_ready()
         return catalog.libretranslate()
+
+
+class CostLimits(NamedTuple):
+    """A model's limits in tokens x beams (None: none)."""
+
+    cache_bytes_per_token: int  # attention-cache bytes one token x beam may hold (cache_bytes_per_cost)
+    cap: int | None  # --max-cache-mb over that
+    request: int | None  # --max-request-cost, capped
+    batch: int | None  # --max-batch-cost, capped
+
+
+def cache_bytes_per_cost(manifest: Manifest) -> int:
+    """Bytes of attention cache one token x beam of cost may hold: K and V, fp32, in every decoder layer. A
+    generated token holds them in the self-attention cache of each beam; a source token in the cross-attention
+    K/V, once per sentence (so counting it per beam, as the cost does, bounds it from above)."""
+    m = manifest.model
+    return int(m["num_layers"]) * 2 * int(m["num_heads"]) * int(m["head_dim"]) * 4
+
+
+def _least(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _translate(
