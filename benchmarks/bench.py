@@ -50,14 +50,14 @@ class Engine:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def engines(art: models.Artifacts, quick: bool = False) -> list[Engine]:
+def engines(art: models.Artifacts, quick: bool = False, int8_only: bool = False) -> list[Engine]:
     """Every engine variant this machine can run, onnxmt first (fp32, or int8 for an int8-only model: the reference
     of the ratios). --quick keeps one Optimum variant: each costs a torch + transformers import, the bulk of a quick
     run."""
     found = [Engine("onnxmt-fp32", "onnxmt fp32", "onnxmt", art.onnxmt_fp32)] if art.onnxmt_fp32 else []
     if art.onnxmt_int8:
         found.append(Engine("onnxmt-int8", "onnxmt int8", "onnxmt", art.onnxmt_int8))
-    if art.onnxmt_fp32:  # int8-only models: PyTorch fp32 at 3B would take an hour and the memory of both
+    if art.onnxmt_fp32 and not int8_only:  # 3B models: PyTorch fp32 would take an hour and the memory of both
         found.append(Engine("transformers", "transformers PyTorch fp32", "transformers", art.hf))
     if art.optimum_fp32 and art.optimum_python:
         optimum = ("optimum", art.optimum_fp32, art.optimum_python)
@@ -211,6 +211,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "onnxmt-cache-buffer=/path); repeatable, run after the built ones and always selected",
     )
     p.add_argument("--no-optimum", action="store_true", help="skip Optimum (its venv takes minutes to create)")
+    p.add_argument(
+        "--with-fp32",
+        action="store_true",
+        help="a 3B model's fp32 rows too (onnxmt and CTranslate2 float32; ~2x its weights more on disk)",
+    )
     p.add_argument("--envsize", action=argparse.BooleanOptionalAction, help="measure venv sizes (default: not quick)")
     p.add_argument("--out", type=Path, default=HERE / "results", help="where <mode>.json/.md/.png go")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("ONNXMT_BENCH_CACHE") or HERE / ".cache"))
@@ -258,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         corpus,
         skip_optimum="--no-optimum" if args.no_optimum else None,
         create_optimum_venv=not args.quick,  # creating it takes minutes; --quick uses it only if it exists
+        with_fp32=args.with_fp32,
         log=log,
     )
     # Models just built are still being written back to disk; no engine's cold start should pay for that.
@@ -295,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         "latency_texts": args.latency_sentences,
         "cold_batch": COLD_BATCH,
     }
-    selected = engines(art, args.quick)
+    selected = engines(art, args.quick, family.int8_only)
     if args.engines:
         wanted = set(args.engines.split(","))
         selected = [e for e in selected if e.name in wanted or e is selected[0]]  # the reference always runs
@@ -325,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         result["env_sizes"] = envsize.measure(args.cache, log)
     write(result, args.out / mode)
     failed = [e["name"] for e in results if e["status"] != "ok"]
-    required = REQUIRED_INT8_ONLY if family.int8_only else REQUIRED
+    required = REQUIRED_INT8_ONLY if family.int8_only else REQUIRED  # with --with-fp32 too: onnxmt-int8 is there
     missing = [name for name in required if name not in {e["name"] for e in results}]
     if failed or (missing and not args.engines):
         log(f"failed: {', '.join(failed + missing)}")

@@ -266,9 +266,11 @@ def prepare(
     skip_ct2: str | None = None,
     skip_optimum: str | None = None,
     create_optimum_venv: bool = True,
+    with_fp32: bool = False,
     log: Log = print,
 ) -> Artifacts:
-    """`family` names the cache folder: the spec alone does not tell NLLB-200-1.3B from the 600M model."""
+    """`family` names the cache folder: the spec alone does not tell NLLB-200-1.3B from the 600M model.
+    `with_fp32`: an int8-only family's fp32 rows too (onnxmt's and CTranslate2's; not transformers')."""
     quick = spec in QUICK_SPECS
     root = cache / (f"{family.name}-quick" if quick else family.name)
     source_corpus = None if family.int8_only else corpus
@@ -294,9 +296,9 @@ def prepare(
             return None
 
     if family.int8_only:
-        fp32 = None
+        fp32 = cached(root / "onnxmt-fp32", onnxmt_key, lambda out: export_onnxmt(hf, out), log) if with_fp32 else None
         int8 = cached(root / "onnxmt-int8", onnxmt_key, lambda out: export_onnxmt_int8(hf, out), log)
-        fp32_reason: str | None = "an int8-only model (fp32 rows are not part of its table)"
+        fp32_reason: str | None = None if with_fp32 else "an int8-only model (--with-fp32 adds the fp32 rows)"
     else:
         fp32_reason = None
         fp32 = cached(root / "onnxmt-fp32", onnxmt_key, lambda out: export_onnxmt(hf, out), log)

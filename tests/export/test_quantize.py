@@ -516,15 +516,32 @@ def test_a_directory_with_weights_inside_its_graphs_runs_and_quantizes(tiny_onnx
 
 
 @pytest.mark.parametrize("per_channel", [True, False])
-def test_int8_rows_in_blocks_are_the_whole_tables(per_channel: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The vocabulary table is quantized a block of rows at a time (bounded memory): the same values and scales as
-    the whole table at once, blocks not dividing the rows included."""
+def test_int8_rows_in_blocks_are_the_whole_tables(
+    per_channel: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The vocabulary table is read and quantized a block of rows at a time (bounded memory): the same values and
+    scales as the whole table at once, blocks not dividing the rows included."""
+    from onnx import TensorProto
+
     from onnxmt.export import quantize as module
+    from onnxmt.export.weights import Reader, point_to
 
     table = np.random.default_rng(0).standard_normal((1000, 48)).astype(np.float32)
     table[7] = 0  # an all-zero row: scale 1
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 16 + table.tobytes())  # at an offset, as in weights.bin
+    tensor = TensorProto(name="table", dims=list(table.shape), data_type=TensorProto.FLOAT)
+    point_to(tensor, "weights.bin", 16, table.nbytes)
     monkeypatch.setattr(module, "_TABLE_BLOCK_ROWS", 64)
-    values, scale = module._int8_rows(table, per_channel)
+    reader, asked = Reader(tmp_path), []
+
+    def read(start: int, stop: int) -> np.ndarray:
+        block = reader.rows(tensor, start, stop)
+        asked.append(len(block))
+        return block
+
+    values, scale = module._int8_rows(read, 1000, per_channel)
+    reader.close()
+    assert max(asked) == 64 and sum(asked) == 2 * 1000  # never more than a block; each row read twice
     peak = np.abs(table).max(axis=1) if per_channel else np.abs(table).max()
     whole_scale = np.where(peak > 0, peak / 127, 1).astype(np.float32)
     per_row = whole_scale[:, None] if per_channel else whole_scale

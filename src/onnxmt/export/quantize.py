@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -465,7 +466,8 @@ def _add_int8_tables(
     graph. Returns float table -> (int8 rows, scale); symmetric: no zero point."""
     int8: dict[str, tuple[str, str]] = {}
     for table in dict.fromkeys(tables):
-        values, scales = _int8_rows(tensors.array(inits[table]), options.per_channel)
+        init = inits[table]
+        values, scales = _int8_rows(partial(tensors.reader.rows, init), int(init.dims[0]), options.per_channel)
         names = (f"{table}_int8", f"{table}_int8_scale")
         for array, name in zip((values, scales), names, strict=True):
             inits[name] = tensors.make(array, name)
@@ -512,19 +514,25 @@ def _int8_lookup(graph: Any, lookup: Any, rows: str, scale: str, axes: str | Non
     replace_node(graph, lookup, nodes)
 
 
-def _int8_rows(table: Any, per_channel: bool) -> tuple[Any, Any]:
-    """Symmetric int8 of a (rows, columns) float table: one scale per row, or one for the table."""
+def _int8_rows(read: Callable[[int, int], Any], n_rows: int, per_channel: bool) -> tuple[Any, Any]:
+    """Symmetric int8 of a (rows, columns) float table, whose rows `read(start, stop)` reads: one scale per row,
+    or one for the table."""
     import numpy as np
 
-    # In blocks of rows: NLLB-200-3.3B's table is 2 GB in fp32, and each whole-table temporary another 2 GB.
-    blocks = [slice(start, start + _TABLE_BLOCK_ROWS) for start in range(0, table.shape[0], _TABLE_BLOCK_ROWS)]
-    peaks = np.concatenate([np.abs(table[rows]).max(axis=1) for rows in blocks])
+    # In blocks of rows, read twice (the scales first): NLLB-200-3.3B's table is 2 GB in fp32; only the int8
+    # result (a quarter of it) and one block are ever in memory.
+    starts = range(0, n_rows, _TABLE_BLOCK_ROWS)
+    peaks = np.concatenate([np.abs(read(start, start + _TABLE_BLOCK_ROWS)).max(axis=1) for start in starts])
     peak = peaks if per_channel else peaks.max()
     scale = np.where(peak > 0, peak / 127, 1).astype(np.float32)
-    values = np.empty(table.shape, np.int8)
-    for rows in blocks:
+    values: Any = None
+    for start in starts:
+        block = read(start, start + _TABLE_BLOCK_ROWS)
+        if values is None:
+            values = np.empty((n_rows, *block.shape[1:]), np.int8)
+        rows = slice(start, start + len(block))
         per_row = scale[rows, None] if per_channel else scale
-        values[rows] = np.clip(np.rint(table[rows] / per_row), -127, 127)
+        values[rows] = np.clip(np.rint(block / per_row), -127, 127)
     return values, scale
 
 

@@ -153,6 +153,28 @@ class Reader:
             raise ValueError(f"tensor {tensor.name!r}: {filled} bytes stored, {array.nbytes} expected")
         return array
 
+    def rows(self, tensor: Any, start: int, stop: int) -> np.ndarray:
+        """Rows `start:stop` of a tensor (along its first axis), read alone: a 2 GB vocabulary table is never
+        whole in memory."""
+        from onnx import helper, numpy_helper
+
+        if not _is_external(tensor):
+            return numpy_helper.to_array(tensor)[start:stop]
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        dims = tuple(tensor.dims)
+        row_bytes = math.prod(dims[1:]) * dtype.itemsize
+        stop = min(stop, dims[0])
+        location, offset, _ = _external(tensor)
+        part = onnx_external_view(tensor, location, offset + start * row_bytes, (stop - start) * row_bytes)
+        array = np.empty((stop - start, *dims[1:]), dtype)
+        target, filled = array.reshape(-1).view(np.uint8), 0
+        for block in self.blocks(part):
+            target[filled : filled + len(block)] = np.frombuffer(block, np.uint8)
+            filled += len(block)
+        if filled != array.nbytes:
+            raise ValueError(f"tensor {tensor.name!r}: rows {start}-{stop} not all stored")
+        return array
+
     def close(self) -> None:
         for f in self._files.values():
             f.close()
@@ -591,6 +613,16 @@ def _read_names(graph: Any) -> set[str]:
 
 
 _Key = tuple[int, bytes, int]  # a tensor's data type, the sha256 of its bytes, their length
+
+
+def onnx_external_view(tensor: Any, location: str, offset: int, length: int) -> Any:
+    """A tensor of the same name and type whose external data are `length` bytes at `offset` of `location` (a
+    slice of `tensor`'s, for reading part of it)."""
+    import onnx
+
+    part = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type)
+    point_to(part, location, offset, length)
+    return part
 
 
 def rename_weights_file(paths: list[Path], old: str, new: str) -> None:
