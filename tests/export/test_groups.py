@@ -49,3 +49,29 @@ def test_quantizing_by_groups_gives_what_all_nodes_at_once_give(form: str, tiny_
     expected = [t.token_ids for t in Translator(whole).translate(TEXTS)]
     assert [t.token_ids for t in Translator(grouped).translate(TEXTS)] == expected
     assert len({len(ids) for ids in expected}) > 1
+
+
+def test_int4_in_slices_gives_the_same_bytes(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    """int4 quantizes a large weight a slice at a time (rows of a Gather's table, columns of a MatMul's weight),
+    and transposes the tied head's table a block at a time: forced on the tiny model, the same bytes as whole."""
+    from onnxmt.export import groups as groups_module
+    from onnxmt.export.weights import Reader
+
+    whole, sliced = tmp_path / "whole", tmp_path / "sliced"
+    quantize(tiny_onnx_dir, whole, FORMS["int4"], progress=lambda _: None)
+    calls: dict[str, int] = {}
+    real = groups_module._quantize_slices
+
+    def counted(model: Any, node: Any, *args: Any) -> Any:
+        calls[node.op_type] = calls.get(node.op_type, 0) + 1
+        return real(model, node, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quantize_module, "_SPLIT_BYTES", 16 << 10)  # slices of 16 KB of the 2-8 MB tables
+        patch.setattr(Reader, "BLOCK", 64 << 10)  # the transposed head written and read in many blocks
+        patch.setattr(groups_module, "_quantize_slices", counted)
+        quantize(tiny_onnx_dir, sliced, FORMS["int4"], progress=lambda _: None)
+    assert calls.get("Gather", 0) >= 1 and calls.get("MatMul", 0) >= 1, calls  # the table and the head
+    assert (sliced / WEIGHTS_FILE).read_bytes() == (whole / WEIGHTS_FILE).read_bytes()
+    expected = [t.token_ids for t in Translator(whole).translate(TEXTS)]
+    assert [t.token_ids for t in Translator(sliced).translate(TEXTS)] == expected

@@ -11,7 +11,7 @@ each result written and dropped before the next: the model plus one tensor at a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .meter import Meter
-from .weights import MAP_MIN_BYTES, WEIGHTS_ALIGN, Reader, point_to, replace_node
+from .weights import MAP_MIN_BYTES, WEIGHTS_ALIGN, Reader, is_external, nbytes, point_to, replace_node
 
 # Smaller tensors stay inside the graph file (store_weights decides again where each tensor lives).
 _INLINE_BYTES = MAP_MIN_BYTES
@@ -53,6 +53,15 @@ class TensorFile:
         if source is not None:
             self._by_source[source] = where
         return where
+
+    def write_parts(self, parts: Iterable[np.ndarray]) -> tuple[int, int]:
+        """Append the arrays `parts` back to back (one tensor, written a part at a time); its offset and length."""
+        offset = self._file.seek(-(-self._file.tell() // WEIGHTS_ALIGN) * WEIGHTS_ALIGN)
+        for part in parts:
+            _contiguous(part).tofile(self._file)
+            if self.on_write is not None:
+                self.on_write(part.nbytes)
+        return offset, self._file.tell() - offset
 
     def view(self, offset: int, array: np.ndarray) -> np.ndarray:
         """What was written at `offset` for `array`, read from the file when used (not held in memory)."""
@@ -214,3 +223,18 @@ class Tensors:
     def make(self, array: np.ndarray, name: str) -> Any:
         """An initializer holding `array`: in the graph if small, else pointing at where it was written."""
         return _initializer(name, _Constant(array), self.out)
+
+    def transposed(self, tensor: Any, name: str) -> Any:
+        """An initializer `name` holding the transpose of the 2-D `tensor`, written a block of its rows at a time
+        (each block is columns of `tensor`, read through all of it): never the whole matrix in memory."""
+        from onnx import TensorProto
+
+        rows, cols = (int(d) for d in tensor.dims)
+        if not is_external(tensor) or nbytes(tensor) <= self.reader.BLOCK:
+            return self.make(self.array(tensor).T.copy(), name)
+        step = max(1, self.reader.BLOCK // (nbytes(tensor) // cols))
+        parts = (self.reader.columns(tensor, c, c + step).T for c in range(0, cols, step))
+        offset, length = self.out.write_parts(parts)
+        init = TensorProto(name=name, dims=[cols, rows], data_type=tensor.data_type)
+        point_to(init, self.out.path.name, offset, length)
+        return init

@@ -47,6 +47,7 @@ _QUANTIZED_DTYPES = {2, 3, 21, 22}
 Progress = Callable[[str], None]
 
 _TABLE_BLOCK_ROWS = 8192  # rows of a vocabulary table quantized at a time
+_SPLIT_BYTES = 128 << 20  # int4: a weight larger than this is quantized a slice of this size at a time (groups.py)
 
 # The quantized weights as they are made; store_weights copies them into WEIGHTS_FILE.
 QUANTIZED_WEIGHTS_FILE = "quantized-weights.bin"
@@ -216,7 +217,8 @@ def _quantize_graph(model: Any, name: str, options: QuantizeOptions, tensors: Te
             left = (time.monotonic() - start) * (total - done[1]) / max(done[1], 1)
             progress(f"quantizing {name} ({method}): {done[0]}/{len(members)} groups of nodes, ~{left:.0f} s left")
 
-        quantize_in_groups(model, members, quantizer, tensors, advance)
+        # int4 quantizes its 1-2 GB vocabulary table and LM head in slices; int8's per-tensor scales need the whole.
+        quantize_in_groups(model, members, quantizer, tensors, advance, _SPLIT_BYTES if options.int4 else None)
         if not options.int4:
             _one_zero_point(model, tensors)
     if kept_heads:
@@ -337,7 +339,7 @@ def _gemm_to_matmul(model: Any, node: Any, tensors: Tensors) -> str:
         weight = f"{weight}.transposed"
         while weight in taken:
             weight += "_"
-        graph.initializer.append(tensors.make(tensors.array(init).T.copy(), weight))
+        graph.initializer.append(tensors.transposed(init, weight))
     has_bias = len(inputs) > 2 and bool(inputs[2])
     product = outputs[0] + "_matmul" if has_bias else outputs[0]
     replacement = [helper.make_node("MatMul", [inputs[0], weight], [product], name=name)]
@@ -368,7 +370,7 @@ def _restore_heads(model: Any, kept: list[_KeptHead], tensors: Tensors) -> None:
         inits = {i.name: i for i in graph.initializer}
         weight = head.gemm.input[1]
         if weight not in inits:  # it was not shared, so the transposed copy had replaced it
-            graph.initializer.append(tensors.make(tensors.array(inits[head.transposed]).T.copy(), weight))
+            graph.initializer.append(tensors.transposed(inits[head.transposed], weight))
         if head.transposed != weight and not any(head.transposed in n.input for n in graph.node):
             graph.initializer.remove(inits[head.transposed])
 

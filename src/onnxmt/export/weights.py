@@ -108,7 +108,7 @@ class Reader:
         return self.locations.get(location, self.directory / location)
 
     def blocks(self, tensor: Any) -> Iterator[bytes]:
-        if not _is_external(tensor):
+        if not is_external(tensor):
             if self._on_read is not None:
                 self._on_read(len(tensor.raw_data))
             yield tensor.raw_data
@@ -141,7 +141,7 @@ class Reader:
         """A tensor's value, read from its file when external."""
         from onnx import helper, numpy_helper
 
-        if not _is_external(tensor):
+        if not is_external(tensor):
             return numpy_helper.to_array(tensor)
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
         array = np.empty(tuple(tensor.dims), dtype)
@@ -158,7 +158,7 @@ class Reader:
         whole in memory."""
         from onnx import helper, numpy_helper
 
-        if not _is_external(tensor):
+        if not is_external(tensor):
             return numpy_helper.to_array(tensor)[start:stop]
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
         dims = tuple(tensor.dims)
@@ -175,13 +175,23 @@ class Reader:
             raise ValueError(f"tensor {tensor.name!r}: rows {start}-{stop} not all stored")
         return array
 
+    def columns(self, tensor: Any, start: int, stop: int) -> np.ndarray:
+        """Columns `start:stop` of a 2-D tensor, read a block of rows at a time (strided: every row is read)."""
+        from onnx import helper
+
+        rows, cols = (int(d) for d in tensor.dims)
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+        step = max(1, self.BLOCK // (cols * itemsize))
+        parts = [self.rows(tensor, r, r + step)[:, start:stop] for r in range(0, rows, step)]
+        return np.concatenate(parts) if len(parts) > 1 else np.ascontiguousarray(parts[0])
+
     def close(self) -> None:
         for f in self._files.values():
             f.close()
         self._files.clear()
 
 
-def _is_external(tensor: Any) -> bool:
+def is_external(tensor: Any) -> bool:
     from onnx import TensorProto
 
     return bool(tensor.data_location == TensorProto.EXTERNAL)
@@ -202,14 +212,14 @@ def _external(tensor: Any) -> tuple[str, int, int]:
 
 def nbytes(tensor: Any) -> int:
     """The bytes of a tensor's data, wherever they are."""
-    return _external(tensor)[2] if _is_external(tensor) else len(tensor.raw_data)
+    return _external(tensor)[2] if is_external(tensor) else len(tensor.raw_data)
 
 
 def _read_in(model: Any, pointed: set[str], reader: Reader) -> None:
     """External initializers not `pointed` at the new weights file (small tensors left in the graph) get their
     bytes, from wherever they were."""
     for init in model.graph.initializer:
-        if _is_external(init) and init.name not in pointed:
+        if is_external(init) and init.name not in pointed:
             raw = reader.raw(init)
             init.data_location = 0
             del init.external_data[:]
@@ -420,7 +430,7 @@ def _rows_of(
     if name not in inits:
         row_bytes = nbytes(tensor) // tensor.dims[0]
         part = TensorProto(name=name, data_type=tensor.data_type, dims=[stop - start, *tensor.dims[1:]])
-        if _is_external(tensor):
+        if is_external(tensor):
             location, offset, _ = _external(tensor)
             point_to(part, location, offset + start * row_bytes, (stop - start) * row_bytes)
         else:
@@ -479,21 +489,21 @@ def join_heads(model: Any) -> int:
 def _join_data(tensor: Any, parts: list[Any]) -> None:
     """Give `tensor` the bytes of `parts` one after another: a reference where they lie end to end in one file
     (chunks of a stored head), else the bytes themselves."""
-    if all(_is_external(p) for p in parts):
+    if all(is_external(p) for p in parts):
         spans = [_external(p) for p in parts]
         ends = [offset + length for _, offset, length in spans]
         if all(s[0] == spans[0][0] for s in spans) and all(s[1] == e for s, e in zip(spans[1:], ends, strict=False)):
             point_to(tensor, spans[0][0], spans[0][1], ends[-1] - spans[0][1])
             return
-    if any(_is_external(p) for p in parts):
+    if any(is_external(p) for p in parts):
         raise ValueError(f"the chunks of {parts[0].name!r} are not stored end to end; cannot join them")
     tensor.raw_data = b"".join(p.raw_data for p in parts)
 
 
 def _same_data(a: Any, b: Any) -> bool:
-    if a.data_type != b.data_type or list(a.dims) != list(b.dims) or _is_external(a) != _is_external(b):
+    if a.data_type != b.data_type or list(a.dims) != list(b.dims) or is_external(a) != is_external(b):
         return False
-    return _external(a) == _external(b) if _is_external(a) else a.raw_data == b.raw_data
+    return _external(a) == _external(b) if is_external(a) else a.raw_data == b.raw_data
 
 
 def twin_transpose(graph: Any, inits: dict[str, Any], weight: str, name: str) -> Any:
@@ -634,7 +644,7 @@ def rename_weights_file(paths: list[Path], old: str, new: str) -> None:
     for path in paths:
         model = onnx.load(str(path), load_external_data=False)
         for tensor in model.graph.initializer:
-            if _is_external(tensor) and _external(tensor)[0] == old:
+            if is_external(tensor) and _external(tensor)[0] == old:
                 point_to(tensor, new, *_external(tensor)[1:])
         onnx.save(model, str(path))
     (directory / old).replace(directory / new)
