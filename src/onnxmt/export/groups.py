@@ -130,6 +130,7 @@ def _quantize_slices(
         )
         for t in first.graph.initializer
     ]
+    del slices[1:]  # their parts are in `joined` now
     nodes = list(first.graph.node)
     for quantized in nodes:
         for attribute in quantized.attribute:

@@ -182,8 +182,9 @@ class Reader:
         rows, cols = (int(d) for d in tensor.dims)
         itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
         step = max(1, self.BLOCK // (cols * itemsize))
-        parts = [self.rows(tensor, r, r + step)[:, start:stop] for r in range(0, rows, step)]
-        return np.concatenate(parts) if len(parts) > 1 else np.ascontiguousarray(parts[0])
+        # Each part copied out of its block (a view would keep the whole block, and so the whole tensor, alive).
+        parts = [self.rows(tensor, r, r + step)[:, start:stop].copy() for r in range(0, rows, step)]
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def close(self) -> None:
         for f in self._files.values():
