@@ -139,13 +139,37 @@ class Reader:
 
     def array(self, tensor: Any) -> np.ndarray:
         """A tensor's value, read from its file when external."""
-        from onnx import helper, numpy_helper
+        from onnx import numpy_helper
 
         if not is_external(tensor):
             return numpy_helper.to_array(tensor)
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
-        array = np.empty(tuple(tensor.dims), dtype)
-        target, filled = array.reshape(-1).view(np.uint8), 0  # read block by block into it: no second copy
+        return self._read_into(np.empty(tuple(tensor.dims), _dtype(tensor)), tensor)
+
+    def rows(self, tensor: Any, start: int, stop: int) -> np.ndarray:
+        """Rows `start:stop` of a tensor (along its first axis), read alone: a 2 GB vocabulary table is never
+        whole in memory."""
+        from onnx import numpy_helper
+
+        if not is_external(tensor):
+            return numpy_helper.to_array(tensor)[start:stop]
+        dims = tuple(tensor.dims)
+        stop = min(stop, dims[0])
+        array = np.empty((stop - start, *dims[1:]), _dtype(tensor))
+        row_bytes = math.prod(dims[1:]) * array.itemsize
+        location, offset, _ = _external(tensor)
+        return self._read_into(array, onnx_external_view(tensor, location, offset + start * row_bytes, array.nbytes))
+
+    def columns(self, tensor: Any, start: int, stop: int) -> np.ndarray:
+        """Columns `start:stop` of a 2-D tensor, read a block of rows at a time (strided: every row is read)."""
+        rows, cols = (int(d) for d in tensor.dims)
+        step = max(1, self.BLOCK // (cols * _dtype(tensor).itemsize))
+        # Each part copied out of its block (a view would keep the whole block, and so the whole tensor, alive).
+        parts = [self.rows(tensor, r, r + step)[:, start:stop].copy() for r in range(0, rows, step)]
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def _read_into(self, array: np.ndarray, tensor: Any) -> np.ndarray:
+        """`array` filled with the external `tensor`'s bytes, block by block (no second copy)."""
+        target, filled = array.reshape(-1).view(np.uint8), 0
         for block in self.blocks(tensor):
             target[filled : filled + len(block)] = np.frombuffer(block, np.uint8)
             filled += len(block)
@@ -153,43 +177,16 @@ class Reader:
             raise ValueError(f"tensor {tensor.name!r}: {filled} bytes stored, {array.nbytes} expected")
         return array
 
-    def rows(self, tensor: Any, start: int, stop: int) -> np.ndarray:
-        """Rows `start:stop` of a tensor (along its first axis), read alone: a 2 GB vocabulary table is never
-        whole in memory."""
-        from onnx import helper, numpy_helper
-
-        if not is_external(tensor):
-            return numpy_helper.to_array(tensor)[start:stop]
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
-        dims = tuple(tensor.dims)
-        row_bytes = math.prod(dims[1:]) * dtype.itemsize
-        stop = min(stop, dims[0])
-        location, offset, _ = _external(tensor)
-        part = onnx_external_view(tensor, location, offset + start * row_bytes, (stop - start) * row_bytes)
-        array = np.empty((stop - start, *dims[1:]), dtype)
-        target, filled = array.reshape(-1).view(np.uint8), 0
-        for block in self.blocks(part):
-            target[filled : filled + len(block)] = np.frombuffer(block, np.uint8)
-            filled += len(block)
-        if filled != array.nbytes:
-            raise ValueError(f"tensor {tensor.name!r}: rows {start}-{stop} not all stored")
-        return array
-
-    def columns(self, tensor: Any, start: int, stop: int) -> np.ndarray:
-        """Columns `start:stop` of a 2-D tensor, read a block of rows at a time (strided: every row is read)."""
-        from onnx import helper
-
-        rows, cols = (int(d) for d in tensor.dims)
-        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
-        step = max(1, self.BLOCK // (cols * itemsize))
-        # Each part copied out of its block (a view would keep the whole block, and so the whole tensor, alive).
-        parts = [self.rows(tensor, r, r + step)[:, start:stop].copy() for r in range(0, rows, step)]
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
-
     def close(self) -> None:
         for f in self._files.values():
             f.close()
         self._files.clear()
+
+
+def _dtype(tensor: Any) -> np.dtype:
+    from onnx import helper
+
+    return np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
 
 
 def is_external(tensor: Any) -> bool:
@@ -201,13 +198,7 @@ def is_external(tensor: Any) -> bool:
 def _external(tensor: Any) -> tuple[str, int, int]:
     """An external tensor's file, offset and length."""
     entries = {e.key: e.value for e in tensor.external_data}
-    if "length" in entries:
-        length = int(entries["length"])
-    else:
-        from onnx import helper
-
-        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
-        length = math.prod(tensor.dims) * itemsize
+    length = int(entries["length"]) if "length" in entries else math.prod(tensor.dims) * _dtype(tensor).itemsize
     return entries["location"], int(entries.get("offset", 0)), length
 
 
