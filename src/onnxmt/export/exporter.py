@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import json
 import os
 import platform
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -148,20 +145,10 @@ def _export_quantized(
     with tempfile.TemporaryDirectory(prefix=f".{output.name}.{os.getpid()}.fp32.", dir=output.parent) as temporary:
         fp32 = Path(temporary) / "fp32"
         _, report = _export(model, fp32, replace(options, quantize=None, force=False), progress, store=False)
-        gc.collect()
-        _give_back_heap()  # what tracing and checking left on the heap, before the quantizer's peak
         # The fp32 directory is gone once this returns: the provenance says what it was, not where.
         kept = f"an fp32 export of {model} (export --quantize {options.quantize}; not kept)"
         manifest, _ = quantize(fp32, output, form, progress, quantized_from=kept)
     return manifest, report
-
-
-def _give_back_heap() -> None:
-    """glibc keeps freed heap memory for reuse; give it back to the system (Linux), so that what the PyTorch model
-    and the trace left does not count under the next step's peak."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).malloc_trim(0)
 
 
 def _export_into(
@@ -193,7 +180,6 @@ def _export_into(
     # The PyTorch model goes before the weights are stored and ONNX Runtime loads them: never both resident.
     del model
     gc.collect()
-    _give_back_heap()
     if store:
         progress(f"writing {WEIGHTS_FILE}")
         stored = store_weights([staging / ENCODER_FILE, staging / DECODER_FILE], WEIGHTS_FILE, progress=progress)
