@@ -121,16 +121,12 @@ def _quantize_slices(
         if any(i.name == weight for i in slices[-1].graph.initializer):
             return None
     first = slices[0]
+    parts = [{i.name: i for i in quantized.graph.initializer} for quantized in slices]
     joined = [
-        numpy_helper.from_array(
-            np.concatenate(
-                [numpy_helper.to_array(next(i for i in s.graph.initializer if i.name == t.name)) for s in slices]
-            ),
-            t.name,
-        )
+        numpy_helper.from_array(np.concatenate([numpy_helper.to_array(p[t.name]) for p in parts]), t.name)
         for t in first.graph.initializer
     ]
-    del slices[1:]  # their parts are in `joined` now
+    del slices[1:], parts  # their tensors are in `joined` now
     nodes = list(first.graph.node)
     for quantized in nodes:
         for attribute in quantized.attribute:
