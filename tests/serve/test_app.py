@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -544,11 +544,19 @@ def test_max_cache_mb_caps_both_costs_per_model(tiny_onnx_dir: Path) -> None:
     from fastapi.testclient import TestClient
 
     from onnxmt.runtime.modeldir import load_manifest
+    from onnxmt.runtime.options import RuntimeOptions
     from onnxmt.serve.app import create_app
-    from onnxmt.serve.service import cache_bytes_per_cost
+    from onnxmt.serve.service import Service, cache_bytes_per_cost
 
-    per_token = cache_bytes_per_cost(load_manifest(tiny_onnx_dir))
+    manifest = load_manifest(tiny_onnx_dir)
+    per_token = cache_bytes_per_cost(manifest)
     options = ServeOptions(max_cache_mb=1000 * per_token / 2**20, max_request_cost=10000, max_batch_cost=20000)
+    # The cap doubles with the setting (twice the megabytes, twice the tokens x beams); the cost limits still apply.
+    for tokens in (1000, 2000, 4000, 8000, 16000):
+        service = Service(
+            tiny_onnx_dir, replace(options, max_cache_mb=tokens * per_token / 2**20), RuntimeOptions(), DecodeOptions()
+        )
+        assert service.cost_limits(manifest)[1:] == (tokens, min(tokens, 10000), min(tokens, 20000))
     with TestClient(create_app(tiny_onnx_dir, options)) as client:
         deadline = time.monotonic() + 30
         while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
