@@ -220,3 +220,29 @@ def test_beam_peak_compares_directories(tiny_hf_dir: Path, tiny_onnx_dir: Path, 
         assert result["throughput"]["4x2"]["tokens_per_s"] > 0
     assert rows[0]["result"]["pid"] != rows[1]["result"]["pid"]  # each directory in its own process
     assert proc.stdout.count(f"| {tiny_onnx_dir} |") == 2
+
+
+def test_validate_sides_give_validates_report_with_no_torch_on_the_onnx_side(
+    tiny_hf_dir: Path, tiny_onnx_dir: Path, tmp_path: Path
+) -> None:
+    """benchmarks/validate_sides.py (big_models.py's "larger side" of validate): the reference side alone saves what
+    validate computes, and the ONNX side run from it, without importing torch, reports what validate reports."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Where is the doctor?\nThe river is long and the mountain is high.\n", encoding="utf-8")
+    common = [str(tiny_onnx_dir), "--reference", str(tiny_hf_dir), "--input", str(texts), "--min-identical", "0"]
+    common += ["--max-new-tokens", "8"]
+    state = tmp_path / "state"
+    script = [sys.executable, str(BENCHMARKS / "validate_sides.py")]
+    for side in ("reference", "onnx"):
+        report = ["--report", str(tmp_path / side)]
+        proc = subprocess.run([*script, side, str(state), "--", *common, *report], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (tmp_path / "reference.json").exists()  # stopped after the reference side
+    assert sorted(p.name for p in state.glob("*.npy")) == ["beam-0.npy", "beam-1.npy", "greedy-0.npy", "greedy-1.npy"]
+    whole = [sys.executable, "-m", "onnxmt.cli", "validate", *common, "--report", str(tmp_path / "whole")]
+    proc = subprocess.run(whole, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sides, direct = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("onnx", "whole"))
+    for key in ("greedy_identical", "beam_identical", "max_abs_logit_diff", "mean_abs_logit_diff", "per_sentence"):
+        assert sides[key] == direct[key], key
+    assert direct["sentences"] == 2 and direct["max_abs_logit_diff"] > 0

@@ -503,12 +503,7 @@ def _divergence(
 
 
 def _versions() -> dict[str, str]:
-    import onnxruntime
-    import torch
-    import transformers
+    """The installed versions, read from the packages' metadata (importing torch here would load it for nothing)."""
+    from importlib.metadata import version
 
-    return {
-        "onnxruntime": onnxruntime.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
+    return {name: version(name) for name in ("onnxruntime", "torch", "transformers")}
