@@ -344,16 +344,20 @@ def check_against_pytorch(
 ) -> CheckReport:
     """Encoder states, first-step logits and one cached step of the ONNX graphs against PyTorch's (`expected`,
     from `_pytorch_outputs`), on a padded batch. One graph is loaded at a time (NLLB-200-3.3B's decoder alone is
-    7 GB in fp32)."""
+    7 GB in fp32). ONNX Runtime does not prepack the weights here: a prepacked MatMul holds a packed copy beside the
+    mapped weights (an unchunked head, as `export --quantize` checks it, would be twice its 1 GB at NLLB's
+    vocabulary), for a check that runs each graph once."""
     import onnxruntime as ort
 
     layers, heads, head_dim = (manifest.model[k] for k in ("num_layers", "num_heads", "head_dim"))
     rng = np.random.default_rng(1)
     ids, mask = feed.ids, feed.mask
-    encoder = ort.InferenceSession(str(directory / ENCODER_FILE), providers=["CPUExecutionProvider"])
+    session = ort.SessionOptions()
+    session.add_session_config_entry("session.disable_prepacking", "1")
+    encoder = ort.InferenceSession(str(directory / ENCODER_FILE), session, providers=["CPUExecutionProvider"])
     encoded = encoder.run(None, {"input_ids": ids, "attention_mask": mask})
     del encoder
-    decoder = ort.InferenceSession(str(directory / DECODER_FILE), providers=["CPUExecutionProvider"])
+    decoder = ort.InferenceSession(str(directory / DECODER_FILE), session, providers=["CPUExecutionProvider"])
     run: dict[str, np.ndarray] = {"input_ids": feed.start, "encoder_attention_mask": mask}
     buffered = manifest.graphs["decoder"].has_input("past_length")
     # A buffer's spare positions hold junk here, so that the check also proves they are masked out.

@@ -1,0 +1,131 @@
+"""Where a command's peak resident memory is set: RSS sampled together with the main thread's Python stack.
+
+    python benchmarks/rss_trace.py [--interval 0.02] [--out FILE.json] -- export SOURCE OUT --force
+    python benchmarks/rss_trace.py -- quantize MODEL_DIR OUT --force
+
+The arguments after `--` are an `onnxmt` command line; it runs in this process, and a thread reads the RSS
+(`/proc/self/statm`: file-backed pages included, as the kernel's peak counts them) every `--interval` seconds with
+the main thread's stack. It prints:
+
+- the kernel's peak (VmHWM) and the largest sampled RSS, with the stack at that sample (a peak that lasts less than
+  the interval can fall between samples: VmHWM above the sampled peak says so);
+- per step (the innermost onnxmt function on the stack, in the order first seen): the largest RSS sampled in it and
+  its seconds, so the step that sets the peak is the row at the top of the sorted table.
+
+Made to find which step of export, validate or quantize sets a peak that big_models.py reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+OWN = f"{os.sep}onnxmt{os.sep}"
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE / 2**20
+
+
+def hwm_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@dataclass
+class Step:
+    name: str
+    peak_mb: float = 0.0
+    samples: int = 0
+
+
+@dataclass
+class Trace:
+    interval: float
+    steps: dict[str, Step] = field(default_factory=dict)
+    peak_mb: float = 0.0
+    peak_at: float = 0.0
+    peak_stack: list[str] = field(default_factory=list)
+
+    def sample(self, frame, elapsed: float) -> None:  # type: ignore[no-untyped-def]
+        rss = rss_mb()
+        stack = traceback.extract_stack(frame)
+        ours = [f for f in stack if OWN in f.filename]
+        where = f"{Path(ours[-1].filename).stem}.{ours[-1].name}" if ours else "(outside onnxmt)"
+        step = self.steps.setdefault(where, Step(where))
+        step.peak_mb, step.samples = max(step.peak_mb, rss), step.samples + 1
+        if rss > self.peak_mb:
+            self.peak_mb, self.peak_at = rss, elapsed
+            self.peak_stack = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in stack[-12:]]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--interval", type=float, default=0.02, help="seconds between samples (default 0.02)")
+    p.add_argument("--out", type=Path, help="write the trace here as JSON")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then an onnxmt command line")
+    args = p.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        p.error("give an onnxmt command line after --")
+    from onnxmt.cli import app
+
+    trace = Trace(args.interval)
+    main_id = threading.get_ident()
+    done = threading.Event()
+    start = time.perf_counter()
+
+    def sampler() -> None:
+        while not done.wait(args.interval):
+            frame = sys._current_frames().get(main_id)
+            if frame is not None:
+                trace.sample(frame, time.perf_counter() - start)
+
+    thread = threading.Thread(target=sampler, daemon=True)
+    thread.start()
+    code = 0
+    try:
+        app(command, standalone_mode=False)
+    except SystemExit as e:
+        code = int(e.code or 0)
+    finally:
+        done.set()
+        thread.join()
+    seconds = time.perf_counter() - start
+    hwm = hwm_mb()
+    print(f"\n{' '.join(command)}: exit {code}, {seconds:.1f} s")
+    print(f"kernel peak (VmHWM) {hwm:,.0f} MB; largest sample {trace.peak_mb:,.0f} MB at {trace.peak_at:.1f} s:")
+    for line in trace.peak_stack:
+        print(f"    {line}")
+    print("\n| step (innermost onnxmt function) | peak RSS sampled | seconds |")
+    print("| --- | --- | --- |")
+    for step in sorted(trace.steps.values(), key=lambda s: -s.peak_mb)[:20]:
+        print(f"| {step.name} | {step.peak_mb:,.0f} MB | {step.samples * args.interval:.1f} |")
+    if args.out:
+        data = {
+            "command": command,
+            "exit": code,
+            "seconds": seconds,
+            "vm_hwm_mb": hwm,
+            "peak_sampled_mb": trace.peak_mb,
+            "peak_at_s": trace.peak_at,
+            "peak_stack": trace.peak_stack,
+            "steps": [s.__dict__ for s in trace.steps.values()],
+        }
+        args.out.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
