@@ -18,10 +18,13 @@ A random model (all these machines can build) rarely emits its end token, so its
 and every request would cost what the longest translation costs. `--output-length` gives real-length outputs:
 `median` sends every request `max_new_tokens` = the median source token count (the model's own tokenizer; en->zh
 translations are about as long as their sources in tokens), `source` sends each request its own source's count.
-The service never mixes requests with different settings in one batch, so `source` also shows what per-request
+With in-flight batching requests of different `max_new_tokens` share decoder calls; a directory served with
+static batches (`onnxmt inspect` says which) never mixes them, and there `source` shows what per-request
 `max_new_tokens` costs in batching. With several pairs and as many model directories, pair i's sources are counted
 with directory i's tokenizer. Generated tokens per second and the server's CPU time per token come from its own
-counter (/metrics) and /proc.
+counter (/metrics) and /proc. `texts/batch` is texts per batch (`onnxmt_batch_size`): with in-flight batching, the
+texts that joined the running batch at one step; `rows/step` is the running batch's decoder rows per call
+(`onnxmt_step_rows`: beams count as rows).
 """
 
 from __future__ import annotations
@@ -198,7 +201,9 @@ def summarize(concurrency: int, latencies: list[float], errors: dict[str, int], 
 
 
 def batch_sizes(url: str) -> dict[str, float]:
-    """Mean texts per decoder batch and requests per batch so far, from /metrics, summed over the models."""
+    """Counts so far from /metrics, summed over the models: batches (with in-flight batching, the joins of the
+    running batch: requests that joined at one step) with their texts and requests, the running batch's decoder
+    steps with their rows, and generated tokens."""
     samples: dict[str, float] = {}
     for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
         name, _, value = line.partition(" ")
@@ -207,6 +212,8 @@ def batch_sizes(url: str) -> dict[str, float]:
             "onnxmt_batch_size_sum",
             "onnxmt_batch_size_count",
             "onnxmt_batch_requests_sum",
+            "onnxmt_step_rows_sum",
+            "onnxmt_step_rows_count",
             "onnxmt_generated_tokens_total",
         ):
             samples[name] = samples.get(name, 0.0) + float(value)
@@ -215,6 +222,8 @@ def batch_sizes(url: str) -> dict[str, float]:
         "batches": batches,
         "texts": samples.get("onnxmt_batch_size_sum", 0),
         "requests": samples.get("onnxmt_batch_requests_sum", 0),
+        "steps": samples.get("onnxmt_step_rows_count", 0),
+        "step_rows": samples.get("onnxmt_step_rows_sum", 0),
         "generated_tokens": samples.get("onnxmt_generated_tokens_total", 0),
     }
 
@@ -222,15 +231,15 @@ def batch_sizes(url: str) -> dict[str, float]:
 def table(levels: list[dict[str, Any]]) -> str:
     head = (
         "| concurrency | requests ok | errors | req/s | tokens/s | p50 ms | p95 ms | p99 ms | texts/batch "
-        "| server CPU ms/token | load avg | RSS MB after |"
+        "| rows/step | server CPU ms/token | load avg | RSS MB after |"
     )
-    rows = [head, "|" + " --- |" * 12]
+    rows = [head, "|" + " --- |" * 13]
     for r in levels:
         rows.append(
             f"| {r['concurrency']} | {r['ok']} | {r['errors']} | {r['requests_per_s']:.1f} | "
             f"{r['generated_tokens_per_s']:.0f} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} | "
-            f"{r['mean_batch_texts']:.1f} | {r['cpu_ms_per_token']} | {r['load_average'][1]} | "
-            f"{r['server']['rss_mb']:.0f} |"
+            f"{r['mean_batch_texts']:.1f} | {r['mean_step_rows']:.1f} | {r['cpu_ms_per_token']} | "
+            f"{r['load_average'][1]} | {r['server']['rss_mb']:.0f} |"
         )
     return "\n".join(rows)
 
@@ -305,6 +314,9 @@ def main() -> None:
             level = summarize(concurrency, latencies, errors, elapsed)
             batches = after["batches"] - before["batches"]
             level["mean_batch_texts"] = round((after["texts"] - before["texts"]) / batches, 2) if batches else 0.0
+            steps = after["steps"] - before["steps"]
+            # In-flight batching: the running batch's rows per decoder call (0 for static batches).
+            level["mean_step_rows"] = round((after["step_rows"] - before["step_rows"]) / steps, 2) if steps else 0.0
             level["mean_batch_requests"] = (
                 round((after["requests"] - before["requests"]) / batches, 2) if batches else 0.0
             )

@@ -166,6 +166,10 @@ def test_load_run_bounds_outputs_by_source_length(tiny_onnx_dir: Path, tmp_path:
         assert 0 < generated <= bound + 1, (generated, lengths, parts)
     assert result["server_exit_code"] == 0 and "| 4 | 12 | 0 |" in proc.stdout
     assert all(level["cpu_ms_per_token"] > 0 for level in result["levels"])
+    # The running batch's rows per decoder call (a text's beams are rows): four clients share the calls.
+    beams = int(translator.manifest.generation["num_beams"])
+    one, four = (level["mean_step_rows"] for level in result["levels"])
+    assert beams <= one <= beams * max(parts) and one < four <= 4 * beams * max(parts), (one, four, beams)
 
 
 @pytest.mark.timeout(300)
