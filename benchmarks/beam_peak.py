@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
             f"| {result['throughput'][column]['tokens_per_s']:.1f} | {'yes' if same else 'no'} |",
             flush=True,
         )
+    for row in rows:  # what each process held at its end, by mapping (the weights file, the heap, arenas)
+        resident = ", ".join(f"{k} {v:,.0f}" for k, v in row["result"].get("resident_end_mb", {}).items())
+        print(f"{row['dir']}: resident at the end (MB): {resident}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         info = machine.describe()

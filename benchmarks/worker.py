@@ -38,6 +38,24 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: KiB on most systems
 
 
+def _resident_by_mapping(top: int = 6) -> dict[str, float]:
+    """The resident MB of the process's largest mappings (/proc/self/smaps): a file by its name (a model file's
+    mapped pages), `[heap]` for malloc's main heap, `[anon]` for other anonymous memory (arenas, large arrays)."""
+    sizes: dict[str, float] = {}
+    name = "[anon]"
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                fields = line.split()
+                if not fields[0].endswith(":"):
+                    name = fields[5].rsplit("/", 1)[-1] if len(fields) > 5 else "[anon]"
+                elif fields[0] == "Rss:":
+                    sizes[name] = sizes.get(name, 0.0) + int(fields[1]) / 1024
+    except OSError:  # not Linux
+        return {}
+    return {k: round(v, 1) for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])[:top]}
+
+
 def _versions(*names: str) -> dict[str, str]:
     found = {}
     for name in names:
@@ -268,20 +286,24 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "first_batch_s": time.perf_counter() - loaded,
         "peak_rss_mb": _peak_rss_mb(),
     }
-    latency = {
-        str(beams): measure_latency(translate, texts[: cfg["latency_texts"]], beams, cfg["repeats"], n)
-        for beams in cfg["beams"]
-    }
-    throughput = {
-        f"{beams}x{bs}": measure_throughput(translate, by_length, beams, bs, cfg["repeats"], n)
-        for beams in cfg["beams"]
-        for bs in cfg["batch_sizes"]
-    }
+    # The peak after each column: which one sets the whole run's.
+    peaks = {"cold batch": cold["peak_rss_mb"]}
+    latency = {}
+    for beams in cfg["beams"]:
+        latency[str(beams)] = measure_latency(translate, texts[: cfg["latency_texts"]], beams, cfg["repeats"], n)
+        peaks[f"beam {beams} bs1"] = _peak_rss_mb()
+    throughput = {}
+    for beams in cfg["beams"]:
+        for bs in cfg["batch_sizes"]:
+            throughput[f"{beams}x{bs}"] = measure_throughput(translate, by_length, beams, bs, cfg["repeats"], n)
+            peaks[f"beam {beams} bs{bs}"] = _peak_rss_mb()
     return {
         **cold,
         "latency": latency,
         "throughput": throughput,
         "peak_rss_end_mb": _peak_rss_mb(),
+        "peak_rss_after_column_mb": peaks,
+        "resident_end_mb": _resident_by_mapping(),
         "cold_batch_tokens": first,  # greedy output of the first texts, to check that engines agree
         "versions": {"python": platform.python_version(), **_versions(*packages)},
         "executable": sys.executable,
