@@ -94,9 +94,10 @@ def main() -> int:
 
     thread = threading.Thread(target=sampler, daemon=True)
     thread.start()
-    code = 0
     try:
-        app(command, standalone_mode=False)
+        # standalone_mode=False: click returns the exit code of typer.Exit instead of raising SystemExit.
+        returned = app(command, standalone_mode=False)
+        code = returned if isinstance(returned, int) else 0
     except SystemExit as e:
         code = int(e.code or 0)
     finally:

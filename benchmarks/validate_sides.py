@@ -51,9 +51,12 @@ def main() -> int:
 
     validate_module._reference_side = reference_side if args.side == "reference" else saved_side
     try:
-        app(["validate", *validate_args], standalone_mode=False)
+        # standalone_mode=False: click returns the exit code of typer.Exit instead of raising SystemExit.
+        returned = app(["validate", *validate_args], standalone_mode=False)
     except _Saved:
         return 0
+    if isinstance(returned, int) and returned != 0:
+        return returned
     if args.side == "reference":
         raise SystemExit("validate ended before its reference side returned")
     if "torch" in sys.modules:
