@@ -5,7 +5,8 @@
 Each git ref's `src/` is extracted to a temporary folder and runs in its own fresh process on the same model
 directories and inputs (FLORES devtest, decoding forced to --tokens new tokens, 2 threads), alternating A and B for
 --repeats rounds; the best round of each is kept, since background load only ever makes a run slower. Prints a
-Markdown table (batch-1 latency in ms, batches in generated tokens/s) and writes results/ab.json.
+Markdown table (batch-1 latency in ms, batches in generated tokens/s, the process's peak RSS in MB, the lowest of
+the rounds) and writes results/ab.json. `--source-lang`/`--target-lang` for models that need them (NLLB).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ model, data, tokens, threads, sentences = sys.argv[2], sys.argv[3], int(sys.argv
 translator = Translator(model, RuntimeOptions(threads=threads, verify=False))
 texts = [line.strip() for line in open(data, encoding="utf-8") if line.strip()][:sentences]
 texts.sort(key=lambda t: len(translator.tokenizer.encode(t)))
-forced = {"max_new_tokens": tokens, "min_new_tokens": tokens}
+forced = {"max_new_tokens": tokens, "min_new_tokens": tokens, **json.loads(sys.argv[8])}
 translator.translate(texts[:2], beams=1, **forced)
 out = {}
 for beams, batch in json.loads(sys.argv[7]):
@@ -43,6 +44,7 @@ for beams, batch in json.loads(sys.argv[7]):
         translator.translate(texts[i : i + batch], beams=beams, batch_size=batch, **forced)
     seconds = time.perf_counter() - start
     out[f"beam{beams} bs{batch}"] = 1000 * seconds / n if batch == 1 else n * tokens / seconds
+out["peak MB"] = next(int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmHWM:"))
 print(json.dumps(out))
 """
 
@@ -56,10 +58,16 @@ def extract(ref: str, into: Path) -> Path:
 
 def measure(src: Path, model: str, args: argparse.Namespace) -> dict[str, float]:
     cmd = [sys.executable, "-c", WORKER, str(src), model, str(args.data), str(args.tokens), str(args.threads)]
-    proc = subprocess.run([*cmd, str(args.sentences), json.dumps(CASES)], capture_output=True, text=True)
+    languages = {k: v for k, v in (("source_lang", args.source_lang), ("target_lang", args.target_lang)) if v}
+    cmd += [str(args.sentences), json.dumps(CASES), json.dumps(languages)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{src} on {model} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.splitlines()[-1])
+
+
+def _unit(key: str) -> str:
+    return "MB" if key == "peak MB" else "ms" if key.endswith("bs1") else "tok/s"
 
 
 def main() -> int:
@@ -73,6 +81,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--out", type=Path, default=HERE / "results" / "ab.json")
+    p.add_argument("--source-lang", help="for models that need it (NLLB: eng_Latn)")
+    p.add_argument("--target-lang", help="for multi-target models (NLLB: zho_Hans)")
     args = p.parse_args()
     if not args.data.is_file():
         print(f"error: {args.data} not found; pass --data", file=sys.stderr)
@@ -85,13 +95,13 @@ def main() -> int:
                 for ref, src in srcs.items():
                     got = measure(src, model, args)
                     old = best.setdefault((ref, model), got)
-                    for key, value in got.items():  # latency: lower is better; throughput: higher
-                        old[key] = min(old[key], value) if key.endswith("bs1") else max(old[key], value)
-    keys = [f"beam{b} bs{n}" for b, n in CASES]
+                    for key, value in got.items():  # latency and memory: lower is better; throughput: higher
+                        old[key] = max(old[key], value) if "tok/s" in _unit(key) else min(old[key], value)
+    keys = [*(f"beam{b} bs{n}" for b, n in CASES), "peak MB"]
     print("| model | version | " + " | ".join(keys) + " |")
     print("| --- | --- |" + " --- |" * len(keys))
     for (ref, model), values in best.items():
-        cells = [f"{values[k]:.0f} {'ms' if k.endswith('bs1') else 'tok/s'}" for k in keys]
+        cells = [f"{values[k]:.0f} {_unit(k)}" for k in keys]
         print(f"| {Path(model).name} | {ref} | " + " | ".join(cells) + " |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = [{"ref": ref, "model": model, **values} for (ref, model), values in best.items()]
