@@ -60,3 +60,23 @@ def test_other_directories_are_not_touched(tmp_path: Path) -> None:
     assert release_load_memory(tmp_path / "model") == 0
     assert _resident_kb(path) >= SIZE // 1024 * 9 // 10
     mapping.close()
+
+
+def test_the_encoder_runs_without_an_arena_and_translates_the_same(tiny_onnx_dir: Path) -> None:
+    """The encoder's session has no CPU memory arena (an arena keeps the largest batch's activations for good), the
+    decoder's has one; without the arena the encoder's outputs are the same as with it."""
+    import numpy as np
+
+    from onnxmt.runtime.graphs import load_session
+    from onnxmt.runtime.options import RuntimeOptions
+    from onnxmt.runtime.translator import Translator
+
+    translator = Translator(tiny_onnx_dir)
+    graphs = translator.graphs
+    assert graphs.encoder.get_session_options().enable_cpu_mem_arena is False
+    assert graphs.decoder.get_session_options().enable_cpu_mem_arena is True
+    with_arena = load_session(tiny_onnx_dir / "encoder.onnx", RuntimeOptions())
+    ids = np.array([translator.tokenizer.encode("Where is the doctor? The river is long.")], dtype=np.int64)
+    feed = dict(zip(graphs.enc_in, (ids, np.ones_like(ids)), strict=True))
+    for ours, theirs in zip(graphs.encoder.run(None, feed), with_arena.run(None, feed), strict=True):
+        assert np.array_equal(ours, theirs)
