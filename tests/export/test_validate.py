@@ -148,3 +148,28 @@ def test_cli_errors_exit_2(tiny_onnx_dir: Path, tiny_hf_dir: Path, tmp_path: Pat
     assert missing.exit_code == 2 and "input file not found" in missing.output
     no_model = runner.invoke(app, ["validate", str(tmp_path), "-r", str(tiny_hf_dir)])
     assert no_model.exit_code == 2 and "onnxmt.json" in no_model.output
+
+
+def test_a_full_scratch_disk_stops_validate_with_a_clear_error(
+    tiny_onnx_dir: Path, tiny_hf_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference's logits are stored on disk (steps x vocabulary per sentence and search): validate stops with
+    one clear error before they would leave less than 1 GB free there, and leaves no scratch directory behind."""
+    import tempfile
+
+    from onnxmt.export import validate as module
+
+    scratch_parent = Path(tempfile.gettempdir())
+    before = set(scratch_parent.glob("onnxmt-validate-*"))
+    real = shutil.disk_usage
+
+    def nearly_full(path: str | Path) -> tuple[int, int, int]:
+        total, used, _ = real(path)
+        return type(real(path))(total, used, module.SCRATCH_SPARE_BYTES + 1000)  # room for ~1 KB more
+
+    monkeypatch.setattr(module.shutil, "disk_usage", nearly_full)
+    with pytest.raises(ValueError, match=r"only 1,024 MB are free there; validate fewer sentences \(--input\)"):
+        validate(tiny_onnx_dir, str(tiny_hf_dir), TEXTS[:1], OPTIONS)
+    result = runner.invoke(app, ["validate", str(tiny_onnx_dir), "-r", str(tiny_hf_dir), "--max-new-tokens", "4"])
+    assert result.exit_code == 2 and "set TMPDIR to a larger disk" in result.output
+    assert set(scratch_parent.glob("onnxmt-validate-*")) == before

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import json
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -294,8 +295,9 @@ def validate(
     """Compare `model_dir` with `reference` on `texts`. `advance(n)` reports progress: 3 units per sentence.
 
     The reference runs first, its outputs and teacher-forced logits kept (the logits in a temporary directory:
-    steps x vocabulary floats per sentence and search, ~1 MB a step for NLLB-200), and is freed before ONNX Runtime
-    opens the graphs: the two models are never resident together (a 3B model is 13 GB a side)."""
+    steps x vocabulary floats per sentence and search, ~1 MB a step for NLLB-200; a ValueError before they would
+    leave less than 1 GB free on that disk), and is freed before ONNX Runtime opens the graphs: the two models are
+    never resident together (a 3B model is 13 GB a side)."""
     texts = list(texts)
     directory = Path(model_dir)
     manifest = load_manifest(directory, verify=False)
@@ -384,10 +386,30 @@ def _reference_side(
     ids = [ref.encode([text], *token).input_ids[0].tolist() for text in texts]
     for search, _ in searches:
         for i, out in enumerate(outputs[search]):
-            np.save(scratch / f"{search}-{i}.npy", ref.logits(ids[i], [start, *out[:-1]]))
+            logits = ref.logits(ids[i], [start, *out[:-1]])
+            _check_room(scratch, logits.nbytes)
+            np.save(scratch / f"{search}-{i}.npy", logits)
     del ref
     gc.collect()
     return _ReferenceRun(searches, outputs, ids, scratch)
+
+
+# What validate leaves free on the scratch directory's disk while it stores the reference's logits.
+SCRATCH_SPARE_BYTES = 1 << 30
+
+
+def _check_room(scratch: Path, nbytes: int) -> None:
+    """Refuse to store `nbytes` more of the reference's logits where that would leave less than
+    SCRATCH_SPARE_BYTES free: they take steps x vocabulary x 4 bytes per sentence and search (NLLB-200: ~1 MB a
+    step), so a large --input can fill a disk."""
+    free = shutil.disk_usage(scratch).free
+    if free - nbytes < SCRATCH_SPARE_BYTES:
+        used = sum(f.stat().st_size for f in scratch.iterdir())
+        raise ValueError(
+            f"validate keeps the reference's logits in {scratch.parent} ({used / 2**20:,.0f} MB so far, "
+            f"{nbytes / 2**20:,.1f} MB more for this sentence) and only {free / 2**20:,.0f} MB are free there; "
+            "validate fewer sentences (--input) or fewer tokens (--max-new-tokens), or set TMPDIR to a larger disk"
+        )
 
 
 def _onnx_outputs(
