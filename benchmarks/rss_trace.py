@@ -9,8 +9,9 @@ the main thread's stack. It prints:
 
 - the kernel's peak (VmHWM) and the largest sampled RSS, with the stack at that sample (a peak that lasts less than
   the interval can fall between samples: VmHWM above the sampled peak says so);
-- per step (the innermost onnxmt function on the stack, in the order first seen): the largest RSS sampled in it and
-  its seconds, so the step that sets the peak is the row at the top of the sorted table.
+- per step (the innermost onnxmt function on the stack): the largest RSS sampled in it and its seconds, the 20
+  largest first, so the step that sets the peak is the table's first row (--out FILE.json keeps every step, in the
+  order first seen).
 
 Made to find which step of export, validate or quantize sets a peak that big_models.py reports.
 """
@@ -28,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-OWN = f"{os.sep}onnxmt{os.sep}"
 
 
 def rss_mb() -> float:
@@ -41,6 +41,9 @@ def hwm_mb() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+OWN = ""  # the onnxmt package's directory, set in main()
 
 
 @dataclass
@@ -61,7 +64,7 @@ class Trace:
     def sample(self, frame, elapsed: float) -> None:  # type: ignore[no-untyped-def]
         rss = rss_mb()
         stack = traceback.extract_stack(frame)
-        ours = [f for f in stack if OWN in f.filename]
+        ours = [f for f in stack if f.filename.startswith(OWN)]
         where = f"{Path(ours[-1].filename).stem}.{ours[-1].name}" if ours else "(outside onnxmt)"
         step = self.steps.setdefault(where, Step(where))
         step.peak_mb, step.samples = max(step.peak_mb, rss), step.samples + 1
@@ -79,7 +82,11 @@ def main() -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("give an onnxmt command line after --")
+    import onnxmt
     from onnxmt.cli import app
+
+    global OWN
+    OWN = str(Path(onnxmt.__file__).parent) + os.sep
 
     trace = Trace(args.interval)
     main_id = threading.get_ident()
@@ -99,7 +106,7 @@ def main() -> int:
         returned = app(command, standalone_mode=False)
         code = returned if isinstance(returned, int) else 0
     except SystemExit as e:
-        code = int(e.code or 0)
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
     finally:
         done.set()
         thread.join()

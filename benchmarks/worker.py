@@ -291,7 +291,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     latency = {}
     for beams in cfg["beams"]:
         latency[str(beams)] = measure_latency(translate, texts[: cfg["latency_texts"]], beams, cfg["repeats"], n)
-        peaks[f"beam {beams} bs1"] = _peak_rss_mb()
+        peaks[f"beam {beams} latency"] = _peak_rss_mb()
     throughput = {}
     for beams in cfg["beams"]:
         for bs in cfg["batch_sizes"]:

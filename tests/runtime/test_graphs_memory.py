@@ -75,7 +75,7 @@ def test_the_encoder_runs_without_an_arena_and_translates_the_same(tiny_onnx_dir
     graphs = translator.graphs
     assert graphs.encoder.get_session_options().enable_cpu_mem_arena is False
     assert graphs.decoder.get_session_options().enable_cpu_mem_arena is True
-    with_arena = load_session(tiny_onnx_dir / "encoder.onnx", RuntimeOptions())
+    with_arena = load_session(tiny_onnx_dir / translator.manifest.graphs["encoder"].file, RuntimeOptions())
     ids = np.array([translator.tokenizer.encode("Where is the doctor? The river is long.")], dtype=np.int64)
     feed = dict(zip(graphs.enc_in, (ids, np.ones_like(ids)), strict=True))
     for ours, theirs in zip(graphs.encoder.run(None, feed), with_arena.run(None, feed), strict=True):

@@ -352,12 +352,12 @@ def check_against_pytorch(
     layers, heads, head_dim = (manifest.model[k] for k in ("num_layers", "num_heads", "head_dim"))
     rng = np.random.default_rng(1)
     ids, mask = feed.ids, feed.mask
-    session = ort.SessionOptions()
-    session.add_session_config_entry("session.disable_prepacking", "1")
-    encoder = ort.InferenceSession(str(directory / ENCODER_FILE), session, providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.disable_prepacking", "1")  # same results, another kernel path than serving's
+    encoder = ort.InferenceSession(str(directory / ENCODER_FILE), so, providers=["CPUExecutionProvider"])
     encoded = encoder.run(None, {"input_ids": ids, "attention_mask": mask})
     del encoder
-    decoder = ort.InferenceSession(str(directory / DECODER_FILE), session, providers=["CPUExecutionProvider"])
+    decoder = ort.InferenceSession(str(directory / DECODER_FILE), so, providers=["CPUExecutionProvider"])
     run: dict[str, np.ndarray] = {"input_ids": feed.start, "encoder_attention_mask": mask}
     buffered = manifest.graphs["decoder"].has_input("past_length")
     # A buffer's spare positions hold junk here, so that the check also proves they are masked out.

@@ -384,10 +384,12 @@ def _reference_side(
             outputs[search] += ref.generate(ref.encode(batch, *token), token[0], num_beams=b, **limit)
         advance(len(batch))
     ids = [ref.encode([text], *token).input_ids[0].tolist() for text in texts]
+    vocab = int(getattr(ref.model.config, "vocab_size", 0) or 0)
+    _check_room(scratch, sum(len(out) for rows in outputs.values() for out in rows) * vocab * 4)
     for search, _ in searches:
         for i, out in enumerate(outputs[search]):
             logits = ref.logits(ids[i], [start, *out[:-1]])
-            _check_room(scratch, logits.nbytes)
+            _check_room(scratch, logits.nbytes)  # the head's rows may be more than config's vocab_size
             np.save(scratch / f"{search}-{i}.npy", logits)
     del ref
     gc.collect()
@@ -401,14 +403,16 @@ SCRATCH_SPARE_BYTES = 1 << 30
 def _check_room(scratch: Path, nbytes: int) -> None:
     """Refuse to store `nbytes` more of the reference's logits where that would leave less than
     SCRATCH_SPARE_BYTES free: they take steps x vocabulary x 4 bytes per sentence and search (NLLB-200: ~1 MB a
-    step), so a large --input can fill a disk."""
+    step), so a large --input can fill a disk. Checked for all of them once the reference has generated, and again
+    before each file."""
     free = shutil.disk_usage(scratch).free
     if free - nbytes < SCRATCH_SPARE_BYTES:
         used = sum(f.stat().st_size for f in scratch.iterdir())
         raise ValueError(
-            f"validate keeps the reference's logits in {scratch.parent} ({used / 2**20:,.0f} MB so far, "
-            f"{nbytes / 2**20:,.1f} MB more for this sentence) and only {free / 2**20:,.0f} MB are free there; "
-            "validate fewer sentences (--input) or fewer tokens (--max-new-tokens), or set TMPDIR to a larger disk"
+            f"validate stores the reference's logits in {scratch.parent} ({used / 2**20:,.0f} MB so far, "
+            f"{nbytes / 2**20:,.1f} MB more to come) and keeps {SCRATCH_SPARE_BYTES / 2**20:,.0f} MB of that disk "
+            f"free, which has {free / 2**20:,.0f} MB free; validate fewer sentences (--input) or fewer tokens "
+            "(--max-new-tokens), or set TMPDIR to a larger disk"
         )
 
 
@@ -525,7 +529,15 @@ def _divergence(
 
 
 def _versions() -> dict[str, str]:
-    """The installed versions, read from the packages' metadata (importing torch here would load it for nothing)."""
-    from importlib.metadata import version
+    """The installed versions, from the packages' metadata (without importing torch: benchmarks/validate_sides.py runs
+    the ONNX side alone, torch-free); a module's `__version__` for a distribution named otherwise (onnxruntime-gpu)."""
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
 
-    return {name: version(name) for name in ("onnxruntime", "torch", "transformers")}
+    found = {}
+    for name in ("onnxruntime", "torch", "transformers"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = str(getattr(sys.modules.get(name), "__version__", "unknown"))
+    return found

@@ -121,7 +121,7 @@ def optimum_manifest(directory: Path, sessions: Sessions, options: RuntimeOption
             for name in (*files.values(), *tokenizer_files, *CONFIG_FILES)
             if (directory / name).is_file()
         },
-        graphs={part: _graph_spec(directory, name, sessions, options) for part, name in files.items()},
+        graphs={part: _graph_spec(directory, part, name, sessions, options) for part, name in files.items()},
         model=facts,
         tokens=arch.tokens(directory, config, generation_config),
         generation=generation_defaults(generation_config, config),
@@ -132,12 +132,13 @@ def optimum_manifest(directory: Path, sessions: Sessions, options: RuntimeOption
     )
 
 
-def _graph_spec(directory: Path, name: str, sessions: Sessions, options: RuntimeOptions) -> GraphSpec:
-    """Input and output names of a graph, read through ONNX Runtime (the run side has no `onnx` package)."""
+def _graph_spec(directory: Path, part: str, name: str, sessions: Sessions, options: RuntimeOptions) -> GraphSpec:
+    """Input and output names of a graph, read through ONNX Runtime (the run side has no `onnx` package). The
+    session opened is the one that runs the graph: the encoder's without a memory arena (`load_session`)."""
     from .graphs import load_session
 
     if name not in sessions:
-        sessions[name] = load_session(directory / name, options)
+        sessions[name] = load_session(directory / name, options, arena=part != "encoder")
     session = sessions[name]
 
     def spec(arg: Any) -> TensorSpec:
