@@ -174,3 +174,20 @@ def test_a_full_scratch_disk_stops_validate_with_a_clear_error(
     result = runner.invoke(app, command, env={"COLUMNS": "500"})
     assert result.exit_code == 2 and "set TMPDIR to a larger disk" in result.output
     assert set(scratch_parent.glob("onnxmt-validate-*")) == before
+
+
+def test_the_disk_check_counts_the_logits_validate_stores(
+    tiny_separate_onnx_dir: Path, tiny_separate_hf_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check before storing counts exactly what is stored: rows as wide as the LM head, which for Marian's
+    separate vocabularies is narrower than config.vocab_size (counting that would refuse runs that fit)."""
+    from onnxmt.export import validate as module
+
+    config = json.loads((tiny_separate_hf_dir / "config.json").read_text())
+    assert config["decoder_vocab_size"] < config["vocab_size"]  # the case this test is about
+    checked: list[int] = []
+    real = module._check_room
+    monkeypatch.setattr(module, "_check_room", lambda scratch, nbytes: checked.append(nbytes) or real(scratch, nbytes))
+    validate(tiny_separate_onnx_dir, str(tiny_separate_hf_dir), TEXTS[:2], OPTIONS)
+    total, *files = checked
+    assert len(files) == 4 and total == sum(files) > 0  # 2 sentences x (greedy, beam)

@@ -384,12 +384,14 @@ def _reference_side(
             outputs[search] += ref.generate(ref.encode(batch, *token), token[0], num_beams=b, **limit)
         advance(len(batch))
     ids = [ref.encode([text], *token).input_ids[0].tolist() for text in texts]
-    vocab = int(getattr(ref.model.config, "vocab_size", 0) or 0)
-    _check_room(scratch, sum(len(out) for rows in outputs.values() for out in rows) * vocab * 4)
+    # One float32 row of logits per step: as wide as the LM head (a separate decoder vocabulary can be narrower
+    # than config.vocab_size).
+    width = int(ref.model.get_output_embeddings().weight.shape[0])
+    _check_room(scratch, sum(len(out) for rows in outputs.values() for out in rows) * width * 4)
     for search, _ in searches:
         for i, out in enumerate(outputs[search]):
             logits = ref.logits(ids[i], [start, *out[:-1]])
-            _check_room(scratch, logits.nbytes)  # the head's rows may be more than config's vocab_size
+            _check_room(scratch, logits.nbytes)  # and again per file: the disk may fill meanwhile
             np.save(scratch / f"{search}-{i}.npy", logits)
     del ref
     gc.collect()
