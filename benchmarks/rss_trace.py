@@ -28,19 +28,14 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worker import _peak_rss_mb as hwm_mb  # VmHWM, as bench.py's worker reads it
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * PAGE / 2**20
-
-
-def hwm_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 OWN = ""  # the onnxmt package's directory, set in main()
