@@ -215,6 +215,8 @@ def batch_sizes(url: str) -> dict[str, float]:
             "onnxmt_step_rows_sum",
             "onnxmt_step_rows_count",
             "onnxmt_generated_tokens_total",
+            "onnxmt_step_duration_seconds_sum",
+            "onnxmt_encoder_texts_count",
         ):
             samples[name] = samples.get(name, 0.0) + float(value)
     batches = samples.get("onnxmt_batch_size_count", 0)
@@ -225,6 +227,8 @@ def batch_sizes(url: str) -> dict[str, float]:
         "steps": samples.get("onnxmt_step_rows_count", 0),
         "step_rows": samples.get("onnxmt_step_rows_sum", 0),
         "generated_tokens": samples.get("onnxmt_generated_tokens_total", 0),
+        "step_seconds": samples.get("onnxmt_step_duration_seconds_sum", 0),
+        "encoder_calls": samples.get("onnxmt_encoder_texts_count", 0),
     }
 
 

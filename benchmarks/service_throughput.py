@@ -6,7 +6,11 @@ Offline: one `Translator.translate` call over N texts (batches of `--batch-size`
 serve` on 127.0.0.1 (`--max-batch-size` = `--batch-size`), C clients sending the same N texts one per request, with
 the same decoding (`max_new_tokens` `--tokens`: a random model rarely ends a text sooner). Tokens/s count the tokens
 generated (the service's from its /metrics counter), so they compare the same work. Rounds interleave offline and
-each concurrency; medians are reported, with the load average. Writes benchmarks/results/service-throughput-NAME.json.
+each concurrency; medians are reported, with the load average, and "per round": the median over rounds of each
+round's service figure over its offline one (adjacent runs share the machine's speed, which drifts between rounds).
+Where the service's time goes: decoder rows per step, ms per step, and the step share (the running batch's steps'
+seconds over the wall clock; the rest is encoding, HTTP and the event loop). Writes
+benchmarks/results/service-throughput-NAME.json.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ def main() -> None:
     # The sources are English: said, as the offline call knows it (no language detection per request).
     body = {"source": "en", **({"target": target} if target else {})}
     figures: dict[str, list[float]] = {"offline": [], **{f"service {c}": [] for c in args.concurrency}}
+    # Where the service's time goes, per concurrency and round: decoder rows per step, and the share of the
+    # wall clock spent in the running batch's steps (the rest: encoding, HTTP, the event loop, idle waits).
+    shapes: dict[str, list[dict[str, float]]] = {f"service {c}": [] for c in args.concurrency}
     try:
         translator.translate(texts[:4], target_lang=target)  # warm-up, both sides
         asyncio.run(run_level(url, [body], [texts], 4, 8, 60))
@@ -66,12 +73,20 @@ def main() -> None:
             done = translator.translate(texts, target_lang=target, batch_size=args.batch_size)
             figures["offline"].append(sum(len(t.token_ids) for t in done) / (time.perf_counter() - started))
             for concurrency in args.concurrency:
-                before = batch_sizes(url)["generated_tokens"]
+                before = batch_sizes(url)
                 latencies, errors, elapsed = asyncio.run(run_level(url, [body], [texts], concurrency, len(texts), 600))
                 if errors or len(latencies) != len(texts):
                     raise SystemExit(f"{concurrency} clients: {errors}, {len(latencies)} answered")
-                generated = batch_sizes(url)["generated_tokens"] - before
+                after = batch_sizes(url)
+                generated = after["generated_tokens"] - before["generated_tokens"]
                 figures[f"service {concurrency}"].append(generated / elapsed)
+                steps = after["steps"] - before["steps"]
+                shapes[f"service {concurrency}"].append({
+                    "rows_per_step": (after["step_rows"] - before["step_rows"]) / max(steps, 1),
+                    "step_share": (after["step_seconds"] - before["step_seconds"]) / elapsed,
+                    "encoder_calls": after["encoder_calls"] - before["encoder_calls"],
+                    "ms_per_step": 1000 * (after["step_seconds"] - before["step_seconds"]) / max(steps, 1),
+                })  # fmt: skip
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
@@ -81,15 +96,28 @@ def main() -> None:
         "tokens_per_s": figures,
         "medians": medians,
         "ratios": {k: round(v / medians["offline"], 3) for k, v in medians.items()},
+        # Each round's service figure over the offline one measured just before it: the machine's speed drifts
+        # between rounds (offline alone moved by 30% between rounds on this 2-core VM), adjacent runs share it.
+        "round_ratios": {
+            k: [round(a / b, 3) for a, b in zip(v, figures["offline"], strict=True)]
+            for k, v in figures.items()
+            if k != "offline"
+        },
+        "shapes": shapes,
         "load_average_end": os.getloadavg(),
         "machine": machine.describe(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"service-throughput-{args.name or args.model_dir.name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print("| | tokens/s (median) | / offline |\n| --- | --- | --- |")
+    print("| | tokens/s (median) | / offline | per round | rows/step | ms/step | step share | encoder calls |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for key, value in medians.items():
-        print(f"| {key} | {value} | {result['ratios'][key]:.2f} |")
+        shape = {k: statistics.median(r[k] for r in shapes[key]) for k in shapes[key][0]} if key in shapes else {}
+        cells = [f"{shape[k]:.{d}f}" if shape else "" for k, d in
+                 (("rows_per_step", 1), ("ms_per_step", 1), ("step_share", 2), ("encoder_calls", 0))]  # fmt: skip
+        rounds = f"{statistics.median(result['round_ratios'][key]):.2f}" if key in shapes else ""
+        print(f"| {key} | {value} | {result['ratios'][key]:.2f} | {rounds} | " + " | ".join(cells) + " |")
     print(f"\nwrote {path}")
 
 

@@ -11,27 +11,37 @@ from onnxmt.runtime.slots import CacheSlots
 HEADS, DIM, LAYERS = 2, 3, 2
 
 
-def _cohort(rng: np.random.Generator, sentences: int, beams: int, positions: int) -> Cache:
-    """An encoded cohort as the running batch adds it: random K/V, right-padded source widths, lengths."""
-    widths = rng.integers(1, 40, size=sentences)
-    width = int(widths.max())
-    mask = (np.arange(width)[None, :] < widths[:, None]).astype(np.int64)
-    cross = tuple(rng.standard_normal((sentences, HEADS, width, DIM)).astype(np.float32) * mask[:, None, :, None]
-                  for _ in range(2 * LAYERS))  # fmt: skip
-    rows = sentences * beams
-    lengths = rng.integers(0, positions + 1, size=rows)
-    kv = tuple(rng.standard_normal((rows, HEADS, positions, DIM)).astype(np.float32) for _ in range(2 * LAYERS))
-    return Cache(mask=mask, self_kv=kv, cross_kv=cross, per_sentence=True, self_len=lengths, max_positions=200)
+def _texts(rng: np.random.Generator, sentences: int) -> list[Cache]:
+    """Encoded texts as the running batch adds them (`encode_texts`): one row each, cut to its own width."""
+    texts = []
+    for width in rng.integers(1, 40, size=sentences).tolist():
+        cross = tuple(rng.standard_normal((1, HEADS, width, DIM)).astype(np.float32) for _ in range(2 * LAYERS))
+        texts.append(Cache(mask=np.ones((1, width), np.int64), self_kv=(), cross_kv=cross, per_sentence=True))
+    return texts
 
 
-def _same_live(slots: CacheSlots, rows: list[tuple[np.ndarray, ...]], sentences: list[tuple]) -> None:
+def _step(slots: CacheSlots, rng: np.random.Generator, rows: list[list]) -> None:
+    """A decoder step as `Graphs.step` takes it: every live row's new K/V written at its length into the view's
+    buffers, the lengths one more; `rows` (per row: length, then per layer K/V so far) follows."""
+    view = slots.view()
+    assert view.self_len is not None
+    for r, length in enumerate(view.self_len.tolist()):
+        for layer, buffer in enumerate(view.self_kv):
+            new = rng.standard_normal((HEADS, DIM)).astype(np.float32)
+            buffer[r, :, length] = new
+            rows[r][1 + layer] = np.concatenate([rows[r][1 + layer], new[:, None]], axis=1)
+        rows[r][0] = length + 1
+    slots.stepped(Cache(view.mask, view.self_kv, view.cross_kv, per_sentence=True, self_len=view.self_len + 1))
+
+
+def _same_live(slots: CacheSlots, rows: list[list], sentences: list[tuple]) -> None:
     view = slots.view()
     assert view.self_len is not None and view.cross_kv is not None
     assert len(view.self_len) == len(rows) and view.sentences == len(sentences)
     for r, (length, *kv) in enumerate(rows):
         assert view.self_len[r] == length
         for buffer, expected in zip(view.self_kv, kv, strict=True):
-            np.testing.assert_array_equal(buffer[r, :, :length], expected[:, :length])
+            np.testing.assert_array_equal(buffer[r, :, :length], expected)
     for s, (mask, *cross) in enumerate(sentences):
         width = len(mask)
         np.testing.assert_array_equal(view.mask[s, :width], mask)
@@ -42,47 +52,50 @@ def _same_live(slots: CacheSlots, rows: list[tuple[np.ndarray, ...]], sentences:
         assert a.flags.c_contiguous  # ONNX Runtime reads the views in place
 
 
-def test_joins_reorders_and_departures_keep_every_live_row() -> None:
+def test_joins_steps_reorders_and_departures_keep_every_live_row() -> None:
     rng = np.random.default_rng(0)
     beams = 2
+    empty = tuple(np.zeros((0, HEADS, 1, DIM), np.float32) for _ in range(2 * LAYERS))
     slots: CacheSlots | None = None
-    rows: list[tuple[np.ndarray, ...]] = []  # the reference: per live row (length, *per-layer K/V)
+    rows: list[list] = []  # the reference: per live row [length, *per-layer K/V so far]
     sentences: list[tuple] = []  # per live sentence (mask, *per-layer cross K/V)
     seen = set()
     for step in range(60):
         if step < 30 or step % 7 == 0:  # grow, then mostly leave
-            cache = _cohort(rng, int(rng.integers(1, 4)), beams, positions=int(rng.integers(1, 50)))
-            slots = slots or CacheSlots.like(cache)
-            slots.add(cache)
-            for r in range(len(cache.self_len)):
-                rows.append((cache.self_len[r], *(a[r] for a in cache.self_kv)))
-            for s in range(cache.sentences):
-                width = int(cache.mask[s].sum())
-                sentences.append((cache.mask[s, :width], *(a[s, :, :width] for a in cache.cross_kv)))
+            texts = _texts(rng, int(rng.integers(1, 4)))
+            slots = slots or CacheSlots.like(empty, texts[0])
+            slots.add(texts, beams, max_positions=200)
+            for text in texts:
+                assert text.cross_kv is not None
+                rows += [[0, *(np.zeros((HEADS, 0, DIM), np.float32) for _ in empty)] for _ in range(beams)]
+                sentences.append((text.mask[0], *(a[0] for a in text.cross_kv)))
         assert slots is not None
+        _step(slots, rng, rows)
         _same_live(slots, rows, sentences)
         seen.add(slots.capacity)
-        # A step: some sentences leave, the others' beams reorder among themselves.
+        # After the step: some sentences leave, the others' beams reorder among themselves.
         n = len(sentences)
         live = np.flatnonzero(rng.random(n) > (0.1 if step < 30 else 0.3))
         picks = rng.integers(0, beams, size=(len(live), beams))
         kept_rows = (live[:, None] * beams + picks).reshape(-1)
         slots.keep(kept_rows, live)
-        rows = [rows[r] for r in kept_rows]
+        rows = [list(rows[r]) for r in kept_rows]
         sentences = [sentences[s] for s in live]
+        _same_live(slots, rows, sentences)
         if not rows:
             break
     capacities = np.array(sorted(seen))
     assert capacities[:, 0].max() > 3 * capacities[:, 0].min()  # the buffers grew ...
+    assert capacities[:, 3].max() > 16  # ... in positions too ...
     assert slots is not None and slots.capacity[0] < capacities[:, 0].max()  # ... and shrank as rows left
 
 
 def test_the_longest_row_grows_the_positions_by_a_chunk_up_to_its_limit() -> None:
     rng = np.random.default_rng(1)
-    cache = _cohort(rng, 1, 1, positions=1)
-    cache = Cache(**{**cache.__dict__, "self_len": np.array([1]), "max_positions": 60})
-    slots = CacheSlots.like(cache)
-    slots.add(cache)
+    empty = tuple(np.zeros((0, HEADS, 1, DIM), np.float32) for _ in range(2 * LAYERS))
+    texts = _texts(rng, 1)
+    slots = CacheSlots.like(empty, texts[0])
+    slots.add(texts, max_positions=60)
     grown = []
     for length in (1, 17, 33):
         slots.lengths[0] = length  # the buffer full

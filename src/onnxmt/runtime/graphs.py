@@ -19,6 +19,7 @@ import math
 import os
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -313,6 +314,14 @@ class Graphs:
     def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
         raise NotImplementedError
 
+    def encode_each(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+        """Each row's cross-attention K/V, cut to its length (right-padded masks): per layer key, value
+        (1, heads, length, head_dim), views into the encoder's outputs. What `encode` gives that row."""
+        cache = self.encode(input_ids, attention_mask)
+        assert cache.cross_kv is not None
+        lengths = attention_mask.sum(axis=1).tolist()
+        return [tuple(a[i : i + 1, :, :n] for a in cache.cross_kv) for i, n in enumerate(lengths)]
+
 
 # What one more encoder call costs, in padded source tokens: a call's fixed work and the smaller matrices' lower
 # throughput. On NLLB-600M's shape (int8, 2 threads) the 32 FLORES sentences of the benchmark (14-69 tokens) took
@@ -404,19 +413,17 @@ class OnnxmtGraphs(Graphs):
         row, and the groups' cross-attention K/V are joined at the batch's width, zero past each group's width (where
         its rows' masks are 0). A float encoder gives each row the same values as one call over the whole batch."""
         groups = encoder_groups(attention_mask)
-        if len(groups) == 1:
-            cross = self.encoder.run(self.enc_out, dict(zip(self.enc_in, (input_ids, attention_mask), strict=True)))
-        else:
-            cross = []
-            for rows, width in groups:
-                feed = (input_ids[rows, :width], attention_mask[rows, :width])  # fancy indexing: contiguous copies
-                out = self.encoder.run(self.enc_out, dict(zip(self.enc_in, feed, strict=True)))
-                if not cross:  # (rows, heads, src_len, head_dim) each
-                    shape = (len(input_ids), out[0].shape[1], input_ids.shape[1], out[0].shape[3])
-                    cross = [np.zeros(shape, o.dtype) for o in out]
-                for joined, part in zip(cross, out, strict=True):
-                    joined[rows, :, :width] = part
-                del out
+        cross: list[np.ndarray] = []
+        for rows, width, out in self._encoder_runs(input_ids, attention_mask, groups):
+            if len(groups) == 1:
+                cross = out
+                break
+            if not cross:  # (rows, heads, src_len, head_dim) each
+                shape = (len(input_ids), out[0].shape[1], input_ids.shape[1], out[0].shape[3])
+                cross = [np.zeros(shape, o.dtype) for o in out]
+            for joined, part in zip(cross, out, strict=True):
+                joined[rows, :, :width] = part
+            del out
         # Buffers have room for the first step only: beam search repeats the rows per beam after it, which then
         # copies one position per row; they grow at the second step (next_capacity).
         return Cache(
@@ -427,6 +434,29 @@ class OnnxmtGraphs(Graphs):
             self_len=np.zeros(len(input_ids), dtype=np.int64) if self.buffered else None,
             max_positions=max_positions,
         )
+
+    def _encoder_runs(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, groups: list[tuple[np.ndarray, int]]
+    ) -> Iterator[tuple[np.ndarray, int, list[np.ndarray]]]:
+        """The encoder run on each group of rows (`encoder_groups`): (the group's rows, its width, its outputs)."""
+        if len(groups) == 1:
+            feed = dict(zip(self.enc_in, (input_ids, attention_mask), strict=True))
+            yield np.arange(len(input_ids)), input_ids.shape[1], self.encoder.run(self.enc_out, feed)
+            return
+        for rows, width in groups:
+            feed_rows = (input_ids[rows, :width], attention_mask[rows, :width])  # fancy indexing: contiguous copies
+            yield rows, width, self.encoder.run(self.enc_out, dict(zip(self.enc_in, feed_rows, strict=True)))
+
+    def encode_each(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+        """As `Graphs.encode_each`, but views into each group's own outputs: the groups are not joined at the
+        batch's width (texts that join a running batch are written into its buffers one by one, so the joined
+        arrays would be one copy more)."""
+        lengths = attention_mask.sum(axis=1).tolist()
+        each: list[tuple[np.ndarray, ...]] = [()] * len(input_ids)
+        for rows, _, out in self._encoder_runs(input_ids, attention_mask, encoder_groups(attention_mask)):
+            for j, i in enumerate(rows.tolist()):
+                each[i] = tuple(a[j : j + 1, :, : lengths[i]] for a in out)
+        return each
 
     def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
         """Buffered graphs: one token per row; the new K/V are written into the cache's buffers at its length (or

@@ -16,7 +16,7 @@ copies give the same logits.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
@@ -292,46 +292,17 @@ def _merged(joining: list[_Joining]) -> list[_Joining]:
 
 
 def encode_texts(graphs: Graphs, pad: int, ids: Sequence[Sequence[int]]) -> list[Cache]:
-    """Texts' encoder caches from one encoder call over all of them (`Graphs.encode` groups them by length), each
-    text's its own (one row, cut to its length; views into the call's arrays). A text's is what encoding it alone
-    gives (exact in fp32 and per-row int8). Requests that wait for a place are encoded together this way before
-    they join: one by one, under load, the encoder would run once per text."""
+    """Texts' encoder caches from one encoder call over all of them (`Graphs.encode_each` groups them by length),
+    each text's its own (one row, cut to its length; views into the call's outputs). A text's is what encoding it
+    alone gives (exact in fp32 and per-row int8). Requests that wait for a place are encoded together this way
+    before they join: one by one, under load, the encoder would run once per text."""
     if not ids:
         return []
     input_ids, mask = pad_batch(ids, pad)
-    cache = graphs.encode(input_ids, mask)
-    assert cache.cross_kv is not None
     return [
-        replace(
-            cache,
-            mask=cache.mask[i : i + 1, : len(text)],
-            self_kv=(),
-            cross_kv=tuple(a[i : i + 1, :, : len(text)] for a in cache.cross_kv),
-            self_len=None,
-        )
-        for i, text in enumerate(ids)
+        Cache(mask=mask[i : i + 1, : len(text)], self_kv=(), cross_kv=cross, per_sentence=True)
+        for i, (text, cross) in enumerate(zip(ids, graphs.encode_each(input_ids, mask), strict=True))
     ]
-
-
-def _stacked(graphs: Graphs, caches: list[Cache], max_positions: int) -> Cache:
-    """One cohort's encoder cache from its texts' (`encode_texts`): the source arrays padded to the longest, empty
-    self-attention buffers with room for the first step (as `Graphs.encode` makes them)."""
-    width = max(c.mask.shape[1] for c in caches)
-    mask = np.zeros((len(caches), width), caches[0].mask.dtype)
-    cross = [np.zeros((len(caches), a.shape[1], width, a.shape[3]), a.dtype) for a in caches[0].cross_kv or ()]
-    for i, cache in enumerate(caches):
-        n = cache.mask.shape[1]
-        mask[i, :n] = cache.mask[0]
-        for stacked, part in zip(cross, cache.cross_kv or (), strict=True):
-            stacked[i, :, :n] = part[0]
-    return Cache(
-        mask=mask,
-        self_kv=graphs.empty_self_kv(len(caches), capacity=1),
-        cross_kv=tuple(cross),
-        per_sentence=True,
-        self_len=np.zeros(len(caches), dtype=np.int64),
-        max_positions=max_positions,
-    )
 
 
 class RunningBatch:
@@ -393,11 +364,10 @@ class RunningBatch:
         collapsed = self.beams > 1 and not self.cohorts and len(joining) == 1
         for join in joining:
             settings = join.settings
-            cache = _stacked(self.graphs, join.caches or [], max_positions=settings.max_length - 1)
             forced = forced_bos_rows(list(join.forced_bos) or [None] * len(join.ids), settings)
-            if self.beams > 1 and not collapsed:  # its first step on every beam: each row's forced token is its own
-                cache = cache.expand_beams(self.beams)
-                forced = None if forced is None else np.repeat(forced, self.beams)
+            beams = self.beams if self.beams > 1 and not collapsed else 1
+            if beams > 1:  # its first step on every beam: each row's forced token is its own
+                forced = None if forced is None else np.repeat(forced, beams)
             processors = build_processors(settings, None, forced)  # renormalised by `step`, for all rows at once
             if self.beams > 1:
                 self.cohorts.append(_BeamCohort(join.keys, settings, processors, join.cancelled, collapsed=collapsed))
@@ -409,9 +379,10 @@ class RunningBatch:
                     last.merge(cohort)  # its rows are the last ones: the slots append this cohort's after them
                 else:
                     self.cohorts.append(cohort)
+            caches = join.caches or []
             if self.slots is None:
-                self.slots = CacheSlots.like(cache)
-            self.slots.add(cache)
+                self.slots = CacheSlots.like(self.graphs.empty_self_kv(0, capacity=1), caches[0])
+            self.slots.add(caches, beams, max_positions=settings.max_length - 1)
         self._joining = []
 
     def step(self) -> Step:

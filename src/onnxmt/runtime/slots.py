@@ -15,6 +15,7 @@ sentence's width and every decoder position at or past a row's length.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,12 +39,13 @@ class CacheSlots:
     sentences: int = 0
 
     @classmethod
-    def like(cls, cache: Cache) -> CacheSlots:
-        """Empty buffers shaped for `cache`'s rows (an encoder's cache, as `add` takes it)."""
-        assert cache.cross_kv is not None and cache.self_len is not None
-        kv = [np.zeros((0, *a.shape[1:]), a.dtype) for a in cache.self_kv]
-        cross = [np.zeros((0, *a.shape[1:]), a.dtype) for a in cache.cross_kv]
-        mask = np.zeros((0, cache.mask.shape[1]), cache.mask.dtype)
+    def like(cls, self_kv: Sequence[np.ndarray], text: Cache) -> CacheSlots:
+        """Empty buffers shaped like `self_kv` (per layer key, value: (any rows, heads, positions, head_dim)) and
+        like `text`'s source (an encoded text, as `add` takes it)."""
+        assert text.cross_kv is not None
+        kv = [np.zeros((0, *a.shape[1:]), a.dtype) for a in self_kv]
+        cross = [np.zeros((0, *a.shape[1:]), a.dtype) for a in text.cross_kv]
+        mask = np.zeros((0, text.mask.shape[1]), text.mask.dtype)
         return cls(kv, cross, mask, np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     @property
@@ -55,30 +57,29 @@ class CacheSlots:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (*self.kv, *self.cross, self.mask))
 
-    def add(self, cache: Cache) -> None:
-        """Append an encoded cohort's cache: `cache` has one row per hypothesis, one per sentence for the source
-        (`per_sentence`), its own width, and the rows' lengths (0: nothing decoded yet)."""
-        assert cache.cross_kv is not None and cache.self_len is not None and cache.per_sentence
-        rows, sentences = len(cache.self_len), cache.sentences
-        width, positions = cache.mask.shape[1], cache.self_kv[0].shape[2]
+    def add(self, texts: Sequence[Cache], beams: int = 1, max_positions: int | None = None) -> None:
+        """Append encoded texts (`running.encode_texts`: one row each, cut to its own width), each a sentence with
+        `beams` decoder rows that have decoded nothing yet and will step at most `max_positions` positions. Each
+        text's source is written straight into the buffers; what lies past its width, and in its rows' positions,
+        is masked (stale values are never read)."""
+        rows, sentences = len(texts) * beams, len(texts)
         cap_rows, cap_sentences, cap_width, cap_positions = self.capacity
         self._reshape(
             rows=_more(cap_rows, self.rows + rows),
             sentences=_more(cap_sentences, self.sentences + sentences),
-            width=max(cap_width, width),
-            positions=max(cap_positions, positions),
+            width=max(cap_width, *(text.mask.shape[1] for text in texts)),
+            positions=max(cap_positions, 1),
         )
-        r, s = slice(self.rows, self.rows + rows), slice(self.sentences, self.sentences + sentences)
-        for buffer, part in zip(self.kv, cache.self_kv, strict=True):
-            buffer[r] = 0
-            buffer[r, :, :positions] = part
-        for buffer, part in zip(self.cross, cache.cross_kv, strict=True):
-            buffer[s] = 0
-            buffer[s, :, :width] = part
-        self.mask[s] = 0
-        self.mask[s, :width] = cache.mask
-        self.lengths[r] = cache.self_len
-        self.limits[r] = cache.max_positions if cache.max_positions is not None else np.iinfo(np.int64).max
+        for s, text in enumerate(texts, start=self.sentences):
+            assert text.cross_kv is not None
+            width = text.mask.shape[1]
+            for buffer, part in zip(self.cross, text.cross_kv, strict=True):
+                buffer[s, :, :width] = part[0]
+            self.mask[s, :width] = text.mask[0]
+            self.mask[s, width:] = 0
+        r = slice(self.rows, self.rows + rows)
+        self.lengths[r] = 0
+        self.limits[r] = max_positions if max_positions is not None else np.iinfo(np.int64).max
         self.rows += rows
         self.sentences += sentences
 
