@@ -4,6 +4,7 @@ answered while long ones run, every answer is the library's, and old decoders ke
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -100,3 +101,56 @@ def test_requests_waiting_for_a_place_are_encoded_together(tiny_onnx_dir: Path, 
     assert [r.json()["translatedText"] for r in answers] == expected
     assert metric_sample(metrics, "onnxmt_encoder_texts_sum", model="model") == len(texts)
     assert metric_sample(metrics, "onnxmt_encoder_texts_count", model="model") < len(texts) / 2
+
+
+def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_steps(tiny_onnx_dir: Path) -> None:
+    """Two places, four one-text requests: the two waiting are encoded in one call on the encoder thread while the
+    first two are decoded (they wait encoded, and join with their caches ready); every text is encoded once, and
+    every answer is the library's for its text alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from onnxmt.serve import inflight
+    from onnxmt.serve.inflight import InflightBatcher
+
+    translator = Translator(tiny_onnx_dir)
+    texts = TEXTS[30:34]
+    calls: list[tuple[str, int, int]] = []  # (thread, texts encoded, texts running meanwhile)
+    real = inflight.encode_texts
+
+    async def run() -> tuple[list[str], list[bool]]:
+        batcher: InflightBatcher
+
+        def encode(graphs: object, pad: int, ids: list[list[int]]) -> object:
+            calls.append((threading.current_thread().name, len(ids), batcher._running_texts))
+            return real(graphs, pad, ids)  # type: ignore[arg-type]
+
+        inflight.encode_texts = encode  # type: ignore[assignment]
+        executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
+        batcher = InflightBatcher(translator, executor, max_batch_size=2, max_queue=16)
+        batcher.start()
+        try:
+            first = [asyncio.ensure_future(batcher.translate(translator.prepare([t], max_new_tokens=40), None))
+                     for t in texts[:2]]  # fmt: skip
+            while batcher._running_texts < 2:
+                await asyncio.sleep(0.001)
+            waiting = [batcher.translate(translator.prepare([t], max_new_tokens=40), None) for t in texts[2:]]
+            later = [asyncio.ensure_future(w) for w in waiting]
+            while len(batcher._pending) < 2:
+                await asyncio.sleep(0.001)
+            deadline = time.monotonic() + 30
+            while not all(job.encoded for job in batcher._pending) and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            encoded_while_waiting = [job.encoded is not None for job in batcher._pending]
+            done = await asyncio.gather(*first, *later)
+            return [d[0].text for d in done], encoded_while_waiting
+        finally:
+            inflight.encode_texts = real
+            await batcher.stop()
+            executor.shutdown()
+
+    answers, encoded_while_waiting = asyncio.run(run())
+    assert answers == [translator.translate([t], max_new_tokens=40)[0].text for t in texts]
+    assert encoded_while_waiting == [True, True]  # both still waiting for a place, both encoded
+    assert {thread for thread, _, _ in calls} == {"onnxmt-encoder_0"}
+    assert sum(n for _, n, _ in calls) == len(texts)  # each text encoded once
+    assert ("onnxmt-encoder_0", 2, 2) in calls  # the two waiting in one call, while the first two ran

@@ -379,10 +379,10 @@ class RunningBatch:
                     last.merge(cohort)  # its rows are the last ones: the slots append this cohort's after them
                 else:
                     self.cohorts.append(cohort)
-            caches = join.caches or []
+            texts = join.caches or []
             if self.slots is None:
-                self.slots = CacheSlots.like(self.graphs.empty_self_kv(0, capacity=1), caches[0])
-            self.slots.add(caches, beams, max_positions=settings.max_length - 1)
+                self.slots = CacheSlots.like(self.graphs.empty_self_kv(0, capacity=1), texts[0])
+            self.slots.add(texts, beams, max_positions=settings.max_length - 1)
         self._joining = []
 
     def step(self) -> Step:

@@ -20,7 +20,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,8 +55,10 @@ class _Job:
     # Told (text index, token id) of each token a text generates, where the batcher knows them as they come (in
     # flight, greedy); on the event loop.
     on_token: Callable[[int, int], None] | None = field(default=None, repr=False)
-    # In flight: its texts' encoder caches (those with ids), once encoded while it waited for a place.
+    # In flight: its texts' encoder caches (those with ids), once encoded while it waited for a place, and the
+    # encoder thread's work that encodes them, once started.
     encoded: list[Cache] | None = field(default=None, repr=False)
+    encoding: Future[int] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -104,6 +106,9 @@ class MicroBatcher:
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="onnxmt-batcher")
 
+    def _queued(self) -> None:
+        """Called on the event loop after a request joins the queue."""
+
     async def stop(self) -> None:
         """Stop the batch loop. Requests still queued get an error and the running batch is cancelled at its next
         step; the server has drained in-flight requests first."""
@@ -142,6 +147,7 @@ class MicroBatcher:
         self._pending.append(job)
         self._on_queue(len(self._pending))
         self._wakeup.set()
+        self._queued()
         gone = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         try:
             waited: list[asyncio.Future[Any]] = [job.future, *([gone] if gone else [])]

@@ -106,8 +106,8 @@ class Metrics:
             self.step_duration.labels(model).observe(seconds)
         for wait in stats.join_waits:
             self.join_wait.labels(model).observe(wait)
-        if stats.encoded_texts:
-            self.encoder_texts.labels(model).observe(stats.encoded_texts)
+        for texts in stats.encoder_calls:
+            self.encoder_texts.labels(model).observe(texts)
         if stats.admitted_requests:
             self.batch_requests.labels(model).observe(stats.admitted_requests)
             self.batch_size.labels(model).observe(stats.admitted_texts)
