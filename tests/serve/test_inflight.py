@@ -131,17 +131,17 @@ def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_step
         try:
             first = [asyncio.ensure_future(batcher.translate(translator.prepare([t], max_new_tokens=40), None))
                      for t in texts[:2]]  # fmt: skip
-            while batcher._running_texts < 2:
+            deadline = time.monotonic() + 30
+            while batcher._running_texts < 2 and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
             waiting = [batcher.translate(translator.prepare([t], max_new_tokens=40), None) for t in texts[2:]]
             later = [asyncio.ensure_future(w) for w in waiting]
-            while len(batcher._pending) < 2:
+            while len(batcher._pending) < 2 and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
-            deadline = time.monotonic() + 30
             while not all(job.encoded for job in batcher._pending) and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
             encoded_while_waiting = [job.encoded is not None for job in batcher._pending]
-            done = await asyncio.gather(*first, *later)
+            done = await asyncio.wait_for(asyncio.gather(*first, *later), 60)
             return [d[0].text for d in done], encoded_while_waiting
         finally:
             inflight.encode_texts = real
@@ -154,3 +154,51 @@ def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_step
     assert {thread for thread, _, _ in calls} == {"onnxmt-encoder_0"}
     assert sum(n for _, n, _ in calls) == len(texts)  # each text encoded once
     assert ("onnxmt-encoder_0", 2, 2) in calls  # the two waiting in one call, while the first two ran
+
+
+@pytest.mark.parametrize("failing", [1, 2], ids=["admitted", "waiting"])
+def test_a_failed_encoder_call_fails_no_request(failing: int, tiny_onnx_dir: Path) -> None:
+    """Two places, four requests; one encoder call fails: that of the first two, admitted while it runs (they are
+    encoded again as they join), or that of the two waiting (logged; they are encoded again before they join). All
+    four answers are the library's: no request gets the error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from onnxmt.serve import inflight
+    from onnxmt.serve.inflight import InflightBatcher
+
+    translator = Translator(tiny_onnx_dir)
+    texts = TEXTS[40:44]
+    calls: list[int] = []
+    real = inflight.encode_texts
+
+    def encode(graphs: object, pad: int, ids: list[list[int]]) -> object:
+        calls.append(len(ids))
+        if len(calls) == failing:
+            raise RuntimeError("encoder out of memory")
+        return real(graphs, pad, ids)  # type: ignore[arg-type]
+
+    async def run() -> list[str]:
+        executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
+        batcher = InflightBatcher(translator, executor, max_batch_size=2, max_queue=16)
+        batcher.start()
+        try:
+            first = [asyncio.ensure_future(batcher.translate(translator.prepare([t], max_new_tokens=40), None))
+                     for t in texts[:2]]  # fmt: skip
+            deadline = time.monotonic() + 30
+            while batcher._running_texts < 2 and not any(f.done() for f in first) and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            later = [asyncio.ensure_future(batcher.translate(translator.prepare([t], max_new_tokens=40), None))
+                     for t in texts[2:]]  # fmt: skip
+            done = await asyncio.wait_for(asyncio.gather(*first, *later), 60)
+            return [d[0].text for d in done]
+        finally:
+            await batcher.stop()
+            executor.shutdown()
+
+    inflight.encode_texts = encode  # type: ignore[assignment]
+    try:
+        answers = asyncio.run(run())
+    finally:
+        inflight.encode_texts = real
+    assert calls[failing - 1] == 2  # the call that failed held two texts
+    assert answers == [translator.translate([t], max_new_tokens=40)[0].text for t in texts]

@@ -147,9 +147,9 @@ class MicroBatcher:
         self._pending.append(job)
         self._on_queue(len(self._pending))
         self._wakeup.set()
-        self._queued()
         gone = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         try:
+            self._queued()
             waited: list[asyncio.Future[Any]] = [job.future, *([gone] if gone else [])]
             done, _ = await asyncio.wait(waited, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if job.future in done:

@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import numpy as np
 
 from ..runtime.cancel import CancelToken
 from ..runtime.decoding import Hypothesis
+from ..runtime.graphs import Cache
 from ..runtime.running import RunningBatch, encode_texts
 from ..runtime.translator import Translation, Translator
 from .batcher import MicroBatcher, _Job
@@ -106,6 +108,9 @@ class InflightBatcher(MicroBatcher):
             running.job.token.cancel()
         self._stopping = True
         self._encoder.shutdown(wait=False, cancel_futures=True)
+        if self._encoding is not None:  # a call in progress: the model is not let go before it ends
+            with contextlib.suppress(BaseException):
+                await asyncio.wrap_future(self._encoding)
         await super().stop()
 
     def _queued(self) -> None:
@@ -121,6 +126,9 @@ class InflightBatcher(MicroBatcher):
         (one by one, under load, it would run once per text), and beside the decoder's steps the encoder's work
         partly fills what the decoder leaves of the cores: on 2 cores, 16 texts decoded (greedy opus-mt int8, 32
         tokens) while 16 others were encoded took 406 ms, the two one after the other 424 (medians of 11)."""
+        for job in admitted:
+            if job.encoded is None and not any(p.ids for p in job.texts):
+                job.encoded = []  # nothing to encode
         jobs = [job for job in admitted if job.encoded is None and job.encoding is None]
         if self._stopping or (not jobs and self._encoding is not None and not self._encoding.done()):
             return
@@ -149,14 +157,24 @@ class InflightBatcher(MicroBatcher):
 
         def encoded(_: Future[int]) -> None:  # on the encoder thread
             with contextlib.suppress(RuntimeError):  # the loop closed: the service has stopped
-                loop.call_soon_threadsafe(self._encoded, work)
+                loop.call_soon_threadsafe(self._encoded, work, jobs)
 
         work.add_done_callback(encoded)
 
-    def _encoded(self, work: Future[int]) -> None:
-        """On the event loop, once an encoder call is done: counted, and the next waiting requests sent."""
-        if not work.cancelled() and work.exception() is None:
+    def _encoded(self, work: Future[int], jobs: list[_Job]) -> None:
+        """On the event loop, once an encoder call is done: counted, and the next waiting requests sent. A failed
+        call is logged, and its requests still waiting are encoded again later (those admitted meanwhile are
+        encoded as they join: `_steps`)."""
+        if work.cancelled():
+            return
+        error = work.exception()
+        if error is None:
             self._encoder_calls.append(work.result())
+        else:
+            log.warning("an encoder call failed (%s); its %d requests are encoded again as they join", error, len(jobs))
+            for job in jobs:
+                if job.encoded is None:
+                    job.encoding = None
         self._encode([])
 
     async def _loop(self) -> None:
@@ -166,11 +184,11 @@ class InflightBatcher(MicroBatcher):
                 self._wakeup.clear()
                 await self._wakeup.wait()
             admitted = self._admit(loop.time())
-            self._encode([r.job for r in admitted])
             self._on_queue(len(self._pending))
             self._running = [r.job for r in self._admitted.values()]
             started = loop.time()
             try:
+                self._encode([r.job for r in admitted])
                 done = await loop.run_in_executor(self._executor, self._steps, admitted)
             except Exception as e:  # a failed step fails the requests running; the next ones start afresh
                 self._fail_running(e)
@@ -212,8 +230,8 @@ class InflightBatcher(MicroBatcher):
         or a token is awaited by a stream (at most MAX_STEPS_PER_ROUND). Texts with nothing to translate are done
         at once."""
         done = _Round()
-        for work in {id(r.job.encoding): r.job.encoding for r in admitted if r.job.encoding is not None}.values():
-            work.result()  # raises what the encoder raised: the requests running get the error
+        works = {id(work): work for work in (r.job.encoding for r in admitted) if work is not None}
+        wait(works.values())  # if a call failed, its requests are encoded as they join (`RunningBatch.admit`)
         for entry in admitted:
             job = entry.job
             todo = [i for i, p in enumerate(job.texts) if p.ids]
@@ -257,7 +275,9 @@ class InflightBatcher(MicroBatcher):
         pad = self.translator.manifest.tokens["pad"]
         caches = iter(encode_texts(self.translator.graphs, pad, [ids for texts in todo for ids in texts]))
         for job, ids in zip(jobs, todo, strict=True):
-            job.encoded = [next(caches) for _ in ids]
+            # Copies: `encode_texts` gives views into the call's outputs, which would keep the whole call's arrays
+            # alive while any of its requests waits, past the bound on texts encoded ahead.
+            job.encoded = [_copied(cache) for cache in itertools.islice(caches, len(ids))]
         return sum(len(ids) for ids in todo)
 
     def _fits_waiting(self) -> bool:
@@ -322,6 +342,10 @@ class InflightBatcher(MicroBatcher):
                 entry.job.future.set_exception(error)
         self._batches.clear()
         self._running_texts = self._running_cost = 0
+
+
+def _copied(cache: Cache) -> Cache:
+    return replace(cache, mask=cache.mask.copy(), cross_kv=tuple(a.copy() for a in cache.cross_kv or ()))
 
 
 def _polled(token: CancelToken, texts: int) -> Callable[[], np.ndarray]:
