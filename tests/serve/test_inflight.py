@@ -4,16 +4,22 @@ answered while long ones run, every answer is the library's, and old decoders ke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from onnxmt import Translator
+from onnxmt.serve import inflight
 from onnxmt.serve.app import create_app
+from onnxmt.serve.inflight import InflightBatcher
 from onnxmt.serve.options import ServeOptions
 from onnxmt.testing import generate_corpus
 from tests.helpers.server import metric_sample, start_server
@@ -103,39 +109,48 @@ def test_requests_waiting_for_a_place_are_encoded_together(tiny_onnx_dir: Path, 
     assert metric_sample(metrics, "onnxmt_encoder_texts_count", model="model") < len(texts) / 2
 
 
-def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_steps(tiny_onnx_dir: Path) -> None:
+@contextlib.asynccontextmanager
+async def _two_places(translator: Translator) -> AsyncIterator[InflightBatcher]:
+    """An in-flight batcher of `translator` with room for two texts, on an inference thread of its own."""
+    executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
+    batcher = InflightBatcher(translator, executor, max_batch_size=2, max_queue=16)
+    batcher.start()
+    try:
+        yield batcher
+    finally:
+        await batcher.stop()
+        executor.shutdown()
+
+
+def _send(batcher: InflightBatcher, translator: Translator, texts: list[str]) -> list[asyncio.Future[Any]]:
+    """One request per text, 40 new tokens each, queued in order."""
+    return [asyncio.ensure_future(batcher.translate(translator.prepare([t], max_new_tokens=40), None)) for t in texts]
+
+
+def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_steps(
+    tiny_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two places, four one-text requests: the two waiting are encoded in one call on the encoder thread while the
     first two are decoded (they wait encoded, and join with their caches ready); every text is encoded once, and
     every answer is the library's for its text alone."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from onnxmt.serve import inflight
-    from onnxmt.serve.inflight import InflightBatcher
-
     translator = Translator(tiny_onnx_dir)
     texts = TEXTS[30:34]
     calls: list[tuple[str, int, int]] = []  # (thread, texts encoded, texts running meanwhile)
     real = inflight.encode_texts
 
     async def run() -> tuple[list[str], list[bool]]:
-        batcher: InflightBatcher
+        async with _two_places(translator) as batcher:
 
-        def encode(graphs: object, pad: int, ids: list[list[int]]) -> object:
-            calls.append((threading.current_thread().name, len(ids), batcher._running_texts))
-            return real(graphs, pad, ids)  # type: ignore[arg-type]
+            def encode(graphs: Any, pad: int, ids: list[list[int]]) -> Any:
+                calls.append((threading.current_thread().name, len(ids), batcher._running_texts))
+                return real(graphs, pad, ids)
 
-        inflight.encode_texts = encode  # type: ignore[assignment]
-        executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
-        batcher = InflightBatcher(translator, executor, max_batch_size=2, max_queue=16)
-        batcher.start()
-        try:
-            first = [asyncio.ensure_future(batcher.translate(translator.prepare([t], max_new_tokens=40), None))
-                     for t in texts[:2]]  # fmt: skip
+            monkeypatch.setattr(inflight, "encode_texts", encode)
+            first = _send(batcher, translator, texts[:2])
             deadline = time.monotonic() + 30
             while batcher._running_texts < 2 and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
-            waiting = [batcher.translate(translator.prepare([t], max_new_tokens=40), None) for t in texts[2:]]
-            later = [asyncio.ensure_future(w) for w in waiting]
+            later = _send(batcher, translator, texts[2:])
             while len(batcher._pending) < 2 and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
             while not all(job.encoded for job in batcher._pending) and time.monotonic() < deadline:
@@ -143,10 +158,6 @@ def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_step
             encoded_while_waiting = [job.encoded is not None for job in batcher._pending]
             done = await asyncio.wait_for(asyncio.gather(*first, *later), 60)
             return [d[0].text for d in done], encoded_while_waiting
-        finally:
-            inflight.encode_texts = real
-            await batcher.stop()
-            executor.shutdown()
 
     answers, encoded_while_waiting = asyncio.run(run())
     assert answers == [translator.translate([t], max_new_tokens=40)[0].text for t in texts]
@@ -157,48 +168,35 @@ def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_step
 
 
 @pytest.mark.parametrize("failing", [1, 2], ids=["admitted", "waiting"])
-def test_a_failed_encoder_call_fails_no_request(failing: int, tiny_onnx_dir: Path) -> None:
+def test_a_failed_encoder_call_fails_no_request(
+    failing: int, tiny_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two places, four requests; one encoder call fails: that of the first two, admitted while it runs (they are
     encoded again as they join), or that of the two waiting (logged; they are encoded again before they join). All
     four answers are the library's: no request gets the error."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from onnxmt.serve import inflight
-    from onnxmt.serve.inflight import InflightBatcher
-
     translator = Translator(tiny_onnx_dir)
     texts = TEXTS[40:44]
     calls: list[int] = []
     real = inflight.encode_texts
 
-    def encode(graphs: object, pad: int, ids: list[list[int]]) -> object:
+    def encode(graphs: Any, pad: int, ids: list[list[int]]) -> Any:
         calls.append(len(ids))
         if len(calls) == failing:
             raise RuntimeError("encoder out of memory")
-        return real(graphs, pad, ids)  # type: ignore[arg-type]
+        return real(graphs, pad, ids)
+
+    monkeypatch.setattr(inflight, "encode_texts", encode)
 
     async def run() -> list[str]:
-        executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
-        batcher = InflightBatcher(translator, executor, max_batch_size=2, max_queue=16)
-        batcher.start()
-        try:
-            first = [asyncio.ensure_future(batcher.translate(translator.prepare([t], max_new_tokens=40), None))
-                     for t in texts[:2]]  # fmt: skip
+        async with _two_places(translator) as batcher:
+            first = _send(batcher, translator, texts[:2])
             deadline = time.monotonic() + 30
             while batcher._running_texts < 2 and not any(f.done() for f in first) and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
-            later = [asyncio.ensure_future(batcher.translate(translator.prepare([t], max_new_tokens=40), None))
-                     for t in texts[2:]]  # fmt: skip
+            later = _send(batcher, translator, texts[2:])
             done = await asyncio.wait_for(asyncio.gather(*first, *later), 60)
             return [d[0].text for d in done]
-        finally:
-            await batcher.stop()
-            executor.shutdown()
 
-    inflight.encode_texts = encode  # type: ignore[assignment]
-    try:
-        answers = asyncio.run(run())
-    finally:
-        inflight.encode_texts = real
+    answers = asyncio.run(run())
     assert calls[failing - 1] == 2  # the call that failed held two texts
     assert answers == [translator.translate([t], max_new_tokens=40)[0].text for t in texts]

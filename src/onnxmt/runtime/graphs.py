@@ -316,11 +316,8 @@ class Graphs:
 
     def encode_each(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[tuple[np.ndarray, ...]]:
         """Each row's cross-attention K/V, cut to its length (right-padded masks): per layer key, value
-        (1, heads, length, head_dim), views into the encoder's outputs. What `encode` gives that row."""
-        cache = self.encode(input_ids, attention_mask)
-        assert cache.cross_kv is not None
-        lengths = attention_mask.sum(axis=1).tolist()
-        return [tuple(a[i : i + 1, :, :n] for a in cache.cross_kv) for i, n in enumerate(lengths)]
+        (1, heads, length, head_dim). What `encode` gives that row; for the running batch (onnxmt's graphs)."""
+        raise NotImplementedError
 
 
 # What one more encoder call costs, in padded source tokens: a call's fixed work and the smaller matrices' lower
@@ -448,7 +445,7 @@ class OnnxmtGraphs(Graphs):
             yield rows, width, self.encoder.run(self.enc_out, dict(zip(self.enc_in, feed_rows, strict=True)))
 
     def encode_each(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[tuple[np.ndarray, ...]]:
-        """As `Graphs.encode_each`, but views into each group's own outputs: the groups are not joined at the
+        """As `Graphs.encode_each`: views into each group's own outputs, the groups not joined at the
         batch's width (texts that join a running batch are written into its buffers one by one, so the joined
         arrays would be one copy more)."""
         lengths = attention_mask.sum(axis=1).tolist()
