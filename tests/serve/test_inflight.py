@@ -167,6 +167,47 @@ def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_step
     assert ("onnxmt-encoder_0", 2, 2) in calls  # the two waiting in one call, while the first two ran
 
 
+def test_a_request_that_fits_the_running_batch_is_encoded_as_it_arrives(
+    tiny_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two places, one running: a second request fits, so the encoder thread encodes it as it arrives, while the
+    first one's step runs, not after it is admitted (its join would hold up that step); it joins encoded. Each
+    text is encoded once and both answers are the library's."""
+    translator = Translator(tiny_onnx_dir)
+    texts = TEXTS[50:52]
+    encoding_at_admission: list[bool] = []  # per admitted request: was its encoder call started before?
+    calls: list[int] = []
+    real_encode, real_admit = inflight.encode_texts, InflightBatcher._admit
+
+    def encode(graphs: Any, pad: int, ids: list[list[int]]) -> Any:
+        calls.append(len(ids))
+        return real_encode(graphs, pad, ids)
+
+    def admit(self: InflightBatcher, now: float) -> Any:
+        encoding = [job.encoding is not None for job in self._pending]
+        admitted = real_admit(self, now)
+        encoding_at_admission.extend(encoding[: len(admitted)])
+        return admitted
+
+    monkeypatch.setattr(inflight, "encode_texts", encode)
+    monkeypatch.setattr(InflightBatcher, "_admit", admit)
+
+    async def run() -> list[str]:
+        async with _two_places(translator) as batcher:
+            first = _send(batcher, translator, texts[:1])
+            deadline = time.monotonic() + 30
+            while batcher._running_texts < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            second = _send(batcher, translator, texts[1:])
+            done = await asyncio.wait_for(asyncio.gather(*first, *second), 60)
+            return [d[0].text for d in done]
+
+    answers = asyncio.run(run())
+    assert answers == [translator.translate([t], max_new_tokens=40)[0].text for t in texts]
+    assert encoding_at_admission == [False, True]  # the first joined an idle batch; the second came encoded
+    assert sum(calls) == len(texts)  # each text encoded once
+
+
 @pytest.mark.parametrize("failing", [1, 2], ids=["admitted", "waiting"])
 def test_a_failed_encoder_call_fails_no_request(
     failing: int, tiny_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch

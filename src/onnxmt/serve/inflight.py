@@ -118,14 +118,17 @@ class InflightBatcher(MicroBatcher):
 
     def _encode(self, admitted: list[_Job]) -> None:
         """On the event loop: requests' texts encoded on the encoder thread, while the running batch steps. The
-        `admitted` requests not encoded yet are sent at once, with the oldest waiting requests not encoded yet;
-        waiting requests are also sent on their own, when the encoder thread is idle and they fill a call (the
-        room left, if that is at least half of `max_batch_size` texts). Up to `max_batch_size` texts of waiting
-        requests are encoded (or being encoded) ahead of their admission, which bounds the memory their caches
-        hold; they join later with their caches ready. One call for many requests keeps the encoder's batching
-        (one by one, under load, it would run once per text), and beside the decoder's steps the encoder's work
-        partly fills what the decoder leaves of the cores: on 2 cores, 16 texts decoded (greedy opus-mt int8, 32
-        tokens) while 16 others were encoded took 406 ms, the two one after the other 424 (medians of 11)."""
+        `admitted` requests not encoded yet are sent at once, with the oldest waiting requests not encoded yet.
+        Waiting requests are also sent on their own, when the encoder thread is idle and either the oldest of them
+        fits the running batch now (it joins at the next step, encoded meanwhile: its join does not hold up the
+        step of every running row) or they fill a call (the room left, if that is at least half of
+        `max_batch_size` texts: while the batch is full, waiting requests are pooled, as small calls cost the
+        encoder). Up to `max_batch_size` texts of waiting requests are encoded (or being encoded) ahead of their
+        admission, which bounds the memory their caches hold; they join later with their caches ready. One call
+        for many requests keeps the encoder's batching (one by one, under load, it would run once per text), and
+        beside the decoder's steps the encoder's work partly fills what the decoder leaves of the cores: on 2
+        cores, 16 texts decoded (greedy opus-mt int8, 32 tokens) while 16 others were encoded took 406 ms, the two
+        one after the other 424 (medians of 11)."""
         for job in admitted:
             if job.encoded is None and not any(p.ids for p in job.texts):
                 job.encoded = []  # nothing to encode
@@ -134,21 +137,25 @@ class InflightBatcher(MicroBatcher):
             return
         admitting = bool(jobs)
         ready, texts, full = 0, sum(len(job.texts) for job in jobs), False
+        ahead_texts, ahead_cost, fits = self._running_texts, self._running_cost, False  # counting the queue's order
         for job in self._pending:
             if job.future.done() or job.token.cancelled:
                 job.encoded = None  # gone: its caches are not needed, though it stays queued until it is dropped
                 continue
+            ahead_texts, ahead_cost = ahead_texts + len(job.texts), ahead_cost + job.cost
             if job.encoded is not None or job.encoding is not None:
                 ready += len(job.texts)
                 continue
             if ready + texts + len(job.texts) > self.max_batch_size:
                 full = True
                 break
+            if not jobs and self._running_texts:  # (into an idle batch, the loop admits and encodes at once)
+                fits = self._fits(ahead_texts - len(job.texts), ahead_cost - job.cost, job)
             jobs.append(job)
             texts += len(job.texts)
         filled = (full or ready + texts == self.max_batch_size) and 2 * texts >= self.max_batch_size
-        if not jobs or not (admitting or filled):
-            return  # waiting requests alone are encoded once they fill a call: small calls cost the encoder
+        if not jobs or not (admitting or fits or filled):
+            return  # waiting requests alone are pooled until they fill a call: small calls cost the encoder
         loop = asyncio.get_running_loop()
         work = self._encoder.submit(self._encode_texts, jobs)
         for job in jobs:
@@ -279,6 +286,13 @@ class InflightBatcher(MicroBatcher):
             # alive while any of its requests waits, past the bound on texts encoded ahead.
             job.encoded = [_copied(cache) for cache in itertools.islice(caches, len(ids))]
         return sum(len(ids) for ids in todo)
+
+    def _fits(self, texts: int, cost: int, job: _Job) -> bool:
+        """Whether `job` would be admitted with `texts` texts and `cost` running (or admitted before it)."""
+        if texts + len(job.texts) > self.max_batch_size:
+            return False
+        budget = self.max_batch_cost
+        return budget is None or cost + job.cost <= budget
 
     def _fits_waiting(self) -> bool:
         """Whether the oldest waiting request would be admitted now (read on the inference thread: the event loop
