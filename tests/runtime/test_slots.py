@@ -102,3 +102,27 @@ def test_the_longest_row_grows_the_positions_by_a_chunk_up_to_its_limit() -> Non
         grown.append(slots.view().self_kv[0].shape[2])
     # A chunk (16) more each time, and straight to the limit when less than a chunk would be left after.
     assert grown == [17, 33, 60]
+
+
+def test_a_wider_source_reallocates_the_cross_attention_buffers_only() -> None:
+    """A joining text wider than the buffers' source copies the cross-attention K/V and the mask, not the
+    self-attention cache (the largest buffers: rows x positions); a row that fills its positions copies the
+    self-attention cache, not the cross-attention K/V. The live rows stay what they were either way."""
+    rng = np.random.default_rng(2)
+    empty = tuple(np.zeros((0, HEADS, 1, DIM), np.float32) for _ in range(2 * LAYERS))
+    narrow, wide = sorted(_texts(rng, 2), key=lambda t: t.mask.shape[1])
+    assert narrow.mask.shape[1] < wide.mask.shape[1]
+    slots = CacheSlots.like(empty, narrow)
+    slots.add([narrow, narrow], max_positions=100)  # room for 8 rows and sentences
+    rows: list[list] = [[0, *(np.zeros((HEADS, 0, DIM), np.float32) for _ in empty)] for _ in range(2)]
+    _step(slots, rng, rows)
+    kv, cross = slots.kv, slots.cross
+    slots.add([wide], max_positions=100)
+    assert slots.kv is kv and slots.cross is not cross  # wider: the cross-attention buffers only
+    rows.append([0, *(np.zeros((HEADS, 0, DIM), np.float32) for _ in empty)])
+    kv, cross = slots.kv, slots.cross
+    for _ in range(20):  # past the first chunk of positions (16)
+        _step(slots, rng, rows)
+    assert slots.kv is not kv and slots.cross is cross  # longer: the self-attention cache only
+    sentences = [(t.mask[0], *(a[0] for a in t.cross_kv or ())) for t in (narrow, narrow, wide)]
+    _same_live(slots, rows, sentences)

@@ -148,28 +148,31 @@ class CacheSlots:
         shrink: bool = False,
     ) -> None:
         """Reallocate to these capacities (None: as now), keeping the live rows' contents; capacities only grow
-        unless `shrink`."""
+        unless `shrink`. Only the buffers a changed capacity shapes are reallocated: a wider source copies the
+        cross-attention K/V, not the self-attention cache (the largest), and more rows or positions the reverse."""
         now = self.capacity
         new = [now[i] if v is None else v for i, v in enumerate((rows, sentences, width, positions))]
         if not shrink:
             new = [max(a, b) for a, b in zip(new, now, strict=True)]
-        if tuple(new) == now:
-            return
         cap_rows, cap_sentences, cap_width, cap_positions = new
-        keep_positions = min(cap_positions, now[3])
-        keep_width = min(cap_width, now[2])
-        self.kv = [
-            _copied(a, (cap_rows, a.shape[1], cap_positions, a.shape[3]), self.rows, keep_positions) for a in self.kv
-        ]
-        self.cross = [
-            _copied(a, (cap_sentences, a.shape[1], cap_width, a.shape[3]), self.sentences, keep_width, axis=2)
-            for a in self.cross
-        ]
-        mask = np.zeros((cap_sentences, cap_width), self.mask.dtype)
-        mask[: self.sentences, :keep_width] = self.mask[: self.sentences, :keep_width]
-        self.mask = mask
-        self.lengths = _resized(self.lengths, cap_rows, self.rows)
-        self.limits = _resized(self.limits, cap_rows, self.rows)
+        if (cap_rows, cap_positions) != (now[0], now[3]):
+            keep_positions = min(cap_positions, now[3])
+            self.kv = [
+                _copied(a, (cap_rows, a.shape[1], cap_positions, a.shape[3]), self.rows, keep_positions)
+                for a in self.kv
+            ]
+        if cap_rows != now[0]:
+            self.lengths = _resized(self.lengths, cap_rows, self.rows)
+            self.limits = _resized(self.limits, cap_rows, self.rows)
+        if (cap_sentences, cap_width) != (now[1], now[2]):
+            keep_width = min(cap_width, now[2])
+            self.cross = [
+                _copied(a, (cap_sentences, a.shape[1], cap_width, a.shape[3]), self.sentences, keep_width)
+                for a in self.cross
+            ]
+            mask = np.zeros((cap_sentences, cap_width), self.mask.dtype)
+            mask[: self.sentences, :keep_width] = self.mask[: self.sentences, :keep_width]
+            self.mask = mask
 
 
 def _more(capacity: int, needed: int) -> int:
@@ -178,10 +181,10 @@ def _more(capacity: int, needed: int) -> int:
     return capacity if needed <= capacity else max(needed, capacity + capacity // 2, 8)
 
 
-def _copied(a: np.ndarray, shape: tuple[int, ...], live: int, keep: int, axis: int = 2) -> np.ndarray:
-    """A zeroed array of `shape` holding `a`'s first `live` rows and first `keep` places along `axis`."""
+def _copied(a: np.ndarray, shape: tuple[int, ...], live: int, keep: int) -> np.ndarray:
+    """A zeroed array of `shape` holding `a`'s first `live` rows and first `keep` places along axis 2."""
     out = np.zeros(shape, a.dtype)
-    index = (slice(0, live), slice(None), slice(0, keep)) if axis == 2 else (slice(0, live), slice(0, keep))
+    index = (slice(0, live), slice(None), slice(0, keep))
     out[index] = a[index]
     return out
 
