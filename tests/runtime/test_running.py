@@ -158,6 +158,38 @@ def test_greedy_texts_of_one_setting_joining_one_by_one_run_as_one_cohort(tiny_n
     assert max(results["cohorts"]) == 1 and max(results["rows"]) >= 5
 
 
+@pytest.mark.parametrize("early_stopping", [False, True, "never"])
+def test_beam_texts_of_one_setting_but_their_limits_joining_one_by_one_run_as_one_cohort(
+    tiny_onnx_dir: Path, tiny_nllb_onnx_dir: Path, early_stopping: bool | str
+) -> None:
+    """One-text beam requests joining at every step, each with its own max_new_tokens (what a service under load
+    sees): one cohort whose sentences are at different lengths with different limits, each what it is alone, the
+    score too. opus-mt's metadata forces eos at each text's own last step (`forced_eos_token_id`) and renormalises;
+    NLLB forces each text's target language at its own first step; no_repeat_ngram reads each text's history."""
+    opus, nllb = Translator(tiny_onnx_dir), Translator(tiny_nllb_onnx_dir)
+    languages = ["zho_Hans", "fra_Latn", "deu_Latn"]
+    options = {"beams": 2, "early_stopping": early_stopping, "length_penalty": 0.6, "no_repeat_ngram_size": 3}
+    for translator in (opus, nllb):
+        groups = [
+            (step, translator.prepare([ENGLISH[step]], max_new_tokens=3 + (5 * step) % 12, **options,
+                                      **({"source_lang": "eng_Latn", "target_lang": languages[step % 3]}
+                                         if translator is nllb else {})))
+            for step in range(12)
+        ]  # fmt: skip
+        results = _run(translator, groups, beams=2)
+        forced_eos = 0
+        for g, (_, (prepared,)) in enumerate(groups):
+            (hypothesis,) = results[(g, 0)]
+            tokens, score = _alone(translator, prepared)
+            assert hypothesis.tokens == tokens, g
+            assert hypothesis.score == pytest.approx(score, abs=1e-5), g
+            limit = prepared.settings.max_length - 1
+            forced_eos += len(tokens) == limit and tokens[-1] in prepared.settings.eos_ids
+        assert max(results["cohorts"]) == 1 and max(results["rows"]) >= 10
+        if translator is opus:
+            assert forced_eos >= 3  # texts ran to their own limits, where eos was forced
+
+
 def test_a_cancelled_text_leaves_at_the_next_step_and_the_others_are_unchanged(tiny_onnx_dir: Path) -> None:
     translator = Translator(tiny_onnx_dir)
     items = translator.prepare(ENGLISH[10:14], beams=1, max_new_tokens=20, min_new_tokens=20)

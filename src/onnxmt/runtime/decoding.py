@@ -462,12 +462,26 @@ def _candidates(
     return values, tokens, scores.shape[-1], cache
 
 
+# A length per sentence, or one for all of them (`beam_search`'s sentences all step together).
+Lengths = int | np.ndarray
+
+
 def _advance(
-    state: _Beams, totals: np.ndarray, flat_ids: np.ndarray, vocab: int, keep: int, cur_len: int, s: Settings
+    state: _Beams,
+    totals: np.ndarray,
+    flat_ids: np.ndarray,
+    vocab: int,
+    keep: int,
+    cur_len: Lengths,
+    s: Settings,
+    max_length: Lengths | None = None,
 ) -> np.ndarray:
     """One beam-search step on the candidates' `totals` (n, c) at `flat_ids` (beam * vocab + token, (n, c));
-    updates `state`, returns the cache rows to keep."""
+    updates `state`, returns the cache rows to keep. `cur_len` and `max_length` (default `s.max_length`): one for
+    all sentences, or (n,) each, for sentences that joined a running batch at different steps with different
+    limits (runtime/running.py); `state.running` is then as wide as the longest limit."""
     n, k = state.running_scores.shape
+    max_length = s.max_length if max_length is None else max_length
     rows = np.arange(n)[:, None]  # plain fancy indexing: take_along_axis's own overhead is most of its cost here
     # Top continuations over all beams of a sentence; ties go to the lower beam*vocab+token, as over the full row.
     order = topk(totals, keep, tiebreak=flat_ids)  # (n, keep)
@@ -475,8 +489,12 @@ def _advance(
     top_scores = totals[rows, order]
     source, token = top // vocab, top % vocab  # beam each continuation extends, and its new token
     candidates = state.running[rows, source]  # (n, keep, max_length)
-    candidates[:, :, cur_len] = token
-    hits = is_eos(token, s.eos_ids) | (cur_len + 1 >= s.max_length)  # (n, keep)
+    if isinstance(cur_len, int):
+        candidates[:, :, cur_len] = token
+        hits = is_eos(token, s.eos_ids) | (cur_len + 1 >= max_length)  # (n, keep)
+    else:
+        candidates[rows, np.arange(keep)[None, :], cur_len[:, None]] = token
+        hits = is_eos(token, s.eos_ids) | (cur_len + 1 >= max_length)[:, None]
 
     # Live beams for the next step: the best k continuations that did not just finish.
     live_scores = top_scores + hits.astype(np.float32) * BEAM_FLOOR
@@ -486,8 +504,17 @@ def _advance(
     cache_rows = (rows * k + source[rows, best]).reshape(-1)
 
     _update_finished(state, candidates, top_scores, hits, cur_len, s)
-    _update_improvable(state, cur_len + 1, s)
+    _update_improvable(state, cur_len + 1, s, max_length)
     return cache_rows
+
+
+def _penalised(lengths: Lengths, penalty: float) -> np.float32 | np.ndarray:
+    """What scores at these lengths are divided by: `length ** penalty` in float32, as transformers computes it
+    (a Python power, then float32); (n, 1) for (n,) lengths."""
+    if isinstance(lengths, int):
+        return np.float32(lengths**penalty)
+    powers = {length: np.float32(length**penalty) for length in set(lengths.tolist())}
+    return np.array([powers[length] for length in lengths.tolist()], dtype=np.float32)[:, None]
 
 
 def is_eos(tokens: np.ndarray, eos_ids: Sequence[int]) -> np.ndarray:
@@ -496,13 +523,13 @@ def is_eos(tokens: np.ndarray, eos_ids: Sequence[int]) -> np.ndarray:
 
 
 def _update_finished(
-    state: _Beams, candidates: np.ndarray, top_scores: np.ndarray, hits: np.ndarray, cur_len: int, s: Settings
+    state: _Beams, candidates: np.ndarray, top_scores: np.ndarray, hits: np.ndarray, cur_len: Lengths, s: Settings
 ) -> None:
     k = state.finished_scores.shape[1]
     rows = np.arange(len(hits))[:, None]
     # Only the top k of the kept continuations may become finished hypotheses.
     just_finished = hits & (np.arange(hits.shape[1]) < k)[None, :]
-    normalised = top_scores / np.float32(cur_len**s.length_penalty)
+    normalised = top_scores / _penalised(cur_len, s.length_penalty)
     full = state.is_finished.all(axis=1, keepdims=True) & (s.early_stopping is True)
     normalised = normalised + full * BEAM_FLOOR + (~state.improvable[:, None]) * BEAM_FLOOR
     normalised = normalised + (~just_finished) * BEAM_FLOOR
@@ -513,11 +540,11 @@ def _update_finished(
     state.is_finished = np.concatenate([state.is_finished, just_finished], axis=1)[rows, best]
 
 
-def _update_improvable(state: _Beams, cur_len: int, s: Settings) -> None:
+def _update_improvable(state: _Beams, cur_len: Lengths, s: Settings, max_length: Lengths) -> None:
     # transformers' heuristic: with early_stopping=False the best live beam is judged at its current length.
     never = s.early_stopping == "never" and s.length_penalty > 0.0
-    best_length = s.max_length - 1 if never else cur_len - 1
-    best_live = state.running_scores[:, :1] / np.float32(best_length**s.length_penalty)
+    best_length = max_length - 1 if never else cur_len - 1
+    best_live = state.running_scores[:, :1] / _penalised(best_length, s.length_penalty)
     worst_finished = np.where(state.is_finished, state.finished_scores.min(axis=1, keepdims=True), BEAM_FLOOR)
     state.improvable &= np.any(best_live > worst_finished, axis=1)
 

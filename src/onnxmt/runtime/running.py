@@ -1,7 +1,9 @@
 """In-flight batching: a running decoder batch whose rows join and leave at step boundaries.
 
-Texts join in cohorts: the texts admitted at one step, with one setting (`Settings`), so that they share their
-length and their logits processors (transformers' semantics, exactly as `decode` applies them). Every cohort's rows
+Texts join in cohorts of one setting (`Settings`; for beam search, one but the length limit): texts admitted later
+with a setting the last cohort runs are merged into it, so that one set of array operations does a step's search
+for all of them, each text at its own length and limit, its logits processors run as `decode` runs them for it
+alone (transformers' semantics) on each run of texts of one length. Every cohort's rows
 go through one decoder call per step: the decoder graph takes each row's own cache length (manifest format 4), so
 rows of different lengths share it, and a row's logits are what they would be alone. A finished or cancelled row
 leaves at once; its place goes to whoever is admitted next.
@@ -16,7 +18,7 @@ copies give the same logits.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 import numpy as np
@@ -27,6 +29,7 @@ from .decoding import (
     Settings,
     _advance,
     _apply,
+    _Beams,
     _cancelled_hypotheses,
     _hypotheses,
     build_processors,
@@ -70,25 +73,27 @@ class _Advance:
 
 
 class _Cohort:
-    """Texts admitted together: one setting, one length. `keys` name them to the caller; `cancelled` polls which
-    are no longer wanted ((n,) bool for the texts admitted). `processors`: the settings' logits processors but the
-    renormalisation, which the batch does once for all its rows."""
+    """Texts of one setting in the running batch (greedy: one setting; beam search: one but the length limits),
+    each at its own length. `keys` name them to the caller; `cancelled` polls which of the texts admitted are no
+    longer wanted ((n,) bool); `forced`: each text's forced first token, where texts have their own. Their logits
+    processors are the settings' but the renormalisation, which the batch does once for all its rows."""
+
+    polls: list[tuple[Callable[[], np.ndarray], int]]  # each text's request poll, and its place in it
 
     def __init__(
         self,
         keys: Sequence[object],
         settings: Settings,
-        processors: list[LogitsProcessor],
         cancelled: Callable[[], np.ndarray],
+        forced: np.ndarray | None = None,
         collapsed: bool = False,
     ) -> None:
         self.keys = list(keys)
         self.s = settings
-        self.processors = processors
-        self.cancelled = cancelled
+        self.forced = forced
         self.collapsed = collapsed  # beam search: its first step on one row per sentence
-        self.cur_len = 1
         self.keep = max(2, 1 + len(settings.eos_ids)) * settings.num_beams  # beam search: continuations per row
+        self.polls = [(cancelled, i) for i in range(len(self.keys))]
         self._start()
 
     def _start(self) -> None:
@@ -101,15 +106,27 @@ class _Cohort:
 
     @property
     def sentences(self) -> int:
-        raise NotImplementedError
-
-    def history(self) -> np.ndarray:
-        """(rows, cur_len): each row's tokens so far, as the processors see them."""
-        raise NotImplementedError
+        return len(self.keys)
 
     def inputs(self) -> np.ndarray:
         """(rows, 1): each row's last token."""
-        return self.history()[:, -1:]
+        raise NotImplementedError
+
+    def merges(self, other: _Cohort) -> bool:
+        """Whether `other` (just admitted) can be merged into this cohort."""
+        raise NotImplementedError
+
+    def merge(self, other: _Cohort) -> None:
+        """`other`'s texts (just admitted) after this cohort's."""
+        raise NotImplementedError
+
+    def _cancelled(self) -> np.ndarray:
+        """(texts,) bool: each request's poll called once, each text's flag taken from its request's answer."""
+        polled: dict[int, np.ndarray] = {}
+        for poll, _ in self.polls:
+            if id(poll) not in polled:
+                polled[id(poll)] = poll()
+        return np.array([polled[id(poll)][i] for poll, i in self.polls], dtype=bool)
 
 
 class _GreedyCohort(_Cohort):
@@ -125,28 +142,22 @@ class _GreedyCohort(_Cohort):
         self.sequences[:, 0] = s.decoder_start
         self.lengths = np.ones(n, dtype=np.int64)  # tokens so far, the decoder start counted
         self.totals = np.zeros(n, dtype=np.float32)
-        self.polls = [(self.cancelled, i) for i in range(n)]  # each text's request poll, and its place in it
-        self.forced: np.ndarray | None = None  # each text's forced first token, where texts have their own
+        self.processors = build_processors(s, None, self.forced)
 
     @property
     def rows(self) -> int:
         return len(self.keys)
 
-    @property
-    def sentences(self) -> int:
-        return len(self.keys)
-
-    def history(self) -> np.ndarray:
-        raise AssertionError("greedy texts have a length each: see `process`")
-
     def inputs(self) -> np.ndarray:
         return self.sequences[np.arange(len(self.keys)), self.lengths - 1][:, None]
 
-    def merges(self, other: _GreedyCohort) -> bool:
-        return other.s == self.s and (other.forced is None) == (self.forced is None)
+    def merges(self, other: _Cohort) -> bool:
+        return (
+            isinstance(other, _GreedyCohort) and other.s == self.s and (other.forced is None) == (self.forced is None)
+        )
 
-    def merge(self, other: _GreedyCohort) -> None:
-        """`other`'s texts (just admitted) after this cohort's."""
+    def merge(self, other: _Cohort) -> None:
+        assert isinstance(other, _GreedyCohort)
         self.keys += other.keys
         self.sequences = np.concatenate([self.sequences, other.sequences])
         self.lengths = np.concatenate([self.lengths, other.lengths])
@@ -164,14 +175,6 @@ class _GreedyCohort(_Cohort):
             if length == 1 and self.forced is not None:
                 processors = build_processors(self.s, None, self.forced[start:stop])
             _apply(processors, self.sequences[start:stop, :length], logits[start:stop])
-
-    def _cancelled(self) -> np.ndarray:
-        """(rows,) bool: each request's poll called once, each text's flag taken from its request's answer."""
-        polled: dict[int, np.ndarray] = {}
-        for poll, _ in self.polls:
-            if id(poll) not in polled:
-                polled[id(poll)] = poll()
-        return np.array([polled[id(poll)][i] for poll, i in self.polls], dtype=bool)
 
     def advance(self, chosen: np.ndarray, log_probs: np.ndarray, step: Step) -> _Advance:
         """As `greedy_search`'s step, for this cohort's rows: the tokens they chose from their processed logits and
@@ -206,48 +209,121 @@ def _filled(gone: np.ndarray) -> np.ndarray:
 
 
 class _BeamCohort(_Cohort):
+    """Beam-search texts of one setting but their length limits (`max_new_tokens`), each sentence at its own length
+    and limit: texts that join later are merged into the running cohort (`merge`), so that a step's search is one
+    set of array operations for all of them (`_advance` with per-sentence lengths), not one per request, as for
+    greedy texts. The processors run on each run of sentences of one length and limit, with that run's history.
+    A sentence's beams are its rows, together; a sentence that leaves gives its place to the last one (`_filled`).
+    `forced`: each sentence's forced first token, where texts have their own."""
+
     def _start(self) -> None:
-        self.state = initial_beams(len(self.keys), self.s)
+        n = len(self.keys)
+        self.state = initial_beams(n, self.s)  # as wide as the longest limit
+        self.lengths = np.ones(n, dtype=np.int64)  # tokens so far, the decoder start counted
+        self.limits = np.full(n, self.s.max_length, dtype=np.int64)  # each sentence's max_length
+        self._built: dict[int, list[LogitsProcessor]] = {}  # processors per limit, past the first step
 
     @property
     def rows(self) -> int:
         return self.sentences * (1 if self.collapsed else self.s.num_beams)
 
-    @property
-    def sentences(self) -> int:
-        return len(self.state.ids)
+    def inputs(self) -> np.ndarray:
+        beams = 1 if self.collapsed else self.s.num_beams
+        last = self.state.running[np.arange(self.sentences), :beams, self.lengths - 1]  # (n, beams)
+        return last.reshape(-1, 1)
 
-    def history(self) -> np.ndarray:
-        flat = self.state.running.reshape(self.sentences * self.s.num_beams, -1)[:, : self.cur_len]
-        return flat[:: self.s.num_beams] if self.collapsed else flat
+    def merges(self, other: _Cohort) -> bool:
+        return (
+            isinstance(other, _BeamCohort)
+            and not self.collapsed
+            and not other.collapsed
+            and replace(other.s, max_length=0) == replace(self.s, max_length=0)
+            and (other.forced is None) == (self.forced is None)
+        )
+
+    def merge(self, other: _Cohort) -> None:
+        assert isinstance(other, _BeamCohort)
+        width = max(self.state.running.shape[2], other.state.running.shape[2])
+        mine, theirs = _widened(self.state, width, self.s.pad), _widened(other.state, width, self.s.pad)
+        parts = zip(vars(mine).values(), vars(theirs).values(), strict=True)
+        self.state = _Beams(*(np.concatenate([a, b]) for a, b in parts))
+        self.keys += other.keys
+        self.lengths = np.concatenate([self.lengths, other.lengths])
+        self.limits = np.concatenate([self.limits, other.limits])
+        self.polls += other.polls
+        if self.forced is not None and other.forced is not None:
+            self.forced = np.concatenate([self.forced, other.forced])
+
+    def process(self, scores: np.ndarray) -> None:
+        """The processors on each run of sentences of one length and limit, with that run's history (and forced
+        tokens): what they would see alone."""
+        beams = 1 if self.collapsed else self.s.num_beams
+        change = (np.diff(self.lengths) != 0) | (np.diff(self.limits) != 0)
+        bounds = (np.flatnonzero(change) + 1).tolist()
+        for start, stop in zip([0, *bounds], [*bounds, self.sentences], strict=True):
+            length, limit = int(self.lengths[start]), int(self.limits[start])
+            history = self.state.running[start:stop, :beams, :length].reshape((stop - start) * beams, length)
+            _apply(self._processors(length, limit, start, stop, beams), history, scores[start * beams : stop * beams])
+
+    def _processors(self, length: int, limit: int, start: int, stop: int, beams: int) -> list[LogitsProcessor]:
+        """The processors of the sentences `start:stop` (renormalisation left to the batch): their own forced
+        first tokens at their first step; past it, those of their limit (a forced token is only ever applied at
+        the first step, but whether one is forced decides which step `begin_suppress_tokens` applies to)."""
+        if length == 1 and self.forced is not None:
+            own = np.repeat(self.forced[start:stop], beams)
+            return build_processors(replace(self.s, max_length=limit), None, own)
+        if limit not in self._built:
+            some = None if self.forced is None else self.forced[start : start + 1]
+            self._built[limit] = build_processors(replace(self.s, max_length=limit), None, some)
+        return self._built[limit]
 
     def advance(self, values: np.ndarray, tokens: np.ndarray, vocab: int, step: Step) -> _Advance:
-        """As `beam_search`'s step, for this cohort's sentences: each row's best `keep` processed log-probabilities
-        and their tokens, (rows, keep) each."""
-        s, k, state, cur_len = self.s, self.s.num_beams, self.state, self.cur_len
-        n = self.sentences
+        """As `beam_search`'s step, for this cohort's sentences, each at its own length and limit: each row's best
+        `keep` processed log-probabilities and their tokens, (rows, keep) each."""
+        s, k, state = self.s, self.s.num_beams, self.state
+        n, lengths, limits = self.sentences, self.lengths, self.limits
         if self.collapsed:
             values, tokens = np.repeat(values, k, axis=0), np.repeat(tokens, k, axis=0)
         totals = (values.reshape(n, k, self.keep) + state.running_scores[:, :, None]).reshape(n, k * self.keep)
         flat_ids = (np.arange(k)[None, :, None] * vocab + tokens.reshape(n, k, self.keep)).reshape(n, k * self.keep)
-        rows = _advance(state, totals, flat_ids, vocab, self.keep, cur_len, s)  # (n * k,) into the old rows
+        rows = _advance(state, totals, flat_ids, vocab, self.keep, lengths, s, limits)  # (n * k,) into the old rows
         if self.collapsed:
             rows = np.repeat(np.arange(n), k)  # every beam's row is the sentence's one row
             self.collapsed = False
-        frozen = ~state.improvable
+        frozen = ~state.improvable | (lengths + 1 >= limits)
         if s.early_stopping is True:
             frozen |= state.is_finished.all(axis=1)
-        if cur_len + 1 >= s.max_length:
-            frozen[:] = True
-        dropped = self.cancelled()[state.ids] & ~frozen
-        for i in np.flatnonzero(frozen | dropped):
-            one = state.take(np.array([i]))
-            hyps = _cancelled_hypotheses(one, cur_len + 1, s) if dropped[i] else _hypotheses(one, s)
-            step.finished.append((self.keys[int(state.ids[i])], hyps))
-        live = np.flatnonzero(~(frozen | dropped))
+        dropped = self._cancelled() & ~frozen
+        for i in np.flatnonzero(frozen | dropped).tolist():
+            one = _cut(state.take(np.array([i])), int(limits[i]))
+            hyps = _cancelled_hypotheses(one, int(lengths[i]) + 1, s) if dropped[i] else _hypotheses(one, s)
+            step.finished.append((self.keys[i], hyps))
+        live = _filled(frozen | dropped)
         self.state = state.take(live)
-        self.cur_len += 1
+        self.lengths, self.limits = lengths[live] + 1, limits[live]
+        if len(live) < n:
+            self.keys = [self.keys[i] for i in live.tolist()]
+            self.polls = [self.polls[i] for i in live.tolist()]
+            self.forced = None if self.forced is None else self.forced[live]
         return _Advance(rows.reshape(n, k)[live].reshape(-1), live)
+
+
+def _widened(state: _Beams, width: int, pad: int) -> _Beams:
+    """`state` with room for `width` tokens per hypothesis (padded)."""
+    have = state.running.shape[2]
+    if have == width:
+        return state
+    extra = ((0, 0), (0, 0), (0, width - have))
+    return replace(
+        state,
+        running=np.pad(state.running, extra, constant_values=pad),
+        finished=np.pad(state.finished, extra, constant_values=pad),
+    )
+
+
+def _cut(state: _Beams, max_length: int) -> _Beams:
+    """A finished sentence's state as wide as its own limit: its hypotheses are what it would have alone."""
+    return replace(state, running=state.running[:, :, :max_length], finished=state.finished[:, :, :max_length])
 
 
 def _layout(cohorts: list[_Cohort], spans: list[slice], advances: list[_Advance]) -> list[int]:
@@ -366,19 +442,16 @@ class RunningBatch:
             settings = join.settings
             forced = forced_bos_rows(list(join.forced_bos) or [None] * len(join.ids), settings)
             beams = self.beams if self.beams > 1 and not collapsed else 1
-            if beams > 1:  # its first step on every beam: each row's forced token is its own
-                forced = None if forced is None else np.repeat(forced, beams)
-            processors = build_processors(settings, None, forced)  # renormalised by `step`, for all rows at once
+            cohort: _Cohort
             if self.beams > 1:
-                self.cohorts.append(_BeamCohort(join.keys, settings, processors, join.cancelled, collapsed=collapsed))
+                cohort = _BeamCohort(join.keys, settings, join.cancelled, forced, collapsed=collapsed)
             else:
-                cohort = _GreedyCohort(join.keys, settings, processors, join.cancelled)
-                cohort.forced = forced
-                last = self.cohorts[-1] if self.cohorts else None
-                if isinstance(last, _GreedyCohort) and last.merges(cohort):
-                    last.merge(cohort)  # its rows are the last ones: the slots append this cohort's after them
-                else:
-                    self.cohorts.append(cohort)
+                cohort = _GreedyCohort(join.keys, settings, join.cancelled, forced)
+            last = self.cohorts[-1] if self.cohorts else None
+            if last is not None and last.merges(cohort):
+                last.merge(cohort)  # its rows are the last ones: the slots append this cohort's after them
+            else:
+                self.cohorts.append(cohort)
             texts = join.caches or []
             if self.slots is None:
                 self.slots = CacheSlots.like(self.graphs.empty_self_kv(0, capacity=1), texts[0])
@@ -429,7 +502,7 @@ class RunningBatch:
         ops = self.graphs.ops
         scores = ops.log_softmax_inplace(logits)  # (rows, vocab), in the logits' buffer
         for cohort, span in zip(self.cohorts, spans, strict=True):
-            _apply(cohort.processors, cohort.history(), scores[span])
+            cast(_BeamCohort, cohort).process(scores[span])
         renormalize = [c.s.renormalize for c in self.cohorts]
         if all(renormalize):
             ops.log_softmax_inplace(scores)
