@@ -60,6 +60,7 @@ def test_joins_steps_reorders_and_departures_keep_every_live_row() -> None:
     rows: list[list] = []  # the reference: per live row [length, *per-layer K/V so far]
     sentences: list[tuple] = []  # per live sentence (mask, *per-layer cross K/V)
     seen = set()
+    shared_positions = 0  # positions of moved rows that their places held already, not copied
     for step in range(60):
         if step < 30 or step % 7 == 0:  # grow, then mostly leave
             texts = _texts(rng, int(rng.integers(1, 4)))
@@ -78,7 +79,9 @@ def test_joins_steps_reorders_and_departures_keep_every_live_row() -> None:
         live = np.flatnonzero(rng.random(n) > (0.1 if step < 30 else 0.3))
         picks = rng.integers(0, beams, size=(len(live), beams))
         kept_rows = (live[:, None] * beams + picks).reshape(-1)
-        slots.keep(kept_rows, live)
+        shared = _held(rows, kept_rows)
+        slots.keep(kept_rows, live, shared)
+        shared_positions += int(shared[kept_rows != np.arange(len(kept_rows))].sum())
         rows = [list(rows[r]) for r in kept_rows]
         sentences = [sentences[s] for s in live]
         _same_live(slots, rows, sentences)
@@ -88,6 +91,22 @@ def test_joins_steps_reorders_and_departures_keep_every_live_row() -> None:
     assert capacities[:, 0].max() > 3 * capacities[:, 0].min()  # the buffers grew ...
     assert capacities[:, 3].max() > 16  # ... in positions too ...
     assert slots is not None and slots.capacity[0] < capacities[:, 0].max()  # ... and shrank as rows left
+    assert shared_positions > 50  # reordered beams had common prefixes (copies of one row, stepped since)
+
+
+def _held(rows: list[list], sources: np.ndarray) -> np.ndarray:
+    """Per row kept, how many leading positions of the row at its place equal its source's (what `keep` need not
+    copy), from the reference."""
+    held = np.zeros(len(sources), np.int64)
+    for place, source in enumerate(sources.tolist()):
+        if place >= len(rows):
+            continue
+        (mine, *kv), (theirs, *source_kv) = rows[place], rows[source]
+        while held[place] < min(mine, theirs) and all(
+            np.array_equal(a[:, held[place]], b[:, held[place]]) for a, b in zip(kv, source_kv, strict=True)
+        ):
+            held[place] += 1
+    return held
 
 
 def test_the_longest_row_grows_the_positions_by_a_chunk_up_to_its_limit() -> None:

@@ -66,10 +66,13 @@ class _Joining:
 @dataclass
 class _Advance:
     """A cohort's part of a step: its rows to keep, as indices into its rows before the step (beams reordered),
-    and its sentences to keep, as indices into its sentences before the step."""
+    and its sentences to keep, as indices into its sentences before the step; `shared`: per row kept, how many of
+    its cache positions the row at its place already holds, if the cohort's rows stay where they are (beams of one
+    sentence with a common prefix: see `_shared`)."""
 
     rows: np.ndarray
     sentences: np.ndarray
+    shared: np.ndarray | None = None
 
 
 class _Cohort:
@@ -286,10 +289,11 @@ class _BeamCohort(_Cohort):
             values, tokens = np.repeat(values, k, axis=0), np.repeat(tokens, k, axis=0)
         totals = (values.reshape(n, k, self.keep) + state.running_scores[:, :, None]).reshape(n, k * self.keep)
         flat_ids = (np.arange(k)[None, :, None] * vocab + tokens.reshape(n, k, self.keep)).reshape(n, k * self.keep)
+        history = state.running  # (`_advance` replaces it)
         rows = _advance(state, totals, flat_ids, vocab, self.keep, lengths, s, limits)  # (n * k,) into the old rows
-        if self.collapsed:
+        collapsed, self.collapsed = self.collapsed, False
+        if collapsed:
             rows = np.repeat(np.arange(n), k)  # every beam's row is the sentence's one row
-            self.collapsed = False
         frozen = ~state.improvable | (lengths + 1 >= limits)
         if s.early_stopping is True:
             frozen |= state.is_finished.all(axis=1)
@@ -299,13 +303,36 @@ class _BeamCohort(_Cohort):
             hyps = _cancelled_hypotheses(one, int(lengths[i]) + 1, s) if dropped[i] else _hypotheses(one, s)
             step.finished.append((self.keys[i], hyps))
         live = _filled(frozen | dropped)
+        kept = rows.reshape(n, k)[live].reshape(-1)
+        shared = None if collapsed else _shared(history, kept, live, lengths)
         self.state = state.take(live)
         self.lengths, self.limits = lengths[live] + 1, limits[live]
         if len(live) < n:
             self.keys = [self.keys[i] for i in live.tolist()]
             self.polls = [self.polls[i] for i in live.tolist()]
             self.forced = None if self.forced is None else self.forced[live]
-        return _Advance(rows.reshape(n, k)[live].reshape(-1), live)
+        return _Advance(kept, live, shared)
+
+
+def _shared(history: np.ndarray, rows: np.ndarray, live: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per row kept (`rows`: its source among the rows before the step), how many cache positions the row at its
+    place before the step already holds: where both were beams of one sentence, the positions of their common
+    prefix. A position's K/V is a function of the sentence's source and the tokens up to it, all beams of a
+    sentence are computed in one decoder call per step, and a row's values do not depend on its neighbours (what
+    makes in-flight batching exact), so those positions are equal and need no copy: beams mostly differ in their
+    last tokens, and a reorder then copies those instead of whole rows. `history`: (n, beams, width) tokens before
+    the step; `lengths`: (n,) each sentence's tokens (and cache positions) before it."""
+    n, beams, _ = history.shape
+    if not len(rows):
+        return np.zeros(0, np.int64)
+    flat = history.reshape(n * beams, -1)
+    places = np.arange(len(rows))
+    held = np.repeat(lengths[live], beams)  # the positions each kept sentence's cache holds
+    width = int(held.max(initial=0))
+    same = flat[places, :width] == flat[rows, :width]
+    prefix = np.where(same.all(axis=1), width, same.argmin(axis=1))
+    in_place = np.repeat(live == np.arange(len(live)), beams)  # the sentence kept its place: same sentence there
+    return np.where(in_place, np.minimum(prefix, held), 0)
 
 
 def _widened(state: _Beams, width: int, pad: int) -> _Beams:
@@ -477,10 +504,16 @@ class RunningBatch:
         # Beams reordered, finished rows gone; a collapsed cohort's one row per sentence becomes its beams' rows.
         rows = [advances[j].rows + spans[j].start for j in order]
         sentences = [advances[j].sentences + starts[j] for j in order]
+        shared: list[np.ndarray] = []
+        row0 = 0
+        for j in order:  # positions a row's place holds already: only where its cohort stays in place
+            held = advances[j].shared
+            in_place = held is not None and row0 == spans[j].start
+            shared.append(held if held is not None and in_place else np.zeros(len(advances[j].rows), np.int64))
+            row0 += len(advances[j].rows)
         self.cohorts = [self.cohorts[j] for j in order]
-        self.slots.keep(
-            np.concatenate(rows or [np.zeros(0, np.int64)]), np.concatenate(sentences or [np.zeros(0, np.int64)])
-        )
+        none = [np.zeros(0, np.int64)]
+        self.slots.keep(np.concatenate(rows or none), np.concatenate(sentences or none), np.concatenate(shared or none))
         return step
 
     def _greedy(self, logits: np.ndarray, spans: list[slice], step: Step) -> list[_Advance]:

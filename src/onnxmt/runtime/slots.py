@@ -105,18 +105,21 @@ class CacheSlots:
         assert cache.self_len is not None
         self.lengths[: self.rows] = cache.self_len
 
-    def keep(self, rows: np.ndarray, sentences: np.ndarray) -> None:
+    def keep(self, rows: np.ndarray, sentences: np.ndarray, shared: np.ndarray | None = None) -> None:
         """Close up after a step: row i takes row `rows[i]` (beams reordered, rows gone, a sentence's one row
-        repeated over its beams), sentence j takes sentence `sentences[j]`. Only rows whose index changes move."""
+        repeated over its beams), sentence j takes sentence `sentences[j]`. Only rows whose index changes move, and
+        of each only the positions it holds past `shared[i]`: the positions its place holds already (beams of one
+        sentence share their prefix), if given."""
         self._reshape(rows=_more(self.capacity[0], len(rows)))
-        filled = int(self.lengths[rows].max(initial=0))
         moved = np.flatnonzero(rows != np.arange(len(rows)))
         if len(moved):
             sources = rows[moved]
-            for a in self.kv:  # the right side is gathered first: rows may move in any order
-                a[moved, :, :filled] = a[sources, :, :filled]
-            self.lengths[moved] = self.lengths[sources]
+            starts = np.zeros(len(moved), np.int64) if shared is None else shared[moved]
+            ends = self.lengths[sources]
+            self.lengths[moved] = ends
             self.limits[moved] = self.limits[sources]
+            copied = starts < ends
+            _move(self.kv, moved[copied], sources[copied], starts[copied], ends[copied])
         moved = np.flatnonzero(sentences != np.arange(len(sentences)))
         if len(moved):
             sources = sentences[moved]
@@ -173,6 +176,27 @@ class CacheSlots:
             mask = np.zeros((cap_sentences, cap_width), self.mask.dtype)
             mask[: self.sentences, :keep_width] = self.mask[: self.sentences, :keep_width]
             self.mask = mask
+
+
+def _move(
+    buffers: list[np.ndarray], rows: np.ndarray, sources: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> None:
+    """Row `rows[i]` of each buffer takes positions `starts[i]:ends[i]` of row `sources[i]`, each copied once, as
+    slices (a gather would copy every row twice, through a temporary, and up to the longest row's length): the
+    sources that are overwritten themselves are read first."""
+    overwritten = np.isin(sources, rows)
+    moves = list(
+        zip(rows.tolist(), sources.tolist(), starts.tolist(), ends.tolist(), overwritten.tolist(), strict=True)
+    )
+    saved = [(row, start, end, [a[source, :, start:end].copy() for a in buffers])
+             for row, source, start, end, first in moves if first]  # fmt: skip
+    for row, source, start, end, first in moves:
+        if not first:
+            for a in buffers:
+                a[row, :, start:end] = a[source, :, start:end]
+    for row, start, end, parts in saved:
+        for a, part in zip(buffers, parts, strict=True):
+            a[row, :, start:end] = part
 
 
 def _more(capacity: int, needed: int) -> int:
