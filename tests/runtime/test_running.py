@@ -4,6 +4,7 @@ target languages, and leaving as they finish, are translated token for token as 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -165,29 +166,33 @@ def test_beam_texts_of_one_setting_but_their_limits_joining_one_by_one_run_as_on
     """One-text beam requests joining at every step, each with its own max_new_tokens (what a service under load
     sees): one cohort whose sentences are at different lengths with different limits, each what it is alone, the
     score too. opus-mt's metadata forces eos at each text's own last step (`forced_eos_token_id`) and renormalises;
-    NLLB forces each text's target language at its own first step; no_repeat_ngram reads each text's history."""
+    NLLB forces each text's target language at its own first step; no_repeat_ngram reads each text's history.
+    Without the forced eos, texts that reach their limits end there without one (no pad from longer limits)."""
     opus, nllb = Translator(tiny_onnx_dir), Translator(tiny_nllb_onnx_dir)
     languages = ["zho_Hans", "fra_Latn", "deu_Latn"]
     options = {"beams": 2, "early_stopping": early_stopping, "length_penalty": 0.6, "no_repeat_ngram_size": 3}
-    for translator in (opus, nllb):
+    for translator, forced in ((opus, True), (opus, False), (nllb, True)):
         groups = [
             (step, translator.prepare([ENGLISH[step]], max_new_tokens=3 + (5 * step) % 12, **options,
                                       **({"source_lang": "eng_Latn", "target_lang": languages[step % 3]}
                                          if translator is nllb else {})))
             for step in range(12)
         ]  # fmt: skip
+        if not forced:
+            groups = [(step, [replace(p, settings=replace(p.settings, forced_eos=None)) for p in items])
+                      for step, items in groups]  # fmt: skip
         results = _run(translator, groups, beams=2)
-        forced_eos = 0
+        at_limit = {True: 0, False: 0}  # texts that ran to their limits, by whether they end with eos
         for g, (_, (prepared,)) in enumerate(groups):
             (hypothesis,) = results[(g, 0)]
             tokens, score = _alone(translator, prepared)
             assert hypothesis.tokens == tokens, g
             assert hypothesis.score == pytest.approx(score, abs=1e-5), g
-            limit = prepared.settings.max_length - 1
-            forced_eos += len(tokens) == limit and tokens[-1] in prepared.settings.eos_ids
+            if len(tokens) == prepared.settings.max_length - 1:
+                at_limit[tokens[-1] in prepared.settings.eos_ids] += 1
         assert max(results["cohorts"]) == 1 and max(results["rows"]) >= 10
         if translator is opus:
-            assert forced_eos >= 3  # texts ran to their own limits, where eos was forced
+            assert at_limit[forced] >= 3 and not at_limit[not forced]  # eos forced at their own limits, or none
 
 
 def test_a_cancelled_text_leaves_at_the_next_step_and_the_others_are_unchanged(tiny_onnx_dir: Path) -> None:

@@ -122,9 +122,22 @@ async def _two_places(translator: Translator) -> AsyncIterator[InflightBatcher]:
         executor.shutdown()
 
 
-def _send(batcher: InflightBatcher, translator: Translator, texts: list[str]) -> list[asyncio.Future[Any]]:
-    """One request per text, 40 new tokens each, queued in order."""
-    return [asyncio.ensure_future(batcher.translate(translator.prepare([t], max_new_tokens=40), None)) for t in texts]
+# The first requests of a test run while the others arrive: a fixed length, long enough for a slow machine.
+LONG = {"max_new_tokens": 60, "min_new_tokens": 60}
+
+
+def _send(
+    batcher: InflightBatcher, translator: Translator, texts: list[str], **options: int
+) -> list[asyncio.Future[Any]]:
+    """One request per text (40 new tokens each, or `options`), queued in order."""
+    options = options or {"max_new_tokens": 40}
+    return [asyncio.ensure_future(batcher.translate(translator.prepare([t], **options), None)) for t in texts]
+
+
+def _alone(translator: Translator, texts: list[str], **options: int) -> list[str]:
+    """What the library gives for each text alone (40 new tokens, or `options`)."""
+    options = options or {"max_new_tokens": 40}
+    return [translator.translate([t], **options)[0].text for t in texts]
 
 
 def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_steps(
@@ -146,7 +159,7 @@ def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_step
                 return real(graphs, pad, ids)
 
             monkeypatch.setattr(inflight, "encode_texts", encode)
-            first = _send(batcher, translator, texts[:2])
+            first = _send(batcher, translator, texts[:2], **LONG)
             deadline = time.monotonic() + 30
             while batcher._running_texts < 2 and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
@@ -160,7 +173,7 @@ def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_step
             return [d[0].text for d in done], encoded_while_waiting
 
     answers, encoded_while_waiting = asyncio.run(run())
-    assert answers == [translator.translate([t], max_new_tokens=40)[0].text for t in texts]
+    assert answers == _alone(translator, texts[:2], **LONG) + _alone(translator, texts[2:])
     assert encoded_while_waiting == [True, True]  # both still waiting for a place, both encoded
     assert {thread for thread, _, _ in calls} == {"onnxmt-encoder_0"}
     assert sum(n for _, n, _ in calls) == len(texts)  # each text encoded once
@@ -170,11 +183,12 @@ def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_step
 def test_a_request_that_fits_the_running_batch_is_encoded_as_it_arrives(
     tiny_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two places, one running: a second request fits, so the encoder thread encodes it as it arrives, while the
-    first one's step runs, not after it is admitted (its join would hold up that step); it joins encoded. Each
-    text is encoded once and both answers are the library's."""
+    """Two places, one running: of two requests arriving, the first fits, so the encoder thread encodes it as it
+    arrives, alone (the step it joins at waits for its call), while the running one's steps go on, not after it is
+    admitted (its join would hold up that step); it joins encoded. The other, with no place, is not in that call.
+    Each text is encoded once and every answer is the library's."""
     translator = Translator(tiny_onnx_dir)
-    texts = TEXTS[50:52]
+    texts = TEXTS[50:53]
     encoding_at_admission: list[bool] = []  # per admitted request: was its encoder call started before?
     calls: list[int] = []
     real_encode, real_admit = inflight.encode_texts, InflightBatcher._admit
@@ -194,7 +208,7 @@ def test_a_request_that_fits_the_running_batch_is_encoded_as_it_arrives(
 
     async def run() -> list[str]:
         async with _two_places(translator) as batcher:
-            first = _send(batcher, translator, texts[:1])
+            first = _send(batcher, translator, texts[:1], **LONG)
             deadline = time.monotonic() + 30
             while batcher._running_texts < 1 and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
@@ -203,8 +217,9 @@ def test_a_request_that_fits_the_running_batch_is_encoded_as_it_arrives(
             return [d[0].text for d in done]
 
     answers = asyncio.run(run())
-    assert answers == [translator.translate([t], max_new_tokens=40)[0].text for t in texts]
-    assert encoding_at_admission == [False, True]  # the first joined an idle batch; the second came encoded
+    assert answers == _alone(translator, texts[:1], **LONG) + _alone(translator, texts[1:])
+    assert encoding_at_admission[:2] == [False, True]  # the first joined an idle batch; the second came encoded
+    assert calls[:2] == [1, 1]  # the one that fit was sent alone, not with the one that had no place
     assert sum(calls) == len(texts)  # each text encoded once
 
 
@@ -230,7 +245,7 @@ def test_a_failed_encoder_call_fails_no_request(
 
     async def run() -> list[str]:
         async with _two_places(translator) as batcher:
-            first = _send(batcher, translator, texts[:2])
+            first = _send(batcher, translator, texts[:2], **LONG)
             deadline = time.monotonic() + 30
             while batcher._running_texts < 2 and not any(f.done() for f in first) and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
@@ -240,4 +255,4 @@ def test_a_failed_encoder_call_fails_no_request(
 
     answers = asyncio.run(run())
     assert calls[failing - 1] == 2  # the call that failed held two texts
-    assert answers == [translator.translate([t], max_new_tokens=40)[0].text for t in texts]
+    assert answers == _alone(translator, texts[:2], **LONG) + _alone(translator, texts[2:])

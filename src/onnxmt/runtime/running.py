@@ -311,6 +311,8 @@ class _BeamCohort(_Cohort):
             self.keys = [self.keys[i] for i in live.tolist()]
             self.polls = [self.polls[i] for i in live.tolist()]
             self.forced = None if self.forced is None else self.forced[live]
+            if len(live) and int(self.limits.max()) < self.state.running.shape[2]:
+                self.state = _cut(self.state, int(self.limits.max()))  # no wider than the longest limit left
         return _Advance(kept, live, shared)
 
 

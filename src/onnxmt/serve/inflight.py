@@ -120,15 +120,15 @@ class InflightBatcher(MicroBatcher):
         """On the event loop: requests' texts encoded on the encoder thread, while the running batch steps. The
         `admitted` requests not encoded yet are sent at once, with the oldest waiting requests not encoded yet.
         Waiting requests are also sent on their own, when the encoder thread is idle and either the oldest of them
-        fits the running batch now (it joins at the next step, encoded meanwhile: its join does not hold up the
-        step of every running row) or they fill a call (the room left, if that is at least half of
-        `max_batch_size` texts: while the batch is full, waiting requests are pooled, as small calls cost the
-        encoder). Up to `max_batch_size` texts of waiting requests are encoded (or being encoded) ahead of their
-        admission, which bounds the memory their caches hold; they join later with their caches ready. One call
-        for many requests keeps the encoder's batching (one by one, under load, it would run once per text), and
-        beside the decoder's steps the encoder's work partly fills what the decoder leaves of the cores: on 2
-        cores, 16 texts decoded (greedy opus-mt int8, 32 tokens) while 16 others were encoded took 406 ms, the two
-        one after the other 424 (medians of 11)."""
+        fit the running batch now (those are sent, alone: they join at the next step, encoded meanwhile, and their
+        join does not hold up the step of every running row) or they fill a call (the room left, if that is at
+        least half of `max_batch_size` texts: while the batch is full, waiting requests are pooled, as small calls
+        cost the encoder). Up to `max_batch_size` texts of waiting requests are encoded (or being encoded) ahead
+        of their admission, which bounds the memory their caches hold; they join later with their caches ready.
+        One call for many requests keeps the encoder's batching (one by one, under load, it would run once per
+        text), and beside the decoder's steps the encoder's work partly fills what the decoder leaves of the cores:
+        on 2 cores, 16 texts decoded (greedy opus-mt int8, 32 tokens) while 16 others were encoded took 406 ms, the
+        two one after the other 424 (medians of 11)."""
         for job in admitted:
             if job.encoded is None and not any(p.ids for p in job.texts):
                 job.encoded = []  # nothing to encode
@@ -137,7 +137,8 @@ class InflightBatcher(MicroBatcher):
             return
         admitting = bool(jobs)
         ready, texts, full = 0, sum(len(job.texts) for job in jobs), False
-        ahead_texts, ahead_cost, fits = self._running_texts, self._running_cost, False  # counting the queue's order
+        ahead_texts, ahead_cost = self._running_texts, self._running_cost  # counting the queue's order
+        fitting = 0  # the first waiting requests sent that fit the running batch now
         for job in self._pending:
             if job.future.done() or job.token.cancelled:
                 job.encoded = None  # gone: its caches are not needed, though it stays queued until it is dropped
@@ -149,13 +150,16 @@ class InflightBatcher(MicroBatcher):
             if ready + texts + len(job.texts) > self.max_batch_size:
                 full = True
                 break
-            if not jobs and self._running_texts:  # (into an idle batch, the loop admits and encodes at once)
-                fits = self._fits(ahead_texts - len(job.texts), ahead_cost - job.cost, job)
+            # (Into an idle batch, the loop admits and encodes at once.)
+            if not admitting and self._running_texts and fitting == len(jobs):
+                fitting += self._fits(ahead_texts - len(job.texts), ahead_cost - job.cost, job)
             jobs.append(job)
             texts += len(job.texts)
         filled = (full or ready + texts == self.max_batch_size) and 2 * texts >= self.max_batch_size
-        if not jobs or not (admitting or fits or filled):
+        if not jobs or not (admitting or fitting or filled):
             return  # waiting requests alone are pooled until they fill a call: small calls cost the encoder
+        if fitting:
+            jobs = jobs[:fitting]  # only those that join at the next step: the step waits for their call
         loop = asyncio.get_running_loop()
         work = self._encoder.submit(self._encode_texts, jobs)
         for job in jobs:
