@@ -123,6 +123,19 @@ class _Cohort:
         """`other`'s texts (just admitted) after this cohort's."""
         raise NotImplementedError
 
+    def _appended(self, other: _Cohort) -> None:
+        """`other`'s texts' keys, polls and forced tokens after this cohort's (each cohort merges its own arrays)."""
+        self.keys += other.keys
+        self.polls += other.polls
+        if self.forced is not None and other.forced is not None:
+            self.forced = np.concatenate([self.forced, other.forced])
+
+    def _kept(self, texts: np.ndarray) -> None:
+        """Only the texts `texts` (indices) keep their keys, polls and forced tokens, in that order."""
+        self.keys = [self.keys[i] for i in texts.tolist()]
+        self.polls = [self.polls[i] for i in texts.tolist()]
+        self.forced = None if self.forced is None else self.forced[texts]
+
     def _cancelled(self) -> np.ndarray:
         """(texts,) bool: each request's poll called once, each text's flag taken from its request's answer."""
         polled: dict[int, np.ndarray] = {}
@@ -161,13 +174,10 @@ class _GreedyCohort(_Cohort):
 
     def merge(self, other: _Cohort) -> None:
         assert isinstance(other, _GreedyCohort)
-        self.keys += other.keys
+        self._appended(other)
         self.sequences = np.concatenate([self.sequences, other.sequences])
         self.lengths = np.concatenate([self.lengths, other.lengths])
         self.totals = np.concatenate([self.totals, other.totals])
-        self.polls += other.polls
-        if self.forced is not None and other.forced is not None:
-            self.forced = np.concatenate([self.forced, other.forced])
 
     def process(self, logits: np.ndarray) -> None:
         """The processors on each run of texts of one length, with that run's history (and its forced tokens)."""
@@ -194,10 +204,8 @@ class _GreedyCohort(_Cohort):
         self.lengths += 1
         keep = _filled(done | dropped)
         if len(keep) < n:
-            self.keys = [self.keys[i] for i in keep.tolist()]
+            self._kept(keep)
             self.sequences, self.lengths, self.totals = self.sequences[keep], self.lengths[keep], self.totals[keep]
-            self.polls = [self.polls[i] for i in keep.tolist()]
-            self.forced = None if self.forced is None else self.forced[keep]
         return _Advance(keep, keep)
 
 
@@ -250,12 +258,9 @@ class _BeamCohort(_Cohort):
         mine, theirs = _widened(self.state, width, self.s.pad), _widened(other.state, width, self.s.pad)
         parts = zip(vars(mine).values(), vars(theirs).values(), strict=True)
         self.state = _Beams(*(np.concatenate([a, b]) for a, b in parts))
-        self.keys += other.keys
+        self._appended(other)
         self.lengths = np.concatenate([self.lengths, other.lengths])
         self.limits = np.concatenate([self.limits, other.limits])
-        self.polls += other.polls
-        if self.forced is not None and other.forced is not None:
-            self.forced = np.concatenate([self.forced, other.forced])
 
     def process(self, scores: np.ndarray) -> None:
         """The processors on each run of sentences of one length and limit, with that run's history (and forced
@@ -308,9 +313,7 @@ class _BeamCohort(_Cohort):
         self.state = state.take(live)
         self.lengths, self.limits = lengths[live] + 1, limits[live]
         if len(live) < n:
-            self.keys = [self.keys[i] for i in live.tolist()]
-            self.polls = [self.polls[i] for i in live.tolist()]
-            self.forced = None if self.forced is None else self.forced[live]
+            self._kept(live)
             if len(live) and int(self.limits.max()) < self.state.running.shape[2]:
                 self.state = _cut(self.state, int(self.limits.max()))  # no wider than the longest limit left
         return _Advance(kept, live, shared)

@@ -221,11 +221,7 @@ class InflightBatcher(MicroBatcher):
             if job.future.done() or job.token.cancelled:
                 self._pending.popleft()
                 continue
-            running = self._running_texts > 0
-            if running and self._running_texts + len(job.texts) > self.max_batch_size:
-                break
-            budget = self.max_batch_cost
-            if running and budget is not None and self._running_cost + job.cost > budget:
+            if self._running_texts and not self._fits(self._running_texts, self._running_cost, job):
                 break
             self._pending.popleft()
             entry = _Running(job, [None] * len(job.texts), len(job.texts))
@@ -307,8 +303,7 @@ class InflightBatcher(MicroBatcher):
             return False
         if self._running_texts + len(job.texts) > self.max_batch_size:
             return job.future.done() or job.token.cancelled  # gone: the loop drops it, and looks again
-        budget = self.max_batch_cost
-        return budget is None or self._running_cost + job.cost <= budget
+        return self._fits(self._running_texts, self._running_cost, job)
 
     def _tokens(self, tokens: list[tuple[object, int]]) -> None:
         """Each generated token to its request's `on_token`, if it has one."""
