@@ -181,8 +181,7 @@ class _GreedyCohort(_Cohort):
 
     def process(self, logits: np.ndarray) -> None:
         """The processors on each run of texts of one length, with that run's history (and its forced tokens)."""
-        bounds = np.flatnonzero(np.diff(self.lengths)) + 1
-        for start, stop in zip([0, *bounds.tolist()], [*bounds.tolist(), len(self.keys)], strict=True):
+        for start, stop in _runs(self.lengths):
             length = int(self.lengths[start])
             processors = self.processors
             if length == 1 and self.forced is not None:
@@ -207,6 +206,15 @@ class _GreedyCohort(_Cohort):
             self._kept(keep)
             self.sequences, self.lengths, self.totals = self.sequences[keep], self.lengths[keep], self.totals[keep]
         return _Advance(keep, keep)
+
+
+def _runs(*values: np.ndarray) -> list[tuple[int, int]]:
+    """(start, stop) of each run of texts along which all of `values` (one entry per text each) stay the same."""
+    change = np.zeros(max(len(values[0]) - 1, 0), dtype=bool)
+    for v in values:
+        change |= np.diff(v) != 0
+    bounds = (np.flatnonzero(change) + 1).tolist()
+    return list(zip([0, *bounds], [*bounds, len(values[0])], strict=True))
 
 
 def _filled(gone: np.ndarray) -> np.ndarray:
@@ -266,9 +274,7 @@ class _BeamCohort(_Cohort):
         """The processors on each run of sentences of one length and limit, with that run's history (and forced
         tokens): what they would see alone."""
         beams = 1 if self.collapsed else self.s.num_beams
-        change = (np.diff(self.lengths) != 0) | (np.diff(self.limits) != 0)
-        bounds = (np.flatnonzero(change) + 1).tolist()
-        for start, stop in zip([0, *bounds], [*bounds, self.sentences], strict=True):
+        for start, stop in _runs(self.lengths, self.limits):
             length, limit = int(self.lengths[start]), int(self.limits[start])
             history = self.state.running[start:stop, :beams, :length].reshape((stop - start) * beams, length)
             _apply(self._processors(length, limit, start, stop, beams), history, scores[start * beams : stop * beams])
