@@ -1,6 +1,7 @@
 """The service's throughput under many clients against the library's offline throughput, same model and decoding.
 
     python benchmarks/service_throughput.py MODEL_DIR --target zh              # 32 and 64 clients, beam 4, 3 rounds
+    python benchmarks/service_throughput.py MODEL_DIR --target zh --beams 1 --compare ONNXMT_ENCODER_THREADS=2
 
 Offline: one `Translator.translate` call over N texts (batches of `--batch-size`, sorted by length). Service: `onnxmt
 serve` on 127.0.0.1 (`--max-batch-size` = `--batch-size`), C clients sending the same N texts one per request, with
@@ -9,8 +10,10 @@ generated (the service's from its /metrics counter), so they compare the same wo
 each concurrency; medians are reported, with the load average, and "per round": the median over rounds of each
 round's service figure over its offline one (adjacent runs share the machine's speed, which drifts between rounds).
 Where the service's time goes: decoder rows per step, ms per step, and the step share (the running batch's steps'
-seconds over the wall clock; the rest is encoding, HTTP and the event loop). Writes
-benchmarks/results/service-throughput-NAME.json.
+seconds over the wall clock; the rest is encoding, HTTP and the event loop). `--compare VAR=VALUE[,VAR=VALUE]`
+starts a second server with those ONNXMT_* settings and runs it in every round too, the two servers taking turns
+first (each idle while the other runs): "compared" rows, and each round's compared figure over the first server's.
+Writes benchmarks/results/service-throughput-NAME.json.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +46,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--target", default=None)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--compare", default=None, metavar="VAR=VALUE[,VAR=VALUE]", help="a second server's settings")
     p.add_argument("--name", default=None)
     p.add_argument("--out", type=Path, default=HERE / "results")
     args = p.parse_args()
@@ -56,40 +61,45 @@ def main() -> None:
         ONNXMT_BEAMS=str(args.beams), ONNXMT_MAX_NEW_TOKENS=str(args.tokens),
         ONNXMT_MAX_QUEUE="1024", ONNXMT_MAX_TEXTS="64", ONNXMT_TIMEOUT="0",
     )  # fmt: skip
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process, _ = start_server([args.model_dir], port, Path(tempfile.gettempdir()) / f"onnxmt-throughput-{port}.log")
+    servers = {"service": _server(args.model_dir, {})}
+    if args.compare:
+        servers["compared"] = _server(args.model_dir, dict(kv.split("=", 1) for kv in args.compare.split(",")))
     # The sources are English: said, as the offline call knows it (no language detection per request).
     body = {"source": "en", **({"target": target} if target else {})}
-    figures: dict[str, list[float]] = {"offline": [], **{f"service {c}": [] for c in args.concurrency}}
+    keys = [f"{name} {c}" for c in args.concurrency for name in servers]
+    figures: dict[str, list[float]] = {"offline": [], **{key: [] for key in keys}}
     # Where the service's time goes, per concurrency and round: decoder rows per step, and the share of the
     # wall clock spent in the running batch's steps (the rest: encoding, HTTP, the event loop, idle waits).
-    shapes: dict[str, list[dict[str, float]]] = {f"service {c}": [] for c in args.concurrency}
+    shapes: dict[str, list[dict[str, float]]] = {key: [] for key in keys}
     try:
-        translator.translate(texts[:4], target_lang=target)  # warm-up, both sides
-        asyncio.run(run_level(url, [body], [texts], 4, 8, 60))
-        for _ in range(args.rounds):
+        translator.translate(texts[:4], target_lang=target)  # warm-up, all sides
+        for _, url in servers.values():
+            asyncio.run(run_level(url, [body], [texts], 4, 8, 60))
+        for round_ in range(args.rounds):
             started = time.perf_counter()
             done = translator.translate(texts, target_lang=target, batch_size=args.batch_size)
             figures["offline"].append(sum(len(t.token_ids) for t in done) / (time.perf_counter() - started))
-            for concurrency in args.concurrency:
+            order = list(servers.items()) if round_ % 2 == 0 else list(servers.items())[::-1]
+            for concurrency, (name, (_, url)) in ((c, server) for c in args.concurrency for server in order):
                 before = batch_sizes(url)
                 latencies, errors, elapsed = asyncio.run(run_level(url, [body], [texts], concurrency, len(texts), 600))
                 if errors or len(latencies) != len(texts):
-                    raise SystemExit(f"{concurrency} clients: {errors}, {len(latencies)} answered")
+                    raise SystemExit(f"{name}, {concurrency} clients: {errors}, {len(latencies)} answered")
                 after = batch_sizes(url)
                 generated = after["generated_tokens"] - before["generated_tokens"]
-                figures[f"service {concurrency}"].append(generated / elapsed)
+                figures[f"{name} {concurrency}"].append(generated / elapsed)
                 steps = after["steps"] - before["steps"]
-                shapes[f"service {concurrency}"].append({
+                shapes[f"{name} {concurrency}"].append({
                     "rows_per_step": (after["step_rows"] - before["step_rows"]) / max(steps, 1),
                     "step_share": (after["step_seconds"] - before["step_seconds"]) / elapsed,
                     "encoder_calls": after["encoder_calls"] - before["encoder_calls"],
                     "ms_per_step": 1000 * (after["step_seconds"] - before["step_seconds"]) / max(steps, 1),
                 })  # fmt: skip
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=120)
+        for process, _ in servers.values():
+            process.send_signal(signal.SIGTERM)
+        for process, _ in servers.values():
+            process.wait(timeout=120)
     medians = {k: round(statistics.median(v), 1) for k, v in figures.items()}
     result = {
         "settings": {**vars(args), "model_dir": str(args.model_dir), "out": str(args.out)},
@@ -104,6 +114,13 @@ def main() -> None:
             if k != "offline"
         },
         "shapes": shapes,
+        "compared_over_service": {
+            f"{c} clients": [
+                round(a / b, 3) for a, b in zip(figures[f"compared {c}"], figures[f"service {c}"], strict=True)
+            ]
+            for c in args.concurrency
+            if args.compare
+        },
         "load_average_end": os.getloadavg(),
         "machine": machine.describe(),
     }
@@ -118,7 +135,24 @@ def main() -> None:
                  (("rows_per_step", 1), ("ms_per_step", 1), ("step_share", 2), ("encoder_calls", 0))]  # fmt: skip
         rounds = f"{statistics.median(result['round_ratios'][key]):.2f}" if key in shapes else ""
         print(f"| {key} | {value} | {result['ratios'][key]:.2f} | {rounds} | " + " | ".join(cells) + " |")
+    for c, ratios in result["compared_over_service"].items():
+        median = statistics.median(ratios)
+        print(f"\ncompared ({args.compare}) over service, {c}: per round {ratios}, median {median:.3f}")
     print(f"\nwrote {path}")
+
+
+def _server(model_dir: Path, settings: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    """`onnxmt serve MODEL_DIR` on a free port with these ONNXMT_* settings on top of the environment's."""
+    saved = dict(os.environ)
+    os.environ.update(settings)
+    try:
+        port = free_port()
+        log = Path(tempfile.gettempdir()) / f"onnxmt-throughput-{port}.log"
+        process, _ = start_server([model_dir], port, log)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return process, f"http://127.0.0.1:{port}"
 
 
 if __name__ == "__main__":

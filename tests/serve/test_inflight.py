@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from onnxmt import Translator
+from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.serve import inflight
 from onnxmt.serve.app import create_app
 from onnxmt.serve.inflight import InflightBatcher
@@ -83,6 +84,35 @@ def test_info_says_whether_a_model_runs_in_flight(form: str, tiny_onnx_dir: Path
     assert info["batching"]["in_flight"] is (form == "rows")
     expected = Translator(directory).translate(TEXTS[:4], beams=2, max_new_tokens=12)
     assert answer.json()["translatedText"] == [t.text for t in expected]
+
+
+@pytest.mark.parametrize(
+    ("form", "encoder_threads", "expected"), [("rows", None, 2), ("concat", None, 4), ("rows", 3, 3)]
+)
+def test_a_model_batched_in_flight_encodes_on_half_the_threads(
+    form: str, encoder_threads: int | None, expected: int, tiny_onnx_dir: Path, tiny_concat_onnx_dir: Path
+) -> None:
+    """The encoder of a model batched in flight runs beside the decoder: by default on half of `--threads`; a model
+    with static batches encodes on all of them; `--encoder-threads` wins. The sessions are opened so (/info reads
+    them back) and the answers stay the library's."""
+    directory = tiny_onnx_dir if form == "rows" else tiny_concat_onnx_dir
+    runtime = RuntimeOptions(threads=4, encoder_threads=encoder_threads)
+    with TestClient(create_app(directory, ServeOptions(), runtime)) as client:
+        deadline = time.monotonic() + 60
+        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        info = client.get("/info").json()
+        answer = client.post("/translate", json={"q": TEXTS[:4], "beams": 2, "max_new_tokens": 12})
+        service = client.app.state.service  # type: ignore[attr-defined]
+        entry = service.catalog.entries[0]
+        # A model of a directory of models is opened by its manifest, read before it is loaded: the same choice.
+        chosen = service._runtime_for(entry.directory, entry.manifest)
+        assert (chosen.encoder_threads or chosen.threads) == expected
+    [model] = info["models"]
+    assert model["encoder_threads"] == expected
+    assert model["in_flight"] is (form == "rows")
+    expected_texts = Translator(directory).translate(TEXTS[:4], beams=2, max_new_tokens=12)
+    assert answer.json()["translatedText"] == [t.text for t in expected_texts]
 
 
 def test_requests_waiting_for_a_place_are_encoded_together(tiny_onnx_dir: Path, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from .flags import flags, with_options
     env=True,
     options=flags(ServeOptions),
     decoding=flags(DecodeOptions, "beams", "max_new_tokens"),
-    runtime=flags(RuntimeOptions, "threads", "variant"),
+    runtime=flags(RuntimeOptions, "threads", "encoder_threads", "variant"),
     scaling=flags(RayServeOptions, "replicas", "min_replicas", "max_replicas", "cpus_per_replica"),
 )
 def serve(

@@ -156,13 +156,14 @@ def _padded(a: np.ndarray, axis: int, size: int) -> np.ndarray:
     return np.pad(a, widths)
 
 
-def session_options(options: RuntimeOptions, arena: bool = True):
-    """`arena=False`: the session allocates without ONNX Runtime's CPU memory arena (see `load_session`)."""
+def session_options(options: RuntimeOptions, encoder: bool = False):
+    """`encoder`: the options of an encoder's session (see `load_session`)."""
     import onnxruntime as ort
 
+    threads = (options.encoder_threads if encoder else None) or options.threads or os.cpu_count() or 1
     so = ort.SessionOptions()
-    so.enable_cpu_mem_arena = arena
-    so.intra_op_num_threads = options.threads or os.cpu_count() or 1
+    so.enable_cpu_mem_arena = not encoder
+    so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -170,18 +171,19 @@ def session_options(options: RuntimeOptions, arena: bool = True):
     return so
 
 
-def load_session(path: Path, options: RuntimeOptions, arena: bool = True):
-    """An ONNX Runtime session of the graph file `path`. `arena=False` for an encoder: an arena keeps the largest
-    activations a session ever allocated, and an encoder's (the whole source batch at once, run once per batch)
-    are the largest of a translation. Without it they are freed after each call: NLLB-200-3.3B int8, beam 4 over 8
-    sentences of up to 183 tokens, peaks 4,758 -> 4,256 MB; the decoder, run at every step with small
+def load_session(path: Path, options: RuntimeOptions, encoder: bool = False):
+    """An ONNX Runtime session of the graph file `path`. `encoder=True` for an encoder: on
+    `options.encoder_threads` threads when set, and without ONNX Runtime's CPU memory arena. An arena keeps the
+    largest activations a session ever allocated, and an encoder's (the whole source batch at once, run once per
+    batch) are the largest of a translation. Without it they are freed after each call: NLLB-200-3.3B int8, beam 4
+    over 8 sentences of up to 183 tokens, peaks 4,758 -> 4,256 MB; the decoder, run at every step with small
     activations, keeps its arena (off, it saved nothing there)."""
     import onnxruntime as ort
 
     if not path.is_file():
         raise ModelDirError(f"{path}: graph file is missing")
     try:
-        so = session_options(options, arena)
+        so = session_options(options, encoder)
         return ort.InferenceSession(str(path), sess_options=so, providers=list(options.providers))
     except Exception as e:  # ORT raises its own exception types for truncated or invalid protobufs
         raise ModelDirError(f"{path}: ONNX Runtime cannot load this graph ({e.__class__.__name__}: {e})") from e
@@ -295,6 +297,8 @@ def chunk_length(vocab: int, k: int) -> int | None:
 class Graphs:
     """Common part: names by role from the manifest, empty caches of the right shape, the vocabulary ops."""
 
+    encoder: Any  # the encoder's ONNX Runtime session
+
     def __init__(self, manifest: Manifest, options: RuntimeOptions) -> None:
         self.ops = VocabOps(options)
         self.layers = int(manifest.model["num_layers"])
@@ -388,7 +392,7 @@ class OnnxmtGraphs(Graphs):
         # comes with nothing else loaded yet; what it no longer needs is given back before the encoder.
         self.decoder = load_session(directory / dec.file, options)
         release_load_memory(directory, trim=False)
-        self.encoder = load_session(directory / enc.file, options, arena=False)
+        self.encoder = load_session(directory / enc.file, options, encoder=True)
         release_load_memory(directory)
         self.enc_in = (enc.input_name("input_ids"), enc.input_name("attention_mask"))
         self.enc_out = [enc.output_name(r) for r in _kv_roles("cross", self.layers)]
@@ -505,7 +509,9 @@ class OptimumGraphs(Graphs):
 
         def session(part: str) -> Any:
             file = self.specs[part].file
-            return opened[file] if file in opened else load_session(directory / file, options, part != "encoder")
+            if file in opened:
+                return opened[file]
+            return load_session(directory / file, options, encoder=part == "encoder")
 
         self.encoder = session("encoder")
         self.float_inputs = {part: _float_inputs(spec) for part, spec in self.specs.items()}

@@ -14,6 +14,15 @@ class RuntimeOptions:
     """How ONNX Runtime runs the graphs."""
 
     threads: int | None = option(None, help="ONNX Runtime intra-op threads (default: all cores).")
+    # The service encodes waiting requests while the decoder steps (serve/inflight.py): an encoder on every core
+    # beside a decoder on every core oversubscribes them. Measured on 2 cores, opus-mt int8 greedy, 32 clients:
+    # 1 encoder thread gave 1.03-1.06x the tokens/s of 2 (docs/benchmarks.md).
+    encoder_threads: int | None = option(
+        None,
+        help="ONNX Runtime intra-op threads of the encoder (default: --threads; `onnxmt serve`, for the models it "
+        "batches in flight: half of --threads, at least 1, as its encoder runs beside the decoder).",
+        min=1,
+    )
     # Off by default because on small machines the spinning threads steal the cores the work needs (measured
     # 38-50% slower at batch 1 on 2 cores); `onnxmt tune` measures it.
     spinning: bool = option(False, help="Let idle ONNX Runtime threads busy-wait for work.")

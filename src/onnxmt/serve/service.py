@@ -11,16 +11,18 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from .. import __version__
 from ..documents.translate import Counting, counting
-from ..manifest import Manifest
+from ..manifest import MANIFEST_NAME, Manifest, read_manifest
 from ..models import is_model_dir, model_dirs_in
 from ..runtime.cancel import CancelToken
 from ..runtime.decoding import names_no_length
@@ -102,8 +104,9 @@ class Service:
         where = ", ".join(str(d) for d in self.model_dirs)
         try:
             if len(self.model_dirs) == 1 and not _holds_models(self.model_dirs[0]):
+                directory = self.model_dirs[0]
                 translator = await loop.run_in_executor(
-                    self._executor, Translator, self.model_dirs[0], self.runtime, self.decoding
+                    self._executor, lambda: Translator(directory, self._runtime_for(directory), self.decoding)
                 )
                 entries = [_entry(self.model_dirs[0], self.model_dirs[0].name, translator.manifest)]
             else:
@@ -155,7 +158,24 @@ class Service:
 
     def _load(self, entry: ModelEntry) -> Translator:
         """Runs on the inference thread."""
-        return Translator(entry.directory, self.runtime, self.decoding)
+        return Translator(entry.directory, self._runtime_for(entry.directory, entry.manifest), self.decoding)
+
+    def _runtime_for(self, directory: Path, manifest: Manifest | None = None) -> RuntimeOptions:
+        """The runtime options a model is opened with. A model batched in flight has its waiting requests encoded
+        while the decoder steps, on the encoder thread (serve/inflight.py): unless `--encoder-threads` says
+        otherwise, its encoder runs on half of the threads (at least 1), so that the two together do not
+        oversubscribe the cores. Models with static batches encode between steps, on all of them."""
+        runtime = self.runtime
+        if runtime.encoder_threads is not None:
+            return runtime
+        if manifest is None:
+            if not (directory / MANIFEST_NAME).is_file():
+                return runtime  # Optimum's and Transformers.js's directories run static batches
+            manifest = read_manifest(directory)
+        decoder = manifest.graphs.get("decoder")
+        if decoder is None or not decoder.per_row_positions():
+            return runtime
+        return replace(runtime, encoder_threads=max(1, (runtime.threads or os.cpu_count() or 1) // 2))
 
     def _make_batcher(self, entry: ModelEntry) -> MicroBatcher:
         """In-flight batching for a decoder that takes one cache length per row; static micro-batches otherwise
@@ -463,6 +483,7 @@ class Service:
                 "languages": _languages_info(e.languages),
                 "batch_invariant": batch_invariant(e.manifest, o.max_batch_size),
                 "in_flight": None if e.translator is None else in_flight(e.translator),
+                "encoder_threads": None if e.translator is None else encoder_threads(e.translator),
                 "cost_limits": self.cost_limits(e.manifest)._asdict(),
                 **_model_info(e),
             }
@@ -554,6 +575,11 @@ def _partials(
             on_partial(i, text)
 
     return told
+
+
+def encoder_threads(translator: Translator) -> int:
+    """The ONNX Runtime threads of the model's encoder (`Service._runtime_for`)."""
+    return int(translator.graphs.encoder.get_session_options().intra_op_num_threads)
 
 
 def in_flight(translator: Translator) -> bool:
