@@ -280,6 +280,25 @@ def test_an_encoder_group_gives_each_row_the_values_of_one_call(translator: Tran
             assert not parts[rows, :, width:].any()
 
 
+def test_an_encoder_on_one_thread_groups_rows_at_its_own_call_cost(tiny_onnx_dir: Path) -> None:
+    """An encoder on one thread (the service's default beside the decoder on 2 cores) counts a call as fewer padded
+    tokens, so it cuts a batch into more groups; the translations are the same (a group's rows get the values of
+    one call over the whole batch)."""
+    from onnxmt.runtime.graphs import ENCODER_CALL_TOKENS, SINGLE_THREAD_CALL_TOKENS, encoder_groups
+
+    one = Translator(tiny_onnx_dir, RuntimeOptions(threads=2, encoder_threads=1))
+    two = Translator(tiny_onnx_dir, RuntimeOptions(threads=2))
+    assert one.graphs.encoder.get_session_options().intra_op_num_threads == 1
+    assert two.graphs.encoder.get_session_options().intra_op_num_threads == 2
+    assert (one.graphs.call_tokens, two.graphs.call_tokens) == (SINGLE_THREAD_CALL_TOKENS, ENCODER_CALL_TOKENS)
+    _, mask = _padded(one, SENTENCES)
+    assert len(encoder_groups(mask, SINGLE_THREAD_CALL_TOKENS)) > len(encoder_groups(mask, ENCODER_CALL_TOKENS))
+    for beams in (1, 4):
+        ours = one.translate(SENTENCES, beams=beams, max_new_tokens=12)
+        theirs = two.translate(SENTENCES, beams=beams, max_new_tokens=12)
+        assert [t.token_ids for t in ours] == [t.token_ids for t in theirs]
+
+
 def _grouping_cost(lengths: list[int], bounds: list[int], call_tokens: int) -> int:
     return sum((b - a) * lengths[b - 1] + call_tokens for a, b in itertools.pairwise(bounds))
 

@@ -329,6 +329,15 @@ class Graphs:
 # 4.9 s in one call (2208 padded tokens), 2.7 s in 4 groups of 8 (1384), 3.1 s in 8 groups of 4 (1288) and 3.1 s
 # one by one (1202): below a few hundred tokens a call, fewer padded tokens stop paying.
 ENCODER_CALL_TOKENS = 128
+# An encoder on one thread has no thread pool to start and join at each operator, so a call costs far less: on
+# opus-mt's shape (int8, 1 thread) 192 FLORES sentences in arrival-order pools of 16 took 1,030 ms with 16 tokens a
+# call (the least of 0-256), 1,160 ms with 128; sorted into batches of 64, 963 against 1,089 ms (medians of 5).
+SINGLE_THREAD_CALL_TOKENS = 16
+
+
+def encoder_call_tokens(threads: int) -> int:
+    """What one more encoder call costs, in padded source tokens, for an encoder on `threads` threads."""
+    return SINGLE_THREAD_CALL_TOKENS if threads == 1 else ENCODER_CALL_TOKENS
 
 
 def encoder_groups(attention_mask: np.ndarray, call_tokens: int = ENCODER_CALL_TOKENS) -> list[tuple[np.ndarray, int]]:
@@ -394,6 +403,7 @@ class OnnxmtGraphs(Graphs):
         release_load_memory(directory, trim=False)
         self.encoder = load_session(directory / enc.file, options, encoder=True)
         release_load_memory(directory)
+        self.call_tokens = encoder_call_tokens(self.encoder.get_session_options().intra_op_num_threads)
         self.enc_in = (enc.input_name("input_ids"), enc.input_name("attention_mask"))
         self.enc_out = [enc.output_name(r) for r in _kv_roles("cross", self.layers)]
         self.dec_ids, self.dec_mask = dec.input_name("input_ids"), dec.input_name("encoder_attention_mask")
@@ -413,7 +423,7 @@ class OnnxmtGraphs(Graphs):
         """The encoder runs once per group of rows of similar length (`encoder_groups`), each cut to its own longest
         row, and the groups' cross-attention K/V are joined at the batch's width, zero past each group's width (where
         its rows' masks are 0). A float encoder gives each row the same values as one call over the whole batch."""
-        groups = encoder_groups(attention_mask)
+        groups = encoder_groups(attention_mask, self.call_tokens)
         cross: list[np.ndarray] = []
         for rows, width, out in self._encoder_runs(input_ids, attention_mask, groups):
             if len(groups) == 1:
@@ -454,7 +464,8 @@ class OnnxmtGraphs(Graphs):
         arrays would be one copy more)."""
         lengths = attention_mask.sum(axis=1).tolist()
         each: list[tuple[np.ndarray, ...]] = [()] * len(input_ids)
-        for rows, _, out in self._encoder_runs(input_ids, attention_mask, encoder_groups(attention_mask)):
+        groups = encoder_groups(attention_mask, self.call_tokens)
+        for rows, _, out in self._encoder_runs(input_ids, attention_mask, groups):
             for j, i in enumerate(rows.tolist()):
                 each[i] = tuple(a[j : j + 1, :, : lengths[i]] for a in out)
         return each
