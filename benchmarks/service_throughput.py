@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
 import machine
 from load import batch_sizes, free_port, run_level, sentences, start_server
 
@@ -75,6 +77,9 @@ def main() -> None:
         translator.translate(texts[:4], target_lang=target)  # warm-up, all sides
         for _, url in servers.values():
             asyncio.run(run_level(url, [body], [texts], 4, 8, 60))
+        # What each server runs with, from its /info (the settings of the first model).
+        served = {name: httpx.get(f"{url}/info", timeout=10).json()["models"][0] for name, (_, url) in servers.items()}
+        running = {name: {k: m[k] for k in ("in_flight", "encoder_threads")} for name, m in served.items()}
         for round_ in range(args.rounds):
             started = time.perf_counter()
             done = translator.translate(texts, target_lang=target, batch_size=args.batch_size)
@@ -114,6 +119,7 @@ def main() -> None:
             if k != "offline"
         },
         "shapes": shapes,
+        "servers": running,
         "compared_over_service": {
             f"{c} clients": [
                 round(a / b, 3) for a, b in zip(figures[f"compared {c}"], figures[f"service {c}"], strict=True)

@@ -140,6 +140,39 @@ def test_int8_batch_quick_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_service_throughput_compares_a_second_servers_settings(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    # benchmarks/service_throughput.py --compare on the tiny model: both servers run every round, each round's
+    # compared figure is divided by the first server's, and the second server ran with its settings (/info).
+    command = [sys.executable, str(BENCHMARKS / "service_throughput.py"), str(tiny_onnx_dir), "--texts", "8"]
+    command += ["--tokens", "4", "--beams", "1", "--concurrency", "2", "--rounds", "2", "--batch-size", "4"]
+    command += ["--compare", "ONNXMT_ENCODER_THREADS=2,ONNXMT_THREADS=2", "--name", "t", "--out", str(tmp_path)]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "service-throughput-t.json").read_text())
+    assert set(result["tokens_per_s"]) == {"offline", "service 2", "compared 2"}
+    assert all(len(v) == 2 and min(v) > 0 for v in result["tokens_per_s"].values())
+    service, compared = result["tokens_per_s"]["service 2"], result["tokens_per_s"]["compared 2"]
+    ratios = [round(a / b, 3) for a, b in zip(compared, service, strict=True)]
+    assert result["compared_over_service"]["2 clients"] == ratios
+    assert "compared (ONNXMT_ENCODER_THREADS=2,ONNXMT_THREADS=2) over service, 2 clients" in proc.stdout
+    assert result["servers"] == {
+        "service": {"in_flight": True, "encoder_threads": 1},
+        "compared": {"in_flight": True, "encoder_threads": 2},
+    }
+
+
+def test_encoder_pools_quick_run(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    # benchmarks/encoder_pools.py on the tiny model: every setting timed in every round.
+    command = [sys.executable, str(BENCHMARKS / "encoder_pools.py"), str(tiny_onnx_dir), "--texts", "12"]
+    command += ["--pool", "4", "--rounds", "2", "--call-tokens", "0", "16", "--name", "t", "--out", str(tmp_path)]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "encoder-pools-t.json").read_text())
+    assert len(result["ms"]) == 2 * 2 * 2 and all(len(v) == 2 and min(v) > 0 for v in result["ms"].values())
+    assert "| 1 | 16 |" in proc.stdout and "| 2 | 0 |" in proc.stdout
+
+
+@pytest.mark.timeout(300)
 def test_load_run_bounds_outputs_by_source_length(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     # benchmarks/load.py end to end on the tiny model: every request answered, and with --output-length source no
     # request generates more tokens than its source has (the server's own counter).
