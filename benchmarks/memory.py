@@ -28,8 +28,8 @@ from onnxmt.runtime.translator import Translator
 variant = sys.argv[2]
 if variant == "arena off":
     plain = graphs.session_options
-    def without_arena(options):
-        so = plain(options)
+    def without_arena(options, encoder=False):
+        so = plain(options, encoder)
         so.enable_cpu_mem_arena = False
         return so
     graphs.session_options = without_arena

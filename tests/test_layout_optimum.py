@@ -151,9 +151,9 @@ def test_each_graph_is_loaded_once(tiny_optimum_dir: Path, monkeypatch: pytest.M
     loaded: list[str] = []
     real = graphs.load_session
 
-    def counting(path: Path, options, arena: bool = True):  # type: ignore[no-untyped-def]
+    def counting(path: Path, options, encoder: bool = False):  # type: ignore[no-untyped-def]
         loaded.append(Path(path).name)
-        return real(path, options, arena)
+        return real(path, options, encoder=encoder)
 
     monkeypatch.setattr(graphs, "load_session", counting)
     translator = Translator(tiny_optimum_dir)

@@ -291,8 +291,23 @@ def test_an_encoder_on_one_thread_groups_rows_at_its_own_call_cost(tiny_onnx_dir
     assert one.graphs.encoder.get_session_options().intra_op_num_threads == 1
     assert two.graphs.encoder.get_session_options().intra_op_num_threads == 2
     assert (one.graphs.call_tokens, two.graphs.call_tokens) == (SINGLE_THREAD_CALL_TOKENS, ENCODER_CALL_TOKENS)
-    _, mask = _padded(one, SENTENCES)
+    ids, mask = _padded(one, SENTENCES)
     assert len(encoder_groups(mask, SINGLE_THREAD_CALL_TOKENS)) > len(encoder_groups(mask, ENCODER_CALL_TOKENS))
+    # Both ways into the encoder (a batch's, and the running batch's text by text) group at the graphs' own cost.
+    import onnxmt.runtime.graphs as graphs_module
+
+    costs: list[int] = []
+
+    def recording(attention_mask: np.ndarray, call_tokens: int = ENCODER_CALL_TOKENS) -> Any:
+        costs.append(call_tokens)
+        return encoder_groups(attention_mask, call_tokens)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(graphs_module, "encoder_groups", recording)
+        one.graphs.encode(ids, mask)
+        one.graphs.encode_each(ids, mask)
+        two.graphs.encode(ids, mask)
+    assert costs == [SINGLE_THREAD_CALL_TOKENS, SINGLE_THREAD_CALL_TOKENS, ENCODER_CALL_TOKENS]
     for beams in (1, 4):
         ours = one.translate(SENTENCES, beams=beams, max_new_tokens=12)
         theirs = two.translate(SENTENCES, beams=beams, max_new_tokens=12)

@@ -115,6 +115,26 @@ def test_a_model_batched_in_flight_encodes_on_half_the_threads(
     assert answer.json()["translatedText"] == [t.text for t in expected_texts]
 
 
+def test_a_model_of_a_directory_of_models_is_loaded_with_the_same_encoder_threads(
+    tiny_onnx_dir: Path, tmp_path: Path
+) -> None:
+    """A directory of model directories: its models are loaded on first use (and again after an unload) by the
+    model pool, which opens them with the same choice of encoder threads as a single model."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "opus").symlink_to(tiny_onnx_dir, target_is_directory=True)
+    with TestClient(create_app(models, ServeOptions(), RuntimeOptions(threads=4))) as client:
+        deadline = time.monotonic() + 60
+        while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        before = client.get("/info").json()["models"]
+        answer = client.post("/translate", json={"q": TEXTS[:2], "beams": 1, "max_new_tokens": 8})
+        after = client.get("/info").json()["models"]
+    assert [m["loaded"] for m in before] == [False] and [m["encoder_threads"] for m in before] == [None]
+    assert answer.status_code == 200, answer.text
+    assert [(m["loaded"], m["in_flight"], m["encoder_threads"]) for m in after] == [(True, True, 2)]
+
+
 def test_requests_waiting_for_a_place_are_encoded_together(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     """16 one-text requests at once into 4 places: those waiting are encoded in the call of the first that joins
     (fewer encoder calls than texts, every text encoded once), and each answer is the library's for its text."""

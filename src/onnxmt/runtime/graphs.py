@@ -330,8 +330,9 @@ class Graphs:
 # one by one (1202): below a few hundred tokens a call, fewer padded tokens stop paying.
 ENCODER_CALL_TOKENS = 128
 # An encoder on one thread has no thread pool to start and join at each operator, so a call costs far less: on
-# opus-mt's shape (int8, 1 thread) 192 FLORES sentences in arrival-order pools of 16 took 1,030 ms with 16 tokens a
-# call (the least of 0-256), 1,160 ms with 128; sorted into batches of 64, 963 against 1,089 ms (medians of 5).
+# opus-mt's shape (int8, 1 thread) 192 FLORES sentences in arrival-order pools of 16 took 1,029 ms with 16 tokens a
+# call, 1,161 ms with 128; sorted, 940 against 955 ms (benchmarks/encoder_pools.py; of 0-256 tokens a call, 8-16
+# were the fastest). On 2 threads 128 stays: 692 against 708 ms.
 SINGLE_THREAD_CALL_TOKENS = 16
 
 

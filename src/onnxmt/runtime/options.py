@@ -15,12 +15,12 @@ class RuntimeOptions:
 
     threads: int | None = option(None, help="ONNX Runtime intra-op threads (default: all cores).")
     # The service encodes waiting requests while the decoder steps (serve/inflight.py): an encoder on every core
-    # beside a decoder on every core oversubscribes them. Measured on 2 cores, opus-mt int8 greedy, 32 clients:
-    # 1 encoder thread gave 1.03-1.06x the tokens/s of 2 (docs/benchmarks.md).
+    # beside a decoder on every core oversubscribes them. On 2 cores, 2 encoder threads gave 0.94-1.00x the tokens/s
+    # of 1 under 32 and 64 clients (docs/benchmarks.md, "The encoder beside the decoder").
     encoder_threads: int | None = option(
         None,
-        help="ONNX Runtime intra-op threads of the encoder (default: --threads; `onnxmt serve`, for the models it "
-        "batches in flight: half of --threads, at least 1, as its encoder runs beside the decoder).",
+        help="ONNX Runtime intra-op threads of the encoder (default in `onnxmt serve`: half of --threads, at least "
+        "1, for a model batched in flight, whose encoder runs beside the decoder; --threads otherwise).",
         min=1,
     )
     # Off by default because on small machines the spinning threads steal the cores the work needs (measured
