@@ -10,9 +10,10 @@ generated (the service's from its /metrics counter), so they compare the same wo
 each concurrency; medians are reported, with the load average, and "per round": the median over rounds of each
 round's service figure over its offline one (adjacent runs share the machine's speed, which drifts between rounds).
 Where the service's time goes: decoder rows per step, ms per step, and the step share (the running batch's steps'
-seconds over the wall clock; the rest is encoding, HTTP and the event loop). `--compare VAR=VALUE[,VAR=VALUE]`
-starts a second server with those ONNXMT_* settings and runs it in every round too, the two servers taking turns
-first (each idle while the other runs): "compared" rows, and each round's compared figure over the first server's.
+seconds over the wall clock; the rest is encoding, HTTP and the event loop). Every other round runs the
+concurrency levels in reverse order (the machine's speed drifts within a round too). `--compare VAR=VALUE[,...]`
+starts a second server with those ONNXMT_* settings and runs it in every round too (each idle while the other
+runs; the two take turns first): "compared" rows, and each round's compared figure over the first server's.
 Writes benchmarks/results/service-throughput-NAME.json.
 """
 
@@ -84,8 +85,11 @@ def main() -> None:
             started = time.perf_counter()
             done = translator.translate(texts, target_lang=target, batch_size=args.batch_size)
             figures["offline"].append(sum(len(t.token_ids) for t in done) / (time.perf_counter() - started))
+            # Every other round runs the levels and the servers in reverse order: the machine's speed drifts
+            # within a round too, and a level always run last would always meet the round's slowest part.
             order = list(servers.items()) if round_ % 2 == 0 else list(servers.items())[::-1]
-            for concurrency, (name, (_, url)) in ((c, server) for c in args.concurrency for server in order):
+            levels = args.concurrency if round_ % 2 == 0 else args.concurrency[::-1]
+            for concurrency, (name, (_, url)) in ((c, server) for c in levels for server in order):
                 before = batch_sizes(url)
                 latencies, errors, elapsed = asyncio.run(run_level(url, [body], [texts], concurrency, len(texts), 600))
                 if errors or len(latencies) != len(texts):
