@@ -172,8 +172,7 @@ class Service:
             if not (directory / MANIFEST_NAME).is_file():
                 return runtime  # Optimum's and Transformers.js's directories run static batches
             manifest = read_manifest(directory)
-        decoder = manifest.graphs.get("decoder")
-        if decoder is None or not decoder.per_row_positions():
+        if not in_flight(manifest):
             return runtime
         return replace(runtime, encoder_threads=max(1, (runtime.threads or os.cpu_count() or 1) // 2))
 
@@ -182,7 +181,7 @@ class Service:
         (directories exported before format 4, Optimum's)."""
         assert self._executor is not None and entry.translator is not None
         on_queue = self.metrics.queue_depth.labels(entry.name).set
-        if in_flight(entry.translator):
+        if in_flight(entry.translator.manifest):
             return InflightBatcher(
                 entry.translator,
                 self._executor,
@@ -482,7 +481,7 @@ class Service:
                 "error": e.error,
                 "languages": _languages_info(e.languages),
                 "batch_invariant": batch_invariant(e.manifest, o.max_batch_size),
-                "in_flight": None if e.translator is None else in_flight(e.translator),
+                "in_flight": None if e.translator is None else in_flight(e.manifest),
                 "encoder_threads": None if e.translator is None else encoder_threads(e.translator),
                 "cost_limits": self.cost_limits(e.manifest)._asdict(),
                 **_model_info(e),
@@ -506,7 +505,7 @@ class Service:
             entry = catalog.entries[0]
             answer["batching"]["batch_invariant"] = batch_invariant(entry.manifest, o.max_batch_size)
             # In flight: requests join the running decoder batch at every step; else static micro-batches.
-            answer["batching"]["in_flight"] = None if entry.translator is None else in_flight(entry.translator)
+            answer["batching"]["in_flight"] = None if entry.translator is None else in_flight(entry.manifest)
         answer["limits"] = {
             "max_chars": o.max_chars,
             "max_texts": o.max_texts,
@@ -582,9 +581,10 @@ def encoder_threads(translator: Translator) -> int:
     return int(translator.graphs.encoder.get_session_options().intra_op_num_threads)
 
 
-def in_flight(translator: Translator) -> bool:
+def in_flight(manifest: Manifest) -> bool:
     """Whether the service batches this model in flight (its decoder takes one cache length per row)."""
-    return bool(getattr(translator.graphs, "per_row", False))
+    decoder = manifest.graphs.get("decoder")
+    return decoder is not None and decoder.per_row_positions()
 
 
 def _holds_models(path: Path) -> bool:
