@@ -99,18 +99,23 @@ def test_cache_buffer_decoder_reads_a_buffer_and_returns_the_new_key_and_value(t
     assert manifest.provenance["check"]["cached_step_logits_max_abs_diff"] < 1e-4
 
 
-def test_rows_of_different_lengths_share_a_decoder_call_exactly(tiny_buffered_onnx_dir: Path) -> None:
+@pytest.mark.parametrize("capacity", [8, 12, 20])
+@pytest.mark.parametrize("family", ["marian", "t5"])
+def test_rows_of_different_lengths_share_a_decoder_call_exactly(family: str, capacity: int, request) -> None:
     """Each row its own cache length: two sentences stepped alone to different lengths, then stepped together in
-    one call (their buffers side by side, each masked past its own length), give the logits and new K/V each gives
-    alone: what in-flight batching relies on to join rows at any step."""
+    one call (their buffers side by side, each masked past its own length, at another capacity than alone), give
+    the logits and new K/V each gives alone, bit for bit: what in-flight batching relies on to join rows at any
+    step. Capacities are whole blocks of key positions (graphs.aligned), as the runtime makes them."""
     import numpy as np
 
-    from onnxmt.runtime.graphs import OnnxmtGraphs
+    from onnxmt.runtime.graphs import KEY_BLOCK, OnnxmtGraphs
     from onnxmt.runtime.options import RuntimeOptions
     from onnxmt.runtime.translator import pad_batch
 
-    manifest = read_manifest(tiny_buffered_onnx_dir)
-    graphs = OnnxmtGraphs(tiny_buffered_onnx_dir, manifest, RuntimeOptions(threads=1))
+    directory = request.getfixturevalue("tiny_buffered_onnx_dir" if family == "marian" else "tiny_t5_onnx_dir")
+    manifest = read_manifest(directory)
+    graphs = OnnxmtGraphs(directory, manifest, RuntimeOptions(threads=1))
+    assert capacity % KEY_BLOCK == 0
     start, pad = manifest.tokens["decoder_start"], manifest.tokens["pad"]
     sources, steps = [[5, 6, 7, 8, 0], [9, 10, 0]], [[start, 11, 12, 13], [start, 14]]
     alone = []
@@ -118,9 +123,10 @@ def test_rows_of_different_lengths_share_a_decoder_call_exactly(tiny_buffered_on
         cache = graphs.encode(*pad_batch([source], pad), max_positions=8)
         for token in tokens:
             logits, cache = graphs.step(np.array([[token]]), cache)
+        assert cache.self_kv[0].shape[2] == 8
         alone.append((cache, logits))
-    # Both rows in one call: buffers of the same capacity, source K/V at the same width, each row's own length.
-    width, capacity = max(len(s) for s in sources), 8
+    # Both rows in one call: buffers of `capacity` positions (alone: 8, the limit), source K/V at the same width.
+    width = max(len(s) for s in sources)
     _, mask = pad_batch(sources, pad)
     feed = {graphs.dec_ids: np.array([[21], [22]]), graphs.dec_mask: mask}
     lengths = np.array([len(t) for t in steps], dtype=np.int64)

@@ -354,16 +354,16 @@ def test_cache_buffer_steps_match_transformers_past_its_growth(
     buffered: Translator, tiny_hf_dir: Path, limited: bool
 ) -> None:
     # Teacher-forced: each step's logits against transformers' full forward pass at that position, for more steps
-    # than the buffer first holds (so it grows, three times; twice, the second time to the limit exactly, when the
-    # decoding loop's limit is given), on a padded batch.
-    from onnxmt.runtime.graphs import SELF_KV_CHUNK
+    # than the buffer first holds (so it grows, three times; twice, the second time to the limit (rounded up to a
+    # whole block of key positions), when the decoding loop's limit is given), on a padded batch.
+    from onnxmt.runtime.graphs import SELF_KV_CHUNK, aligned
 
     assert buffered.graphs.buffered
     model = transformers.MarianMTModel.from_pretrained(tiny_hf_dir).eval()
     pad = buffered.manifest.tokens["pad"]
     ids = np.array([[5, 6, 7, 8, 0], [9, 10, 0, pad, pad]], dtype=np.int64)
     mask = (ids != pad).astype(np.int64)
-    steps = 2 * SELF_KV_CHUNK + 3
+    steps = 2 * SELF_KV_CHUNK + 7
     tokens = np.random.default_rng(0).integers(2, pad, size=(2, steps)).astype(np.int64)
     tokens[:, 0] = pad  # the decoder start token
     cache = buffered.graphs.encode(ids, mask, max_positions=steps if limited else None)
@@ -373,10 +373,11 @@ def test_cache_buffer_steps_match_transformers_past_its_growth(
         got.append(logits)
         capacities.append(cache.self_kv[0].shape[2])
     assert cache.self_len is not None and (cache.self_len == steps).all()
+    first = aligned(1 + SELF_KV_CHUNK)  # grown after the first step, to whole blocks of key positions
     if limited:
-        assert sorted(set(capacities)) == [1, 1 + SELF_KV_CHUNK, steps]
+        assert sorted(set(capacities)) == [1, first, aligned(steps)]
     else:
-        assert sorted(set(capacities)) == [1, 1 + SELF_KV_CHUNK, 1 + 2 * SELF_KV_CHUNK, 1 + 3 * SELF_KV_CHUNK]
+        assert sorted(set(capacities)) == [1, first, first + SELF_KV_CHUNK, first + 2 * SELF_KV_CHUNK]
     with torch.no_grad():
         source, source_mask, target = (torch.from_numpy(a) for a in (ids, mask, tokens))
         expected = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=target).logits.numpy()
@@ -385,14 +386,17 @@ def test_cache_buffer_steps_match_transformers_past_its_growth(
         buffered.graphs.step(tokens[:, :3], buffered.graphs.encode(ids, mask))
 
 
-def test_cache_buffers_grow_by_a_chunk_and_never_past_the_limit() -> None:
-    from onnxmt.runtime.graphs import SELF_KV_CHUNK, next_capacity
+def test_cache_buffers_grow_by_a_chunk_to_whole_key_blocks_and_not_past_the_limit() -> None:
+    from onnxmt.runtime.graphs import KEY_BLOCK, SELF_KV_CHUNK, next_capacity
 
-    assert next_capacity(1, None) == 1 + SELF_KV_CHUNK
-    assert next_capacity(1, 199) == 1 + SELF_KV_CHUNK  # far from the limit: a chunk
-    assert next_capacity(1, 30) == 30  # less than a chunk would be left: straight to the limit (30 new tokens)
-    assert next_capacity(1 + SELF_KV_CHUNK, 30) == 30
-    assert next_capacity(30, 30) == 31  # stepped past the limit anyway (validate, tests): still room for one more
+    assert KEY_BLOCK == 4 and SELF_KV_CHUNK == 16
+    assert next_capacity(1, None) == 20  # a chunk, to a whole block
+    assert next_capacity(1, 199) == 20  # far from the limit: a chunk
+    assert next_capacity(20, None) == 36
+    assert next_capacity(1, 30) == 32  # less than a chunk would be left: straight to the limit (30 new tokens)
+    assert next_capacity(20, 30) == 32
+    assert next_capacity(32, 32) == 36  # stepped past the limit anyway (validate, tests): still room for one more
+    assert all(next_capacity(f, lim) % KEY_BLOCK == 0 for f in range(1, 80) for lim in (None, *range(1, 90)))
 
 
 def test_a_cache_buffer_can_be_stepped_again(buffered: Translator) -> None:

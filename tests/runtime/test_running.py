@@ -12,6 +12,7 @@ import pytest
 
 from onnxmt import Translator
 from onnxmt.runtime.cancel import CancelToken
+from onnxmt.runtime.graphs import KEY_BLOCK
 from onnxmt.runtime.running import RunningBatch, encode_texts
 from onnxmt.runtime.translator import Prepared
 from onnxmt.testing import generate_corpus
@@ -120,6 +121,8 @@ def test_a_batch_that_grows_past_its_buffers_and_empties_again_translates_as_alo
             assert results[(g, i)][0].tokens == _alone(translator, prepared)[0], (g, i)
     capacities = np.array(results["capacities"])  # (steps, 4): rows, sentences, width, positions
     peak = capacities.max(axis=0)
+    positions = capacities[:, 3]
+    assert ((positions % KEY_BLOCK == 0) | (positions == 1)).all()  # whole blocks of key positions (graphs.aligned)
     assert peak[0] > 16 and peak[3] > 16, peak  # rows and positions outgrew their first buffers
     assert capacities[-1][0] < peak[0] and capacities[-1][1] < peak[1]  # and shrank once the batch emptied
 

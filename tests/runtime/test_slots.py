@@ -116,11 +116,12 @@ def test_the_longest_row_grows_the_positions_by_a_chunk_up_to_its_limit() -> Non
     slots = CacheSlots.like(empty, texts[0])
     slots.add(texts, max_positions=60)
     grown = []
-    for length in (1, 17, 33):
+    for length in (1, 20, 36):
         slots.lengths[0] = length  # the buffer full
         grown.append(slots.view().self_kv[0].shape[2])
-    # A chunk (16) more each time, and straight to the limit when less than a chunk would be left after.
-    assert grown == [17, 33, 60]
+    # A chunk (16) more each time, to a whole block of key positions, and straight to the limit when less than a
+    # chunk would be left after.
+    assert grown == [20, 36, 60]
 
 
 def test_a_wider_source_reallocates_the_cross_attention_buffers_only() -> None:

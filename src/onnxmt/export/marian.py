@@ -131,9 +131,10 @@ class MarianDecoderExport(nn.Module):
         if self.buffered:
             # Each row's buffer positions from its own past_length on hold nothing (yet, or for this row): rows of
             # different lengths share one call, as in-flight batching joins them.
-            key_pos = torch.arange(capacity, device=input_ids.device)
-            blocked = key_pos[None, :] >= past_length[:, None]  # (rows, capacity)
-            self_mask = blocked.to(hidden.dtype)[:, None, None, :] * min_value  # (rows, 1, 1, capacity)
+            # The new token's own score comes first (`_attend_buffer`): key position -1, never blocked.
+            key_pos = torch.arange(-1, capacity, device=input_ids.device)
+            blocked = key_pos[None, :] >= past_length[:, None]  # (rows, 1 + capacity)
+            self_mask = blocked.to(hidden.dtype)[:, None, None, :] * min_value
         else:
             # Query t sits at position past_length + t and may see keys 0..past_length + t.
             key_pos = torch.arange(past_length + new_len, device=input_ids.device)
@@ -239,12 +240,22 @@ def _attend_buffer(
 ) -> torch.Tensor:
     """Attention of one new token per row on the cache buffers (masked past their valid positions) and on itself,
     without joining the two: q, new_key, new_value (rows, heads, 1, hd); buffers (rows, heads, capacity, hd); mask
-    (rows, 1, 1, capacity). The scores are transformers' (product, then scale, plus the mask); the masked positions
-    get a weight of exactly 0. Returns (rows, heads, 1, hd)."""
-    past_scores = torch.matmul(q, buffers[0].transpose(2, 3)) * scaling + mask  # (rows, heads, 1, capacity)
-    own_score = (q * new_key).sum(-1, keepdim=True) * scaling  # (rows, heads, 1, 1)
-    weights = F.softmax(torch.cat([past_scores, own_score], dim=-1), dim=-1)
-    return torch.matmul(weights[..., :capacity], buffers[1]) + weights[..., capacity:] * new_value
+    (rows, 1, 1, 1 + capacity), its first position 0 (the new token's own). The scores are transformers' (product,
+    then scale, plus the mask); the masked positions get a weight of exactly 0. Returns (rows, heads, 1, hd).
+
+    The new token's score comes first, then the buffer's: the valid scores lead and the masked ones trail, so the
+    softmax adds each valid weight in the same place whatever the capacity (ONNX Runtime's sum is vectorised; a
+    score at the end would move with the capacity, into or out of the vectors' tail).
+
+    The scale multiplies the joined scores, not the buffer product: ONNX Runtime would fold a scale on the product
+    into it (`FusedMatMul(alpha)`), and MLAS's kernel for a product with one query row takes only alpha = 1
+    (opus-mt int8, 64 rows at 30 positions: the step 8-10% faster; benchmarks/steps.py). That kernel sums each key
+    position in blocks of 4, so a position's score depends on whether its block is whole: the runtime keeps buffer
+    capacities multiples of 4 (`graphs.aligned`), so that a row's scores do not depend on the batch it is in."""
+    own_score = (q * new_key).sum(-1, keepdim=True)  # (rows, heads, 1, 1)
+    past_scores = torch.matmul(q, buffers[0].transpose(2, 3))  # (rows, heads, 1, capacity)
+    weights = F.softmax(torch.cat([own_score, past_scores], dim=-1) * scaling + mask, dim=-1)
+    return weights[..., :1] * new_value + torch.matmul(weights[..., 1:], buffers[1])
 
 
 def _linear(x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:

@@ -61,6 +61,15 @@ def bucket_table(attention: Any, bidirectional: bool) -> torch.Tensor:
     ).to(torch.int64)
 
 
+# The encoder stores T5's cross-attention keys halved and the decoder doubles the scores: by a power of two both
+# ways, so every score is bit for bit q.k, T5's unscaled score. ONNX Runtime fuses the decoder's x2 into the product
+# (`FusedMatMul(alpha=2)`), which makes MLAS run it in its general kernel; unscaled, a product with one query row (a
+# greedy row, a beam search's first step) runs in MLAS's one-row kernel, whose sum for a source position depends on
+# the source width (positions in blocks of 4, the rest apart) and differs from the general kernel's (several query
+# rows): a row's logits would depend on the batch it is in, and in-flight batching would not be exact.
+CROSS_KEY_SCALE = 0.5
+
+
 class _T5Parts(nn.Module):
     """What the encoder and decoder modules share: the sizes, the decoder's blocks, and their own stack (`stack`:
     its embedding, blocks, final norm, the first layer's relative bias and its bucket table)."""
@@ -118,7 +127,7 @@ class T5EncoderExport(_T5Parts):
         outputs = [states]
         for block in self.decoder_blocks:
             cross = block.layer[1].EncDecAttention
-            outputs.append(_split_heads(_project(states, cross.k), self.heads, self.head_dim))
+            outputs.append(_split_heads(_project(states, cross.k), self.heads, self.head_dim) * CROSS_KEY_SCALE)
             outputs.append(_split_heads(_project(states, cross.v), self.heads, self.head_dim))
         return tuple(outputs)
 
@@ -152,6 +161,8 @@ class T5DecoderExport(_T5Parts):
         own_bias = self.relative_attention_bias.weight[self.buckets[0]][None, :, None, None]  # distance 0
         blocked = key_pos[None, :] >= past_length[:, None]
         self_mask = blocked.to(hidden.dtype)[:, None, None, :] * min_value  # (rows, 1, 1, capacity)
+        # The new token's own score first, then the buffer's (as marian._attend_buffer, and for the same reason).
+        self_bias = torch.cat([own_bias.expand(rows, -1, -1, -1), past_bias + self_mask], dim=-1)
         cross_mask = (1.0 - encoder_attention_mask[:, None, None, :].to(hidden.dtype)) * min_value
         outputs: list[torch.Tensor] = []
         for i, block in enumerate(self.blocks):
@@ -161,19 +172,18 @@ class T5DecoderExport(_T5Parts):
             projections = (attention.q, attention.k, attention.v)
             q, k, v = (_project(x, p).reshape(rows, self.heads, 1, self.head_dim) for p in projections)
             keys, values = past[2 * i], past[2 * i + 1]
-            past_scores = torch.matmul(q, keys.transpose(2, 3)) + past_bias + self_mask  # (rows, heads, 1, capacity)
-            own_score = (q * k).sum(-1, keepdim=True) + own_bias
-            weights = F.softmax(torch.cat([past_scores, own_score], dim=-1), dim=-1)
-            attended = torch.matmul(weights[..., :capacity], values) + weights[..., capacity:] * v
+            own_score = (q * k).sum(-1, keepdim=True)  # (rows, heads, 1, 1)
+            past_scores = torch.matmul(q, keys.transpose(2, 3))  # (rows, heads, 1, capacity)
+            weights = F.softmax(torch.cat([own_score, past_scores], dim=-1) + self_bias, dim=-1)
+            attended = weights[..., :1] * v + torch.matmul(weights[..., 1:], values)
             hidden = hidden + _project(attended.reshape(rows, self.heads * self.head_dim), attention.o)
             outputs += [k, v]
 
             sublayer = block.layer[1]
             cross_attention = sublayer.EncDecAttention
             query = _project(_rms_norm(sublayer.layer_norm, hidden), cross_attention.q)
-            attended = _attend_beams(
-                query, cross[2 * i], cross[2 * i + 1], cross_mask, sentences, 1.0, self.heads, self.head_dim
-            )
+            cross_k, cross_v, unscale = cross[2 * i], cross[2 * i + 1], 1 / CROSS_KEY_SCALE
+            attended = _attend_beams(query, cross_k, cross_v, cross_mask, sentences, unscale, self.heads, self.head_dim)
             hidden = hidden + _project(attended, cross_attention.o)
             ffn = block.layer[2]
             hidden = hidden + self._ffn(ffn, _rms_norm(ffn.layer_norm, hidden))

@@ -375,16 +375,29 @@ def _kv_roles(prefix: str, layers: int) -> list[str]:
 # as fast as the Concat of the other form at 1 to 128 rows, 8 was 5-14% slower (docs/performance.md).
 SELF_KV_CHUNK = 16
 
+# A buffer's capacity is a multiple of KEY_BLOCK (or 1, before the first step, when no position is read). The
+# self-attention product of a buffered export (one query row, alpha 1) runs in MLAS's kernel for one row, which
+# sums 4 key positions at a time and the last (capacity mod 4) one or two at a time, in another order of
+# additions: a position's score would depend on the capacity of the batch its row is in. With whole blocks it
+# does not, so a row's logits are the same alone and in any running batch (tests/export/test_exporter.py).
+KEY_BLOCK = 4
+
+
+def aligned(positions: int) -> int:
+    """`positions` rounded up to a multiple of KEY_BLOCK."""
+    return -(-positions // KEY_BLOCK) * KEY_BLOCK
+
 
 def next_capacity(filled: int, limit: int | None) -> int:
-    """The positions a full buffer of `filled` positions grows to: SELF_KV_CHUNK more, but never past `limit` (the
-    most positions the decoding loop will step), and straight to it when less than a chunk would be left after this
-    growth. Growing copies the cache and holds both copies meanwhile, the largest transient of the cache (NLLB-600M,
-    beam 4 at batch 32: the 17 positions copied are 204 MB in fp32), so the last, small growth is saved."""
+    """The positions a full buffer of `filled` positions grows to: SELF_KV_CHUNK more, but not much past `limit`
+    (the most positions the decoding loop will step), and straight to it when less than a chunk would be left after
+    this growth; rounded up to a multiple of KEY_BLOCK. Growing copies the cache and holds both copies meanwhile,
+    the largest transient of the cache (NLLB-600M, beam 4 at batch 32: the 17 positions copied are 204 MB in
+    fp32), so the last, small growth is saved."""
     capacity = filled + SELF_KV_CHUNK
     if limit is not None and limit - capacity < SELF_KV_CHUNK:
         capacity = limit
-    return max(capacity, filled + 1)
+    return aligned(max(capacity, filled + 1))
 
 
 def grown(buffer: np.ndarray, filled: int, capacity: int) -> np.ndarray:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .graphs import SELF_KV_CHUNK, Cache, next_capacity
+from .graphs import SELF_KV_CHUNK, Cache, aligned, next_capacity
 
 
 @dataclass
@@ -136,7 +136,7 @@ class CacheSlots:
         used = self.mask[: self.sentences].any(axis=0)
         width = int(np.flatnonzero(used)[-1]) + 1 if used.any() else 1
         filled = int(self.lengths[: self.rows].max(initial=0))
-        wanted = (2 * self.rows, 2 * self.sentences, width, filled + SELF_KV_CHUNK)
+        wanted = (2 * self.rows, 2 * self.sentences, width, aligned(filled + SELF_KV_CHUNK))
         new = [want if 2 * want <= cap and cap > 16 else cap for want, cap in zip(wanted, self.capacity, strict=True)]
         if tuple(new) != self.capacity:
             rows, sentences, width, positions = new
