@@ -79,9 +79,10 @@ def test_translations_match_transformers(
     assert got == expected
 
 
-def test_beam_search_runs_its_first_step_once_per_sentence(tiny_onnx_dir: Path, tiny_hf_dir: Path) -> None:
-    # At the first step every beam holds only the start token: one decoder row per sentence, the beams after it,
-    # and still transformers' tokens and beam scores (which come from all beams' rows).
+def test_beam_search_runs_its_first_step_on_every_beam(tiny_onnx_dir: Path, tiny_hf_dir: Path) -> None:
+    # At the first step every beam holds only the start token, and its rows are computed all the same, as
+    # transformers does: so a sentence's first step has the matrix shapes it has in a running batch it joins
+    # (tests/runtime/test_running.py checks its logits are the same there).
     translator = Translator(tiny_onnx_dir)
     rows: list[int] = []
     step = translator.graphs.step
@@ -93,7 +94,7 @@ def test_beam_search_runs_its_first_step_once_per_sentence(tiny_onnx_dir: Path, 
     translator.graphs.step = counted  # type: ignore[method-assign]
     texts = SENTENCES[:3]
     got = translator.translate(texts, beams=4, batch_size=3, max_new_tokens=6)
-    assert rows[:2] == [3, 12]
+    assert rows[:2] == [12, 12]
     assert [t.token_ids for t in got] == reference(tiny_hf_dir, texts, num_beams=4, max_new_tokens=6)
 
 
@@ -116,7 +117,7 @@ def test_cancelled_rows_leave_the_batch_at_the_next_step(tiny_onnx_dir: Path, be
 
     translator.graphs.step = counted  # type: ignore[method-assign]
     got = translator.translate(texts, cancel=tokens, **forced)
-    assert rows[:5] == ([3, 3, 3, 2, 2] if beams == 1 else [3, 12, 12, 8, 8])  # a sentence's beams leave together
+    assert rows[:5] == ([3, 3, 3, 2, 2] if beams == 1 else [12, 12, 12, 8, 8])  # a sentence's beams leave together
     assert len(rows) == 30
     assert got[1].cancelled and len(got[1].token_ids) == 3
     assert [t.token_ids for t in got[::2]] == [t.token_ids for t in expected[::2]]

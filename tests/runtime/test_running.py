@@ -218,6 +218,39 @@ def test_a_cancelled_text_leaves_at_the_next_step_and_the_others_are_unchanged(t
         assert finished[i][0].tokens == _alone(translator, items[i])[0]
 
 
+@pytest.mark.parametrize("beams", [1, 3])
+def test_a_text_joining_running_rows_gets_the_first_step_logits_it_gets_alone(tiny_onnx_dir: Path, beams: int) -> None:
+    """Bit for bit, in fp32: the decoder call a text joins (other rows at other lengths, another capacity, a wider
+    source) computes its rows as `translate` computes them alone, beam search's first step included."""
+    translator = Translator(tiny_onnx_dir)
+    calls: list[np.ndarray] = []
+    step = translator.graphs.step
+
+    def recorded(tokens: np.ndarray, cache):  # type: ignore[no-untyped-def]
+        logits, cache = step(tokens, cache)
+        calls.append(logits.copy())
+        return logits, cache
+
+    translator.graphs.step = recorded  # type: ignore[method-assign]
+    running = translator.prepare([ENGLISH[7] * 2, ENGLISH[3]], beams=beams, max_new_tokens=20, min_new_tokens=20)
+    (joining,) = translator.prepare([ENGLISH[5]], beams=beams, max_new_tokens=6, min_new_tokens=6)
+    assert len(joining.ids) < max(len(p.ids) for p in running)  # a narrower source than the batch's
+    translator.translate_prepared([joining], batch_size=1)
+    alone = calls[:2]  # its first two steps, `beams` rows each
+    calls.clear()
+    batch = RunningBatch(translator.graphs, beams, translator.manifest.tokens["pad"])
+    batch.admit([p.ids for p in running], running[0].settings, ["a", "b"])
+    for _ in range(5):
+        batch.step()
+    batch.admit([joining.ids], joining.settings, ["c"])
+    batch.step()
+    batch.step()
+    joined = [logits[-beams:] for logits in calls[-2:]]  # its rows come last: it joined last
+    assert all(len(logits) == 3 * beams for logits in calls[-2:])
+    for got, expected in zip(joined, alone, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
 def test_old_decoders_are_refused(tiny_concat_onnx_dir: Path) -> None:
     translator = Translator(tiny_concat_onnx_dir)
     with pytest.raises(ValueError, match="one cache length per row"):

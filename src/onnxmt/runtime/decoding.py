@@ -186,8 +186,8 @@ class MinLength:
 @dataclass(frozen=True)
 class ForcedBos:
     """The first generated token, forced: one for all rows, or one per row (`rows` ids: a batch that mixes target
-    languages). Every row of the first step is live, one per sentence (beam search computes the first step once
-    per sentence), so per-row ids line up with the sentences."""
+    languages). Every row of the first step is live, so per-row ids line up with its rows: one per sentence in
+    greedy search, each sentence's beams in beam search."""
 
     bos: int | np.ndarray
 
@@ -298,7 +298,8 @@ def decode(
     if s.num_beams == 1:
         processors = build_processors(s, None, forced_bos)
         return [[h] for h in (yield from greedy_search(graphs, cache, s, processors, cancelled))]
-    return beam_search(graphs, cache, s, build_processors(s, graphs.ops.log_softmax_inplace, forced_bos), cancelled)
+    beam_bos = None if forced_bos is None else np.repeat(forced_bos, s.num_beams)  # the first step's rows
+    return beam_search(graphs, cache, s, build_processors(s, graphs.ops.log_softmax_inplace, beam_bos), cancelled)
 
 
 def forced_bos_rows(forced: Sequence[int | None], settings: Settings) -> np.ndarray | None:
@@ -409,17 +410,15 @@ def beam_search(
     keep = max(2, 1 + len(s.eos_ids)) * k  # continuations kept per step: enough to have k live ones after eos
     state = initial_beams(batch, s)
     results: dict[int, _Beams] = {}
+    # Every beam of a sentence holds only the decoder start token at the first step, so its rows are the same row;
+    # they are computed all the same, as in transformers: one row per sentence would run the cross-attention's
+    # products in other matrix shapes than the beams' (other kernels, other roundings), and a sentence's logits
+    # would differ between this loop and a running batch it joins (`running.py`), where its beams step together.
+    cache = cache.expand_beams(k)  # (batch * beams) rows
     for cur_len in range(1, s.max_length):
         n = len(state.ids)
         flat = state.running.reshape(n * k, -1)[:, :cur_len]  # (n*beams, cur_len)
-        if cur_len == 1:
-            # Every beam of a sentence holds only the decoder start token, so every beam's row of this step would
-            # be the same row: computed once per sentence, then repeated, and the cache expanded to beams after.
-            values, tokens, vocab, cache = _candidates(graphs, flat[::k], cache, processors, keep)
-            values, tokens = np.repeat(values, k, axis=0), np.repeat(tokens, k, axis=0)
-            cache = cache.expand_beams(k)  # (batch * beams) rows from here on
-        else:
-            values, tokens, vocab, cache = _candidates(graphs, flat, cache, processors, keep)  # (n*beams, keep)
+        values, tokens, vocab, cache = _candidates(graphs, flat, cache, processors, keep)  # (n*beams, keep)
         totals = (values.reshape(n, k, keep) + state.running_scores[:, :, None]).reshape(n, k * keep)
         flat_ids = (np.arange(k)[None, :, None] * vocab + tokens.reshape(n, k, keep)).reshape(n, k * keep)
         cache_rows = _advance(state, totals, flat_ids, vocab, keep, cur_len, s)

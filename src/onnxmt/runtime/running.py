@@ -10,9 +10,9 @@ leaves at once; its place goes to whoever is admitted next.
 
 Beam search: a cohort's sentences have `beams` rows each, and the rows of one call must have the same number of
 beams per sentence (the graph broadcasts a sentence's cross-attention K/V over its beams), so a running batch holds
-cohorts of one beam width. A cohort admitted into an empty batch takes its first step on one row per sentence (all
-its beams are the same row then), as `decode` does; one that joins running rows takes it on all its beams, whose
-copies give the same logits.
+cohorts of one beam width. A cohort takes its first step on all its beams (the same row repeated), as `decode`
+does: a sentence's first-step logits are then computed in the same matrix shapes whether it starts alone or joins
+running rows (one row per sentence would run the cross-attention's products in other kernels, with other roundings).
 """
 
 from __future__ import annotations
@@ -89,12 +89,10 @@ class _Cohort:
         settings: Settings,
         cancelled: Callable[[], np.ndarray],
         forced: np.ndarray | None = None,
-        collapsed: bool = False,
     ) -> None:
         self.keys = list(keys)
         self.s = settings
         self.forced = forced
-        self.collapsed = collapsed  # beam search: its first step on one row per sentence
         self.keep = max(2, 1 + len(settings.eos_ids)) * settings.num_beams  # beam search: continuations per row
         self.polls = [(cancelled, i) for i in range(len(self.keys))]
         self._start()
@@ -244,18 +242,15 @@ class _BeamCohort(_Cohort):
 
     @property
     def rows(self) -> int:
-        return self.sentences * (1 if self.collapsed else self.s.num_beams)
+        return self.sentences * self.s.num_beams
 
     def inputs(self) -> np.ndarray:
-        beams = 1 if self.collapsed else self.s.num_beams
-        last = self.state.running[np.arange(self.sentences), :beams, self.lengths - 1]  # (n, beams)
+        last = self.state.running[np.arange(self.sentences), :, self.lengths - 1]  # (n, beams)
         return last.reshape(-1, 1)
 
     def merges(self, other: _Cohort) -> bool:
         return (
             isinstance(other, _BeamCohort)
-            and not self.collapsed
-            and not other.collapsed
             and replace(other.s, max_length=0) == replace(self.s, max_length=0)
             and (other.forced is None) == (self.forced is None)
         )
@@ -273,7 +268,7 @@ class _BeamCohort(_Cohort):
     def process(self, scores: np.ndarray) -> None:
         """The processors on each run of sentences of one length and limit, with that run's history (and forced
         tokens): what they would see alone."""
-        beams = 1 if self.collapsed else self.s.num_beams
+        beams = self.s.num_beams
         for start, stop in _runs(self.lengths, self.limits):
             length, limit = int(self.lengths[start]), int(self.limits[start])
             history = self.state.running[start:stop, :beams, :length].reshape((stop - start) * beams, length)
@@ -296,15 +291,10 @@ class _BeamCohort(_Cohort):
         `keep` processed log-probabilities and their tokens, (rows, keep) each."""
         s, k, state = self.s, self.s.num_beams, self.state
         n, lengths, limits = self.sentences, self.lengths, self.limits
-        if self.collapsed:
-            values, tokens = np.repeat(values, k, axis=0), np.repeat(tokens, k, axis=0)
         totals = (values.reshape(n, k, self.keep) + state.running_scores[:, :, None]).reshape(n, k * self.keep)
         flat_ids = (np.arange(k)[None, :, None] * vocab + tokens.reshape(n, k, self.keep)).reshape(n, k * self.keep)
         history = state.running  # (`_advance` replaces it)
         rows = _advance(state, totals, flat_ids, vocab, self.keep, lengths, s, limits)  # (n * k,) into the old rows
-        collapsed, self.collapsed = self.collapsed, False
-        if collapsed:
-            rows = np.repeat(np.arange(n), k)  # every beam's row is the sentence's one row
         frozen = ~state.improvable | (lengths + 1 >= limits)
         if s.early_stopping is True:
             frozen |= state.is_finished.all(axis=1)
@@ -315,7 +305,7 @@ class _BeamCohort(_Cohort):
             step.finished.append((self.keys[i], hyps))
         live = _filled(frozen | dropped)
         kept = rows.reshape(n, k)[live].reshape(-1)
-        shared = None if collapsed else _shared(history, kept, live, lengths)
+        shared = _shared(history, kept, live, lengths)
         self.state = state.take(live)
         self.lengths, self.limits = lengths[live] + 1, limits[live]
         if len(live) < n:
@@ -467,22 +457,18 @@ class RunningBatch:
         self._joining.append(_Joining(ids, settings, keys, forced_bos, polled, encoded))
 
     def _join(self) -> None:
-        """The admitted cohorts encoded (those not encoded yet in one call) and added. A lone cohort joining an
-        empty beam batch takes its first step once per sentence (its beams are all the same row then); any other
-        joins on all its beams."""
+        """The admitted cohorts encoded (those not encoded yet in one call) and added, each sentence with all its
+        beams' rows."""
         missing = [join for join in self._joining if join.caches is None]
         caches = iter(encode_texts(self.graphs, self.pad, [ids for join in missing for ids in join.ids]))
         for join in missing:
             join.caches = [next(caches) for _ in join.ids]
-        joining = _merged(self._joining)
-        collapsed = self.beams > 1 and not self.cohorts and len(joining) == 1
-        for join in joining:
+        for join in _merged(self._joining):
             settings = join.settings
             forced = forced_bos_rows(list(join.forced_bos) or [None] * len(join.ids), settings)
-            beams = self.beams if self.beams > 1 and not collapsed else 1
             cohort: _Cohort
             if self.beams > 1:
-                cohort = _BeamCohort(join.keys, settings, join.cancelled, forced, collapsed=collapsed)
+                cohort = _BeamCohort(join.keys, settings, join.cancelled, forced)
             else:
                 cohort = _GreedyCohort(join.keys, settings, join.cancelled, forced)
             last = self.cohorts[-1] if self.cohorts else None
@@ -493,7 +479,7 @@ class RunningBatch:
             texts = join.caches or []
             if self.slots is None:
                 self.slots = CacheSlots.like(self.graphs.empty_self_kv(0, capacity=1), texts[0])
-            self.slots.add(texts, beams, max_positions=settings.max_length - 1)
+            self.slots.add(texts, self.beams, max_positions=settings.max_length - 1)
         self._joining = []
 
     def step(self) -> Step:
@@ -512,7 +498,7 @@ class RunningBatch:
         advances = self._greedy(logits, spans, step) if self.beams == 1 else self._beam(logits, spans, step)
         starts = np.cumsum([0, *counts[:-1]])  # each cohort's first sentence before the step
         order = _layout(self.cohorts, spans, advances)
-        # Beams reordered, finished rows gone; a collapsed cohort's one row per sentence becomes its beams' rows.
+        # Beams reordered, finished rows gone.
         rows = [advances[j].rows + spans[j].start for j in order]
         sentences = [advances[j].sentences + starts[j] for j in order]
         shared: list[np.ndarray] = []
