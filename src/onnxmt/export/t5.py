@@ -64,9 +64,9 @@ def bucket_table(attention: Any, bidirectional: bool) -> torch.Tensor:
 # The encoder stores T5's cross-attention keys halved and the decoder doubles the scores: by a power of two both
 # ways, so every score is bit for bit q.k, T5's unscaled score. ONNX Runtime fuses the decoder's x2 into the product
 # (`FusedMatMul(alpha=2)`), which makes MLAS run it in its general kernel; unscaled, a product with one query row (a
-# greedy row, a beam search's first step) runs in MLAS's one-row kernel, whose sum for a source position depends on
-# the source width (positions in blocks of 4, the rest apart) and differs from the general kernel's (several query
-# rows): a row's logits would depend on the batch it is in, and in-flight batching would not be exact.
+# greedy row) runs in MLAS's one-row kernel, whose sum for a source position depends on the source width (positions
+# in blocks of 4, the rest apart): a row's logits would depend on the width of the batch it is in, and in-flight
+# batching would not be exact.
 CROSS_KEY_SCALE = 0.5
 
 
