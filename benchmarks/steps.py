@@ -8,8 +8,9 @@ runs `--past` decoder steps to fill the self-attention cache, then times `--step
 that same cache, and as many calls of the encoder on those sentences, the directories taking turns call by call,
 so the machine's drift hits them alike. Prints Markdown tables of the median (and minimum) milliseconds per call.
 Unlike ab.py, which compares code on the same model, this compares models (say, one exported before and one after
-a change to the exporter) under the same code. A `--cache-buffer` export's buffer holds 1 + 16k positions: with
---past at such a size, every timed call would grow it (15, the default, leaves a spare position).
+a change to the exporter) under the same code. A buffered export's cache holds 1, then 4 + 16k positions
+(`graphs.next_capacity`): with --past at such a size, every timed call would grow it (15, the default, leaves spare
+positions).
 """
 
 from __future__ import annotations

@@ -99,33 +99,25 @@ def test_cache_buffer_decoder_reads_a_buffer_and_returns_the_new_key_and_value(t
     assert manifest.provenance["check"]["cached_step_logits_max_abs_diff"] < 1e-4
 
 
-@pytest.mark.parametrize("capacity", [8, 12, 20])
-@pytest.mark.parametrize("family", ["marian", "t5"])
-def test_rows_of_different_lengths_share_a_decoder_call_exactly(family: str, capacity: int, request) -> None:
-    """Each row its own cache length: two sentences stepped alone to different lengths, then stepped together in
-    one call (their buffers side by side, each masked past its own length, at another capacity than alone), give
-    the logits and new K/V each gives alone, bit for bit: what in-flight batching relies on to join rows at any
-    step. Capacities are whole blocks of key positions (graphs.aligned), as the runtime makes them."""
-    import numpy as np
-
-    from onnxmt.runtime.graphs import KEY_BLOCK, OnnxmtGraphs
+def _rows_alone_and_together(directory: Path, capacity: int) -> list[tuple[Any, Any]]:
+    """Two sentences stepped alone to different lengths (10 and 2 positions, in buffers of 12: the limit), then
+    stepped together in one call (their buffers side by side at `capacity` positions, each masked past its own
+    length; the source K/V at the wider source's width): per row, (its logits together, its logits alone)."""
+    from onnxmt.runtime.graphs import OnnxmtGraphs
     from onnxmt.runtime.options import RuntimeOptions
     from onnxmt.runtime.translator import pad_batch
 
-    directory = request.getfixturevalue("tiny_buffered_onnx_dir" if family == "marian" else "tiny_t5_onnx_dir")
     manifest = read_manifest(directory)
     graphs = OnnxmtGraphs(directory, manifest, RuntimeOptions(threads=1))
-    assert capacity % KEY_BLOCK == 0
     start, pad = manifest.tokens["decoder_start"], manifest.tokens["pad"]
-    sources, steps = [[5, 6, 7, 8, 0], [9, 10, 0]], [[start, 11, 12, 13], [start, 14]]
+    sources, steps = [[5, 6, 7, 8, 0], [9, 10, 0]], [[start, *range(11, 20)], [start, 14]]
     alone = []
     for source, tokens in zip(sources, steps, strict=True):
-        cache = graphs.encode(*pad_batch([source], pad), max_positions=8)
+        cache = graphs.encode(*pad_batch([source], pad), max_positions=12)
         for token in tokens:
             logits, cache = graphs.step(np.array([[token]]), cache)
-        assert cache.self_kv[0].shape[2] == 8
-        alone.append((cache, logits))
-    # Both rows in one call: buffers of `capacity` positions (alone: 8, the limit), source K/V at the same width.
+        assert cache.self_kv[0].shape[2] == 12
+        alone.append(cache)
     width = max(len(s) for s in sources)
     _, mask = pad_batch(sources, pad)
     feed = {graphs.dec_ids: np.array([[21], [22]]), graphs.dec_mask: mask}
@@ -133,20 +125,48 @@ def test_rows_of_different_lengths_share_a_decoder_call_exactly(family: str, cap
     feed[graphs.dec_length] = lengths
     for name, i in zip(graphs.dec_past, range(2 * graphs.layers), strict=True):
         buffer = np.zeros((2, graphs.heads, capacity, graphs.head_dim), np.float32)
-        for row, (cache, _) in enumerate(alone):
+        for row, cache in enumerate(alone):
             buffer[row, :, : lengths[row]] = cache.self_kv[i][0, :, : lengths[row]]
         feed[name] = buffer
     for name, i in zip(graphs.dec_cross, range(2 * graphs.layers), strict=True):
         cross = np.zeros((2, graphs.heads, width, graphs.head_dim), np.float32)
-        for row, (cache, _) in enumerate(alone):
+        for row, cache in enumerate(alone):
             cross[row, :, : len(sources[row])] = cache.cross_kv[i][0]
         feed[name] = cross
     together, *new = graphs.decoder.run(graphs.dec_out, feed)
-    for row, (cache, _) in enumerate(alone):
+    pairs = []
+    for row, cache in enumerate(alone):
         logits, cache = graphs.step(np.array([[21 + row]]), cache)
-        np.testing.assert_array_equal(together[row], logits[0])  # exact: padding is masked to weight 0
-        assert together[row].argmax() == logits[0].argmax()
         np.testing.assert_array_equal(new[0][row, :, 0], cache.self_kv[0][0, :, lengths[row]])
+        pairs.append((together[row], logits[0]))
+    return pairs
+
+
+@pytest.mark.parametrize("capacity", [12, 16, 20, 36])
+@pytest.mark.parametrize("family", ["marian", "t5"])
+def test_rows_of_different_lengths_share_a_decoder_call_exactly(family: str, capacity: int, request) -> None:
+    """Each row its own cache length, at another capacity and source width than alone: the logits and new K/V each
+    row gives alone, bit for bit. What in-flight batching relies on to join rows at any step. Capacities are whole
+    blocks of key positions (graphs.aligned), as the runtime makes them."""
+    from onnxmt.runtime.graphs import KEY_BLOCK
+
+    assert capacity % KEY_BLOCK == 0
+    directory = request.getfixturevalue("tiny_buffered_onnx_dir" if family == "marian" else "tiny_t5_onnx_dir")
+    for together, alone in _rows_alone_and_together(directory, capacity):
+        np.testing.assert_array_equal(together, alone)  # exact: padding is masked to weight 0
+
+
+@pytest.mark.skipif(
+    not Path("/proc/cpuinfo").is_file() or " avx" not in Path("/proc/cpuinfo").read_text(),
+    reason="MLAS's one-row kernel (what KEY_BLOCK is for) runs on x86-64 with AVX",
+)
+def test_a_capacity_of_partial_key_blocks_would_move_a_rows_logits(tiny_buffered_onnx_dir: Path) -> None:
+    """Why capacities are whole blocks of 4 positions: at 10 positions, the row holding 10 puts its last two in the
+    kernel's partial block, summed in another order, and its logits move in the last bits. (Should this fail after
+    an ONNX Runtime upgrade, the kernel no longer depends on the capacity, and KEY_BLOCK may be unneeded.)"""
+    (long_together, long_alone), (short_together, short_alone) = _rows_alone_and_together(tiny_buffered_onnx_dir, 10)
+    assert not np.array_equal(long_together, long_alone)
+    np.testing.assert_array_equal(short_together, short_alone)  # its 2 positions lie in a whole block
 
 
 def test_no_decoder_weight_is_stored_twice(tiny_onnx_dir: Path) -> None:

@@ -219,9 +219,9 @@ def test_a_cancelled_text_leaves_at_the_next_step_and_the_others_are_unchanged(t
 
 
 @pytest.mark.parametrize("beams", [1, 3])
-def test_a_text_joining_running_rows_gets_the_first_step_logits_it_gets_alone(tiny_onnx_dir: Path, beams: int) -> None:
-    """Bit for bit, in fp32: the decoder call a text joins (other rows at other lengths, another capacity, a wider
-    source) computes its rows as `translate` computes them alone, beam search's first step included."""
+def test_a_text_joining_running_rows_gets_the_logits_it_gets_alone(tiny_onnx_dir: Path, beams: int) -> None:
+    """Bit for bit, in fp32: the decoder calls a text joins (other rows at other lengths, another capacity, a wider
+    source) compute its rows as `translate` computes them alone, at every step, beam search's first included."""
     translator = Translator(tiny_onnx_dir)
     calls: list[np.ndarray] = []
     step = translator.graphs.step
@@ -236,19 +236,20 @@ def test_a_text_joining_running_rows_gets_the_first_step_logits_it_gets_alone(ti
     (joining,) = translator.prepare([ENGLISH[5]], beams=beams, max_new_tokens=6, min_new_tokens=6)
     assert len(joining.ids) < max(len(p.ids) for p in running)  # a narrower source than the batch's
     translator.translate_prepared([joining], batch_size=1)
-    alone = calls[:2]  # its first two steps, `beams` rows each
-    calls.clear()
+    alone = list(calls)  # each of its steps, `beams` rows each
+    assert len(alone) == 6
     batch = RunningBatch(translator.graphs, beams, translator.manifest.tokens["pad"])
     batch.admit([p.ids for p in running], running[0].settings, ["a", "b"])
     for _ in range(5):
         batch.step()
     batch.admit([joining.ids], joining.settings, ["c"])
-    batch.step()
-    batch.step()
-    joined = [logits[-beams:] for logits in calls[-2:]]  # its rows come last: it joined last
-    assert all(len(logits) == 3 * beams for logits in calls[-2:])
-    for got, expected in zip(joined, alone, strict=True):
-        np.testing.assert_array_equal(got, expected)
+    calls.clear()
+    finished: dict[object, list] = {}
+    while "c" not in finished:
+        finished.update(batch.step().finished)
+    assert [len(logits) for logits in calls] == [3 * beams] * len(alone)  # beside the others' rows all along
+    for got, expected in zip(calls, alone, strict=True):
+        np.testing.assert_array_equal(got[-beams:], expected)  # its rows come last: it joined last
 
 
 def test_old_decoders_are_refused(tiny_concat_onnx_dir: Path) -> None:

@@ -658,6 +658,28 @@ def test_load_script(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     assert "| 4 | 8 | 0 |" in out.stdout
 
 
+def test_an_export_without_bit_exact_rows_says_batches_can_change_a_translation(
+    tiny_onnx_dir: Path, tmp_path: Path
+) -> None:
+    # Exports whose decoder puts the new token's score last (before `rows_bit_exact`) run in flight with logits
+    # that can move in the last bits with the batch: /info and the start log say so, and what to do.
+    from onnxmt.runtime.modeldir import load_manifest
+    from onnxmt.serve.pool import batch_invariant
+    from onnxmt.serve.service import variant_batches
+
+    assert load_manifest(tiny_onnx_dir).model["rows_bit_exact"] is True
+    assert batch_invariant(load_manifest(tiny_onnx_dir), 16) is True
+    older = tmp_path / "older"
+    shutil.copytree(tiny_onnx_dir, older)
+    data = json.loads((older / "onnxmt.json").read_text())
+    del data["model"]["rows_bit_exact"]
+    (older / "onnxmt.json").write_text(json.dumps(data))
+    manifest = load_manifest(older)
+    assert batch_invariant(manifest, 16) is False
+    assert batch_invariant(manifest, 1) is True  # nothing to be batched with
+    assert "export the model again" in variant_batches(manifest)
+
+
 @pytest.mark.parametrize(
     ("per_row", "max_batch_size", "expected"), [(False, 16, False), (False, 1, True), (True, 16, True)]
 )

@@ -249,7 +249,7 @@ def _attend_buffer(
 
     The scale multiplies the joined scores, not the buffer product: ONNX Runtime would fold a scale on the product
     into it (`FusedMatMul(alpha)`), and MLAS's kernel for a product with one query row takes only alpha = 1
-    (opus-mt int8: a step 6-9% faster at 1 to 64 rows; docs/performance.md). That kernel sums each key position in
+    (opus-mt int8: a step 6-7% faster at 1 to 64 rows; docs/performance.md). That kernel sums each key position in
     blocks of 4, so a position's score depends on whether its block is whole: the runtime keeps buffer capacities
     multiples of 4 (`graphs.aligned`), so that a row's scores do not depend on the batch it is in."""
     own_score = (q * new_key).sum(-1, keepdim=True)  # (rows, heads, 1, 1)

@@ -236,8 +236,8 @@ def build_processors(
 ) -> list[LogitsProcessor]:
     """The processors `s` asks for, in the order transformers' `_get_logits_processor` applies them. Renormalising
     needs `log_softmax_inplace` (it overwrites its argument); greedy search leaves it out (it cannot change an
-    argmax, and greedy scores are already log-probabilities of the processed logits). `forced_bos`: (sentences,)
-    first tokens, in place of `s.forced_bos` (the language scheme's forced target language)."""
+    argmax, and greedy scores are already log-probabilities of the processed logits). `forced_bos`: the first step's
+    rows' first tokens (`ForcedBos`), in place of `s.forced_bos` (the language scheme's forced target language)."""
     forced: int | np.ndarray | None = s.forced_bos if forced_bos is None else forced_bos
     processors: list[LogitsProcessor] = []
     if s.repetition_penalty != 1.0:
@@ -298,7 +298,8 @@ def decode(
     if s.num_beams == 1:
         processors = build_processors(s, None, forced_bos)
         return [[h] for h in (yield from greedy_search(graphs, cache, s, processors, cancelled))]
-    beam_bos = None if forced_bos is None else np.repeat(forced_bos, s.num_beams)  # the first step's rows
+    beams = s.num_beams if _first_step_on_every_beam(cache) else 1  # the first step's rows per sentence
+    beam_bos = None if forced_bos is None else np.repeat(forced_bos, beams)
     return beam_search(graphs, cache, s, build_processors(s, graphs.ops.log_softmax_inplace, beam_bos), cancelled)
 
 
@@ -410,15 +411,19 @@ def beam_search(
     keep = max(2, 1 + len(s.eos_ids)) * k  # continuations kept per step: enough to have k live ones after eos
     state = initial_beams(batch, s)
     results: dict[int, _Beams] = {}
-    # Every beam of a sentence holds only the decoder start token at the first step, so its rows are the same row;
-    # they are computed all the same, as in transformers: one row per sentence would run the cross-attention's
-    # products in other matrix shapes than the beams' (other kernels, other roundings), and a sentence's logits
-    # would differ between this loop and a running batch it joins (`running.py`), where its beams step together.
-    cache = cache.expand_beams(k)  # (batch * beams) rows
+    every_beam = _first_step_on_every_beam(cache)
+    if every_beam:
+        cache = cache.expand_beams(k)  # (batch * beams) rows
     for cur_len in range(1, s.max_length):
         n = len(state.ids)
         flat = state.running.reshape(n * k, -1)[:, :cur_len]  # (n*beams, cur_len)
-        values, tokens, vocab, cache = _candidates(graphs, flat, cache, processors, keep)  # (n*beams, keep)
+        if cur_len == 1 and not every_beam:
+            # Once per sentence, then repeated over the beams, and the cache expanded to beams after.
+            values, tokens, vocab, cache = _candidates(graphs, flat[::k], cache, processors, keep)
+            values, tokens = np.repeat(values, k, axis=0), np.repeat(tokens, k, axis=0)
+            cache = cache.expand_beams(k)
+        else:
+            values, tokens, vocab, cache = _candidates(graphs, flat, cache, processors, keep)  # (n*beams, keep)
         totals = (values.reshape(n, k, keep) + state.running_scores[:, :, None]).reshape(n, k * keep)
         flat_ids = (np.arange(k)[None, :, None] * vocab + tokens.reshape(n, k, keep)).reshape(n, k * keep)
         cache_rows = _advance(state, totals, flat_ids, vocab, keep, cur_len, s)
@@ -445,6 +450,17 @@ def beam_search(
     return [
         _cancelled_hypotheses(results[b], gone[b], s) if b in gone else _hypotheses(results[b], s) for b in range(batch)
     ]
+
+
+def _first_step_on_every_beam(cache: Cache) -> bool:
+    """Whether beam search runs its first step on every beam. At the first step a sentence's beams hold only the
+    decoder start token, so its rows are the same row. onnxmt's graphs (one cross-attention K/V per sentence) compute
+    them all the same, as transformers does: one row per sentence would run the cross-attention's products in other
+    matrix shapes than the beams' (other MLAS kernels, other roundings), and a sentence's logits would differ between
+    this loop and a running batch it joins (`running.py`), where its beams step together. An Optimum decoder (K/V
+    repeated per row, and its first step projects them from the encoder states for every row) runs it once per
+    sentence: it never runs in flight, and its first step is the costly one."""
+    return cache.per_sentence
 
 
 def _candidates(

@@ -92,29 +92,6 @@ class Cache:
             self_len=None if self.self_len is None else self.self_len[rows],
         )
 
-    def joined(self, other: Cache) -> Cache:
-        """This cache's rows, then `other`'s (a cohort joining a running batch): source arrays padded to the wider
-        of the two, buffers to the larger capacity (padding is masked: each row reads its own length)."""
-        if self.cross_kv is None or other.cross_kv is None or self.self_len is None or other.self_len is None:
-            raise ValueError("only buffered onnxmt caches join")
-        width = max(self.mask.shape[1], other.mask.shape[1])
-        capacity = max(self.self_kv[0].shape[2], other.self_kv[0].shape[2])
-        limits = (self.max_positions, other.max_positions)
-        return replace(
-            self,
-            mask=np.concatenate([_padded(self.mask, 1, width), _padded(other.mask, 1, width)]),
-            self_kv=tuple(
-                np.concatenate([_padded(a, 2, capacity), _padded(b, 2, capacity)])
-                for a, b in zip(self.self_kv, other.self_kv, strict=True)
-            ),
-            cross_kv=tuple(
-                np.concatenate([_padded(a, 2, width), _padded(b, 2, width)])
-                for a, b in zip(self.cross_kv, other.cross_kv, strict=True)
-            ),
-            self_len=np.concatenate([self.self_len, other.self_len]),
-            max_positions=None if None in limits else max(limits),  # type: ignore[type-var]
-        )
-
     def expand_beams(self, beams: int) -> Cache:
         """Each sentence's row repeated `beams` times (beam search's start); shared arrays stay as they are."""
         rows = np.repeat(np.arange(self.sentences), beams)
@@ -145,15 +122,6 @@ class Cache:
             kv.append(a)
         lengths = None if self.self_len is None else self.self_len[rows]
         return replace(self, self_kv=tuple(kv), self_len=lengths)
-
-
-def _padded(a: np.ndarray, axis: int, size: int) -> np.ndarray:
-    """`a` with zeros after its end along `axis`, to `size` positions."""
-    if a.shape[axis] == size:
-        return a
-    widths = [(0, 0)] * a.ndim
-    widths[axis] = (0, size - a.shape[axis])
-    return np.pad(a, widths)
 
 
 def session_options(options: RuntimeOptions, encoder: bool = False):
@@ -392,7 +360,7 @@ def next_capacity(filled: int, limit: int | None) -> int:
     """The positions a full buffer of `filled` positions grows to: SELF_KV_CHUNK more, but not much past `limit`
     (the most positions the decoding loop will step), and straight to it when less than a chunk would be left after
     this growth; rounded up to a multiple of KEY_BLOCK. Growing copies the cache and holds both copies meanwhile,
-    the largest transient of the cache (NLLB-600M, beam 4 at batch 32: the 17 positions copied are 204 MB in
+    the largest transient of the cache (NLLB-600M, beam 4 at batch 32: 17 positions copied were 204 MB in
     fp32), so the last, small growth is saved."""
     capacity = filled + SELF_KV_CHUNK
     if limit is not None and limit - capacity < SELF_KV_CHUNK:
@@ -449,8 +417,7 @@ class OnnxmtGraphs(Graphs):
             for joined, part in zip(cross, out, strict=True):
                 joined[rows, :, :width] = part
             del out
-        # Buffers have room for the first step only: beam search repeats the rows per beam after it, which then
-        # copies one position per row; they grow at the second step (next_capacity).
+        # Buffers have room for the first step only; they grow at the second step (next_capacity).
         return Cache(
             mask=attention_mask,
             self_kv=self.empty_self_kv(len(input_ids), capacity=1 if self.buffered else 0),

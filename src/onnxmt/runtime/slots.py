@@ -106,10 +106,9 @@ class CacheSlots:
         self.lengths[: self.rows] = cache.self_len
 
     def keep(self, rows: np.ndarray, sentences: np.ndarray, shared: np.ndarray | None = None) -> None:
-        """Close up after a step: row i takes row `rows[i]` (beams reordered, rows gone, a sentence's one row
-        repeated over its beams), sentence j takes sentence `sentences[j]`. Only rows whose index changes move, and
-        of each only the positions it holds past `shared[i]`: the positions its place holds already (beams of one
-        sentence share their prefix), if given."""
+        """Close up after a step: row i takes row `rows[i]` (beams reordered, rows gone), sentence j takes sentence
+        `sentences[j]`. Only rows whose index changes move, and of each only the positions it holds past
+        `shared[i]`: the positions its place holds already (beams of one sentence share their prefix), if given."""
         self._reshape(rows=_more(self.capacity[0], len(rows)))
         moved = np.flatnonzero(rows != np.arange(len(rows)))
         if len(moved):

@@ -64,10 +64,20 @@ def model_bytes(directory: Path, manifest: Manifest) -> int:
     return sum(path.stat().st_size for path in sizes if path.is_file())
 
 
+def in_flight(manifest: Manifest) -> bool:
+    """Whether the service batches this model in flight (its decoder takes one cache length per row)."""
+    decoder = manifest.graphs.get("decoder")
+    return decoder is not None and decoder.per_row_positions()
+
+
 def batch_invariant(manifest: Manifest, max_batch_size: int) -> bool | None:
     """Whether a text's translation is independent of what it is batched with; None: cannot tell (an Optimum
     directory's quantization is not recorded)."""
-    if max_batch_size == 1 or activation_scales(manifest) == "per row":
+    if max_batch_size == 1:
+        return True
+    if in_flight(manifest) and not manifest.model.get("rows_bit_exact", False):
+        return False  # an export whose decoder's logits can move in the last bits with the batch's buffers
+    if activation_scales(manifest) == "per row":
         return True
     if manifest.layout != "onnxmt":
         return None

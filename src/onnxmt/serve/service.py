@@ -37,7 +37,7 @@ from .downloads import Downloads
 from .inflight import InflightBatcher
 from .metrics import Metrics
 from .options import ServeOptions
-from .pool import RETRY_AFTER, ModelEntry, ModelPool, batch_invariant, model_bytes
+from .pool import RETRY_AFTER, ModelEntry, ModelPool, batch_invariant, in_flight, model_bytes
 from .protocol import ApiError, Languages, TranslateRequest
 from .workers import DocumentWorkers
 
@@ -136,10 +136,7 @@ class Service:
         if translator is not None:
             self.pool.adopt(entries[0], translator)
             if batch_invariant(translator.manifest, self.options.max_batch_size) is False:
-                log.info(
-                    "int8 with per-tensor activation scales: a text's translation can depend on the requests it "
-                    "is batched with (docs/serve.md); `onnxmt quantize --per-row-scales` makes it independent"
-                )
+                log.info("%s", variant_batches(translator.manifest))
         self._open = True
         self.metrics.ready.set(1)
         shown = "; ".join(f"{e.name}: {e.languages.source} → {', '.join(e.languages.targets)}" for e in entries)
@@ -581,12 +578,6 @@ def encoder_threads(translator: Translator) -> int:
     return int(translator.graphs.encoder.get_session_options().intra_op_num_threads)
 
 
-def in_flight(manifest: Manifest) -> bool:
-    """Whether the service batches this model in flight (its decoder takes one cache length per row)."""
-    decoder = manifest.graphs.get("decoder")
-    return decoder is not None and decoder.per_row_positions()
-
-
 def _holds_models(path: Path) -> bool:
     """A directory of model directories rather than one."""
     return path.is_dir() and not is_model_dir(path)
@@ -671,3 +662,16 @@ def _answer(
     if pivot is not None:
         body["pivot"] = pivot  # translated through this language: two models, two translations
     return body
+
+
+def variant_batches(manifest: Manifest) -> str:
+    """Why a model's translations can depend on the requests it is batched with, and what to do about it."""
+    if in_flight(manifest) and not manifest.model.get("rows_bit_exact", False):
+        return (
+            "this export's decoder can give a text logits that differ in the last bits with the requests it runs "
+            "beside (docs/serve.md); export the model again with this onnxmt for bit-exact in-flight batching"
+        )
+    return (
+        "int8 with per-tensor activation scales: a text's translation can depend on the requests it is batched "
+        "with (docs/serve.md); `onnxmt quantize --per-row-scales` makes it independent"
+    )
