@@ -99,11 +99,12 @@ def test_cache_buffer_decoder_reads_a_buffer_and_returns_the_new_key_and_value(t
     assert manifest.provenance["check"]["cached_step_logits_max_abs_diff"] < 1e-4
 
 
-def _rows_alone_and_together(directory: Path, capacity: int) -> list[tuple[Any, Any]]:
+def _rows_alone_and_together(directory: Path, capacity: int, width: int | None = None) -> list[tuple[Any, Any]]:
     """Two sentences stepped alone to different lengths (10 and 2 positions, in buffers of 12: the limit), then
     stepped together in one call (their buffers side by side at `capacity` positions, each masked past its own
-    length; the source K/V at the wider source's width): per row, (its logits together, its logits alone)."""
-    from onnxmt.runtime.graphs import OnnxmtGraphs
+    length; the source K/V at the wider source's width, in whole blocks as `encode` makes them): per row, (its
+    logits together, its logits alone). `width`: another source width together."""
+    from onnxmt.runtime.graphs import OnnxmtGraphs, aligned
     from onnxmt.runtime.options import RuntimeOptions
     from onnxmt.runtime.translator import pad_batch
 
@@ -118,8 +119,11 @@ def _rows_alone_and_together(directory: Path, capacity: int) -> list[tuple[Any, 
             logits, cache = graphs.step(np.array([[token]]), cache)
         assert cache.self_kv[0].shape[2] == 12
         alone.append(cache)
-    width = max(len(s) for s in sources)
-    _, mask = pad_batch(sources, pad)
+    assert [cache.mask.shape[1] for cache in alone] == [aligned(5), aligned(3)] == [8, 4]  # widths of their own
+    width = width or aligned(max(len(s) for s in sources))
+    mask = np.zeros((2, width), np.int64)
+    for row, cache in enumerate(alone):
+        mask[row, : min(width, cache.mask.shape[1])] = cache.mask[0, :width]
     feed = {graphs.dec_ids: np.array([[21], [22]]), graphs.dec_mask: mask}
     lengths = np.array([len(t) for t in steps], dtype=np.int64)
     feed[graphs.dec_length] = lengths
@@ -131,7 +135,8 @@ def _rows_alone_and_together(directory: Path, capacity: int) -> list[tuple[Any, 
     for name, i in zip(graphs.dec_cross, range(2 * graphs.layers), strict=True):
         cross = np.zeros((2, graphs.heads, width, graphs.head_dim), np.float32)
         for row, cache in enumerate(alone):
-            cross[row, :, : len(sources[row])] = cache.cross_kv[i][0]
+            used = min(width, cache.mask.shape[1])  # (the positions cut off hold padding)
+            cross[row, :, :used] = cache.cross_kv[i][0, :, :used]
         feed[name] = cross
     together, *new = graphs.decoder.run(graphs.dec_out, feed)
     pairs = []
@@ -160,13 +165,19 @@ def test_rows_of_different_lengths_share_a_decoder_call_exactly(family: str, cap
     not Path("/proc/cpuinfo").is_file() or " avx" not in Path("/proc/cpuinfo").read_text(),
     reason="MLAS's one-row kernel (what KEY_BLOCK is for) runs on x86-64 with AVX",
 )
-def test_a_capacity_of_partial_key_blocks_would_move_a_rows_logits(tiny_buffered_onnx_dir: Path) -> None:
+def test_a_capacity_or_width_of_partial_key_blocks_would_move_a_rows_logits(tiny_buffered_onnx_dir: Path) -> None:
     """Why capacities are whole blocks of 4 positions: at 10 positions, the row holding 10 puts its last two in the
     kernel's partial block, summed in another order, and its logits move in the last bits. (Should this fail after
     an ONNX Runtime upgrade, the kernel no longer depends on the capacity, and KEY_BLOCK may be unneeded.)"""
     (long_together, long_alone), (short_together, short_alone) = _rows_alone_and_together(tiny_buffered_onnx_dir, 10)
     assert not np.array_equal(long_together, long_alone)
     np.testing.assert_array_equal(short_together, short_alone)  # its 2 positions lie in a whole block
+    # The same for a source width: 5 puts the 5-token source's last position in a partial block (a greedy row).
+    (long_together, long_alone), (short_together, short_alone) = _rows_alone_and_together(
+        tiny_buffered_onnx_dir, 12, width=5
+    )
+    assert not np.array_equal(long_together, long_alone)
+    np.testing.assert_array_equal(short_together, short_alone)  # its 3 source positions lie in a whole block
 
 
 def test_no_decoder_weight_is_stored_twice(tiny_onnx_dir: Path) -> None:

@@ -56,9 +56,17 @@ def _attend_beams(
     src_len, head_dim); mask: (sentences, 1, 1, src_len). Row r belongs to sentence r // (beams * q_len), so in
     memory the queries already are (sentences, beams * q_len, heads, head_dim): the beams' queries are stacked along
     q_len by a reshape, and the K/V are never repeated per beam. Returns (sentences * beams * q_len, d_model).
+
+    The mask is added before the scale: `(q.k + mask) * scaling`, where a valid position's mask is 0, so its score
+    is transformers' `q.k * scaling` bit for bit (a masked one stays hugely negative: weight 0). With the scale right
+    after the product, ONNX Runtime would fuse it in (`FusedMatMul(alpha)`), and a greedy row's product (one query)
+    would miss MLAS's one-row kernel, which takes only alpha = 1. That kernel sums source positions in blocks of 4
+    (as the self-attention's, `_attend_buffer`): the runtime gives every source width in whole blocks
+    (`graphs.aligned`), so that a row's scores do not depend on the widths of the batch it is in.
     """
     stacked = q.reshape(sentences, -1, heads, head_dim).transpose(1, 2)  # (n, heads, beams * q_len, head_dim)
-    out = _attend(stacked, k, v, mask, scaling).transpose(1, 2)  # (n, beams * q_len, heads, head_dim)
+    scores = (torch.matmul(stacked, k.transpose(2, 3)) + mask) * scaling  # (n, heads, beams * q_len, src_len)
+    out = torch.matmul(F.softmax(scores, dim=-1), v).transpose(1, 2)  # (n, beams * q_len, heads, head_dim)
     return out.reshape(-1, heads * head_dim)
 
 

@@ -61,15 +61,6 @@ def bucket_table(attention: Any, bidirectional: bool) -> torch.Tensor:
     ).to(torch.int64)
 
 
-# The encoder stores T5's cross-attention keys halved and the decoder doubles the scores: by a power of two both
-# ways, so every score is bit for bit q.k, T5's unscaled score. ONNX Runtime fuses the decoder's x2 into the product
-# (`FusedMatMul(alpha=2)`), which makes MLAS run it in its general kernel; unscaled, a product with one query row (a
-# greedy row) runs in MLAS's one-row kernel, whose sum for a source position depends on the source width (positions
-# in blocks of 4, the rest apart): a row's logits would depend on the width of the batch it is in, and in-flight
-# batching would not be exact.
-CROSS_KEY_SCALE = 0.5
-
-
 class _T5Parts(nn.Module):
     """What the encoder and decoder modules share: the sizes, the decoder's blocks, and their own stack (`stack`:
     its embedding, blocks, final norm, the first layer's relative bias and its bucket table)."""
@@ -127,7 +118,7 @@ class T5EncoderExport(_T5Parts):
         outputs = [states]
         for block in self.decoder_blocks:
             cross = block.layer[1].EncDecAttention
-            outputs.append(_split_heads(_project(states, cross.k), self.heads, self.head_dim) * CROSS_KEY_SCALE)
+            outputs.append(_split_heads(_project(states, cross.k), self.heads, self.head_dim))
             outputs.append(_split_heads(_project(states, cross.v), self.heads, self.head_dim))
         return tuple(outputs)
 
@@ -182,8 +173,9 @@ class T5DecoderExport(_T5Parts):
             sublayer = block.layer[1]
             cross_attention = sublayer.EncDecAttention
             query = _project(_rms_norm(sublayer.layer_norm, hidden), cross_attention.q)
-            cross_k, cross_v, unscale = cross[2 * i], cross[2 * i + 1], 1 / CROSS_KEY_SCALE
-            attended = _attend_beams(query, cross_k, cross_v, cross_mask, sentences, unscale, self.heads, self.head_dim)
+            attended = _attend_beams(
+                query, cross[2 * i], cross[2 * i + 1], cross_mask, sentences, 1.0, self.heads, self.head_dim
+            )
             hidden = hidden + _project(attended, cross_attention.o)
             ffn = block.layer[2]
             hidden = hidden + self._ffn(ffn, _rms_norm(ffn.layer_norm, hidden))

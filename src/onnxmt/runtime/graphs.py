@@ -343,17 +343,24 @@ def _kv_roles(prefix: str, layers: int) -> list[str]:
 # as fast as the Concat of the other form at 1 to 128 rows, 8 was 5-14% slower (docs/performance.md).
 SELF_KV_CHUNK = 16
 
-# A buffer's capacity is a multiple of KEY_BLOCK (or 1, before the first step, when no position is read). The
-# self-attention product of a buffered export (one query row, alpha 1) runs in MLAS's kernel for one row, which
-# sums 4 key positions at a time and the last (capacity mod 4) one or two at a time, in another order of
-# additions: a position's score would depend on the capacity of the batch its row is in. With whole blocks it
-# does not, so a row's logits are the same alone and in any running batch (tests/export/test_exporter.py).
+# A buffer's capacity is a multiple of KEY_BLOCK (or 1, before the first step, when no position is read), and so is
+# every source width the decoder reads. The attention products of a decoder step with one query row (every row's
+# self-attention; a greedy row's cross-attention) run in MLAS's kernel for one row, which sums 4 key positions at a
+# time and the last (length mod 4) one or two at a time, in another order of additions: a position's score would
+# depend on the capacity or width of the batch its row is in. With whole blocks it does not, so a row's logits are
+# the same alone and in any running batch (tests/export/test_exporter.py).
 KEY_BLOCK = 4
 
 
 def aligned(positions: int) -> int:
     """`positions` rounded up to a multiple of KEY_BLOCK."""
     return -(-positions // KEY_BLOCK) * KEY_BLOCK
+
+
+def _whole_blocks(a: np.ndarray) -> np.ndarray:
+    """A (rows, width) batch of source ids or masks padded with zeros (masked positions) to a multiple of KEY_BLOCK."""
+    width = aligned(a.shape[1])
+    return a if width == a.shape[1] else np.pad(a, ((0, 0), (0, width - a.shape[1])))
 
 
 def next_capacity(filled: int, limit: int | None) -> int:
@@ -405,6 +412,7 @@ class OnnxmtGraphs(Graphs):
         """The encoder runs once per group of rows of similar length (`encoder_groups`), each cut to its own longest
         row, and the groups' cross-attention K/V are joined at the batch's width, zero past each group's width (where
         its rows' masks are 0). A float encoder gives each row the same values as one call over the whole batch."""
+        input_ids, attention_mask = _whole_blocks(input_ids), _whole_blocks(attention_mask)  # see KEY_BLOCK
         groups = encoder_groups(attention_mask, self.call_tokens)
         cross: list[np.ndarray] = []
         for rows, width, out in self._encoder_runs(input_ids, attention_mask, groups):

@@ -67,7 +67,7 @@ class CacheSlots:
         self._reshape(
             rows=_more(cap_rows, self.rows + rows),
             sentences=_more(cap_sentences, self.sentences + sentences),
-            width=max(cap_width, *(text.mask.shape[1] for text in texts)),
+            width=max(cap_width, *(aligned(text.mask.shape[1]) for text in texts)),  # see graphs.KEY_BLOCK
             positions=max(cap_positions, 1),
         )
         for s, text in enumerate(texts, start=self.sentences):
@@ -135,7 +135,7 @@ class CacheSlots:
         used = self.mask[: self.sentences].any(axis=0)
         width = int(np.flatnonzero(used)[-1]) + 1 if used.any() else 1
         filled = int(self.lengths[: self.rows].max(initial=0))
-        wanted = (2 * self.rows, 2 * self.sentences, width, aligned(filled + SELF_KV_CHUNK))
+        wanted = (2 * self.rows, 2 * self.sentences, aligned(width), aligned(filled + SELF_KV_CHUNK))
         new = [want if 2 * want <= cap and cap > 16 else cap for want, cap in zip(wanted, self.capacity, strict=True)]
         if tuple(new) != self.capacity:
             rows, sentences, width, positions = new
