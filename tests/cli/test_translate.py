@@ -143,12 +143,19 @@ def test_inspect_says_how_the_decoder_holds_its_cache(
         if spec["role"] == "past_length":
             spec["shape"] = [1]
     (old / MANIFEST_NAME).write_text(json.dumps(data))
+    inexact = tmp_path / "before-rows-bit-exact"  # a format-4 export whose decoder's rows are not bit-exact
+    shutil.copytree(tiny_onnx_dir, inexact)
+    data = json.loads((inexact / MANIFEST_NAME).read_text())
+    del data["model"]["rows_bit_exact"]
+    (inexact / MANIFEST_NAME).write_text(json.dumps(data))
     forms = {}
-    for name, directory in (("rows", tiny_onnx_dir), ("one", old), ("concat", tiny_concat_onnx_dir)):
+    directories = {"rows": tiny_onnx_dir, "inexact": inexact, "one": old, "concat": tiny_concat_onnx_dir}
+    for name, directory in directories.items():
         result = runner.invoke(app, ["inspect", str(directory)], env={"COLUMNS": "250"})
         assert result.exit_code == 0, result.output
         forms[name] = next(line for line in result.output.splitlines() if "decoder cache" in line)
-    assert "one length per row" in forms["rows"]
+    assert "one length per row" in forms["rows"] and "bit-exact" in forms["rows"] and "again" not in forms["rows"]
+    assert "one length per row" in forms["inexact"] and "export again for bit-exact rows" in forms["inexact"]
     assert "one length for all rows" in forms["one"] and "static batches" in forms["one"]
     assert "Concat" in forms["concat"]
     texts = ["Hello world.", "The weather is nice today, is it not?"]

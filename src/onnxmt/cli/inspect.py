@@ -52,7 +52,12 @@ def _decoder_form(manifest: Any) -> str:
     if decoder is None:
         return "Optimum's (static batches)"
     if decoder.per_row_positions():
-        return "buffer, one length per row (rows of different lengths share a call)"
+        if not manifest.model.get("rows_bit_exact", False):
+            return (
+                "buffer, one length per row (rows of different lengths share a call; a row's logits can move in "
+                "the last bits with the batch: export again for bit-exact rows)"
+            )
+        return "buffer, one length per row (rows of different lengths share a call, each row's logits bit-exact)"
     if decoder.has_input("past_length"):
         return "buffer, one length for all rows (static batches; export again for per-row lengths)"
     return "grown by Concat (static batches)"
