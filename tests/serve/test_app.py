@@ -664,8 +664,7 @@ def test_an_export_without_bit_exact_rows_says_batches_can_change_a_translation(
     # Exports whose decoder puts the new token's score last (before `rows_bit_exact`) run in flight with logits
     # that can move in the last bits with the batch: /info and the start log say so, and what to do.
     from onnxmt.runtime.modeldir import load_manifest
-    from onnxmt.serve.pool import batch_invariant
-    from onnxmt.serve.service import variant_batches
+    from onnxmt.serve.pool import batch_invariant, variant_batches
 
     assert load_manifest(tiny_onnx_dir).model["rows_bit_exact"] is True
     assert batch_invariant(load_manifest(tiny_onnx_dir), 16) is True

@@ -70,18 +70,37 @@ def in_flight(manifest: Manifest) -> bool:
     return decoder is not None and decoder.per_row_positions()
 
 
+def inexact_rows(manifest: Manifest) -> bool:
+    """Whether a row's logits can move in the last bits with the running batch it is in: a model batched in flight
+    whose export predates `rows_bit_exact` (docs/model-directory.md)."""
+    return in_flight(manifest) and not manifest.model.get("rows_bit_exact", False)
+
+
 def batch_invariant(manifest: Manifest, max_batch_size: int) -> bool | None:
     """Whether a text's translation is independent of what it is batched with; None: cannot tell (an Optimum
-    directory's quantization is not recorded)."""
+    directory's quantization is not recorded). `variant_batches` says why not."""
     if max_batch_size == 1:
         return True
-    if in_flight(manifest) and not manifest.model.get("rows_bit_exact", False):
-        return False  # an export whose decoder's logits can move in the last bits with the batch's buffers
+    if inexact_rows(manifest):
+        return False
     if activation_scales(manifest) == "per row":
         return True
     if manifest.layout != "onnxmt":
         return None
     return activation_scales(manifest) is None  # fp32, int4 (weight-only): yes; per-tensor int8: no
+
+
+def variant_batches(manifest: Manifest) -> str:
+    """Why a model's translations can depend on the requests it is batched with, and what to do about it."""
+    if inexact_rows(manifest):
+        return (
+            "this export's decoder can give a text logits that differ in the last bits with the requests it runs "
+            "beside (docs/serve.md); export the model again with this onnxmt for bit-exact in-flight batching"
+        )
+    return (
+        "int8 with per-tensor activation scales: a text's translation can depend on the requests it is batched "
+        "with (docs/serve.md); `onnxmt quantize --per-row-scales` makes it independent"
+    )
 
 
 class ModelPool:

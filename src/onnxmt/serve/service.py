@@ -37,7 +37,7 @@ from .downloads import Downloads
 from .inflight import InflightBatcher
 from .metrics import Metrics
 from .options import ServeOptions
-from .pool import RETRY_AFTER, ModelEntry, ModelPool, batch_invariant, in_flight, model_bytes
+from .pool import RETRY_AFTER, ModelEntry, ModelPool, batch_invariant, in_flight, model_bytes, variant_batches
 from .protocol import ApiError, Languages, TranslateRequest
 from .workers import DocumentWorkers
 
@@ -662,16 +662,3 @@ def _answer(
     if pivot is not None:
         body["pivot"] = pivot  # translated through this language: two models, two translations
     return body
-
-
-def variant_batches(manifest: Manifest) -> str:
-    """Why a model's translations can depend on the requests it is batched with, and what to do about it."""
-    if in_flight(manifest) and not manifest.model.get("rows_bit_exact", False):
-        return (
-            "this export's decoder can give a text logits that differ in the last bits with the requests it runs "
-            "beside (docs/serve.md); export the model again with this onnxmt for bit-exact in-flight batching"
-        )
-    return (
-        "int8 with per-tensor activation scales: a text's translation can depend on the requests it is batched "
-        "with (docs/serve.md); `onnxmt quantize --per-row-scales` makes it independent"
-    )
