@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from onnxmt.runtime.cancel import CancelToken
-from onnxmt.runtime.decoding import Settings, build_processors, topk
 from onnxmt.runtime.graphs import CHUNKED_TOPK_MIN, VocabOps, chunk_length
 from onnxmt.runtime.options import RuntimeOptions
+from onnxmt.runtime.search import Settings, build_processors, topk
 from onnxmt.runtime.translator import Translator
 from tests.helpers.hf import generated_ids
 from tests.helpers.sentences import SENTENCES

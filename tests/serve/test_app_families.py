@@ -75,7 +75,7 @@ def test_a_model_without_a_length_gets_the_fallback_length(
     from fastapi.testclient import TestClient
 
     from onnxmt.manifest import read_manifest
-    from onnxmt.runtime.decoding import names_no_length
+    from onnxmt.runtime.search import names_no_length
     from onnxmt.serve.app import create_app
     from onnxmt.serve.options import ServeOptions
 

@@ -14,7 +14,7 @@ import pytest
 
 from onnxmt.architectures import Prompt
 from onnxmt.runtime.cancel import CancelToken
-from onnxmt.runtime.decoding import Settings
+from onnxmt.runtime.search import Settings
 from onnxmt.runtime.translator import Prepared, Translation
 from onnxmt.serve.batcher import BatchStats, ClientGone, MicroBatcher, QueueFull
 

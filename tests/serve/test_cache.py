@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from onnxmt import DecodeOptions, Translator
 from onnxmt.architectures import Prompt
-from onnxmt.runtime.decoding import Settings
+from onnxmt.runtime.search import Settings
 from onnxmt.runtime.translator import Prepared, Translation
 from onnxmt.serve.app import create_app
 from onnxmt.serve.cache import TranslationCache, entry_bytes

@@ -3,7 +3,7 @@
 A scheme turns (source language, target language) into a `Prompt`: text put before the source text, token ids put
 around its tokens instead of the tokenizer's default `... </s>`, and the token forced first in the output. The
 Translator (and through it validate, eval and serve) encodes every text through its scheme; the decoding loop only
-sees the forced token, as a logits processor (runtime/decoding.py `ForcedBos`), one per row so that a batch can
+sees the forced token, as a logits processor (runtime/search.py `ForcedBos`), one per row so that a batch can
 mix target languages.
 
 - `target_token_prefix`: multi-target Marian (opus-mt-en-zh): `>>cmn_Hans<<` written before the text, which the

@@ -13,7 +13,7 @@ The tokenizer is the model's `tokenizer.json` (t5-small, flan-T5 and MADLAD ship
 mT5's repositories ship only `spiece.model`: its export writes transformers' `T5Tokenizer` conversion of it as the
 directory's `tokenizer.json` (a build hook, as for mBART-50), and the run side reads that as for the others.
 Where the configs name no length (MADLAD-400 and mT5 ship only ids), the manifest names none either: the runtime
-then stops at transformers' default, 20 new tokens (runtime/decoding.py), as `generate()` does; `onnxmt inspect`
+then stops at transformers' default, 20 new tokens (runtime/search.py), as `generate()` does; `onnxmt inspect`
 says so, and the service gives such a model a longer default (`--fallback-max-new-tokens`).
 """
 

@@ -65,7 +65,7 @@ def _decoder_form(manifest: Any) -> str:
 
 def _output_length(manifest: Any) -> str:
     """The most tokens a translation gets by default, and where that number comes from."""
-    from ..runtime.decoding import DEFAULT_MAX_NEW_TOKENS, names_no_length
+    from ..runtime.search import DEFAULT_MAX_NEW_TOKENS, names_no_length
 
     if names_no_length(manifest):
         return (

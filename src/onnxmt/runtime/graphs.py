@@ -71,23 +71,18 @@ class Cache:
             max_positions=self.max_positions,
         )
 
-    def gather(self, rows: np.ndarray, sentences: np.ndarray) -> Cache:
-        """The cache of `rows` (decoder rows, in their new order) whose sentences are `sentences` (per-sentence
-        arrays' rows, in order): a running batch's rows after a step, its beams reordered and finished rows gone.
-        When no row leaves, only the rows that change are copied, in place (`reorder_beams`); the source width of
-        the per-sentence arrays shrinks to the longest source left."""
+    def take(self, rows: np.ndarray, sentences: np.ndarray) -> Cache:
+        """The cache of `rows` (decoder rows, in their new order) whose sentences are `sentences` (in order): a
+        batch's rows after a step, its beams reordered and finished rows gone. When no sentence leaves, only the
+        rows that change are copied, in place (`reorder_beams`)."""
         if len(rows) == self.self_kv[0].shape[0] and np.array_equal(sentences, np.arange(len(sentences))):
             return self.reorder_beams(rows)
         shared = sentences if self.per_sentence else rows
-        mask = self.mask[shared]
-        width = max(int(mask.sum(axis=1).max(initial=0)), 1)
-        width = width if mask[:, width:].sum() == 0 else mask.shape[1]  # only trailing padding is cut
-        cross = None if self.cross_kv is None else tuple(a[shared, :, :width] for a in self.cross_kv)
         return replace(
             self,
-            mask=mask[:, :width],
+            mask=self.mask[shared],
             self_kv=tuple(a[rows] for a in self.self_kv),
-            cross_kv=cross,
+            cross_kv=None if self.cross_kv is None else tuple(a[shared] for a in self.cross_kv),
             encoder_states=None if self.encoder_states is None else self.encoder_states[rows],
             self_len=None if self.self_len is None else self.self_len[rows],
         )

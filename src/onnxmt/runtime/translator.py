@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import deque
+import itertools
+import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -15,11 +16,12 @@ import numpy as np
 from ..architectures import LanguageScheme, Prompt, scheme_for
 from ..manifest import Manifest, ModelDirError, verify_files
 from .cancel import CancelToken
-from .decoding import Hypothesis, Settings, decode, forced_bos_rows, pad_batch, resolve_settings
-from .graphs import Graphs, open_graphs
+from .graphs import Cache, Graphs, open_graphs
 from .modeldir import load_manifest
 from .options import DecodeOptions, RuntimeOptions
-from .running import RunningBatch
+from .running import RunningBatch, decode, encode_texts, pad_batch
+from .scheduler import BatchLimits, Request, Scheduler
+from .search import Hypothesis, Settings, forced_bos_rows, resolve_settings
 from .tokenizer import load_tokenizer
 
 # How many texts the streaming variant reads ahead: enough to sort into full batches of similar length.
@@ -275,7 +277,7 @@ class Translator:
                 todo.append(i)
         batching = self._batching({"batch_size": batch_size, "max_batch_cost": max_batch_cost})
         if refill and getattr(self.graphs, "per_row", False) and not in_order:
-            yield from self._refilled(prepared, todo, tokens, **batching)
+            yield from self._running(prepared, todo, tokens, **batching)
             return
         for batch in _batches(prepared, todo, in_order=in_order, **batching):
             # Texts cancelled before their batch starts are never encoded.
@@ -287,7 +289,7 @@ class Translator:
                     on_batch(len(batch))
                 yield from self._decode_batch([prepared[i] for i in batch], batch, [tokens[i] for i in batch])
 
-    def _refilled(
+    def _running(
         self,
         prepared: Sequence[Prepared],
         todo: list[int],
@@ -295,26 +297,30 @@ class Translator:
         batch_size: int,
         max_batch_cost: int | None,
     ) -> Iterator[Event]:
-        """`generate`'s events from running batches (one per beam width) that admit the next texts, shortest
-        first, whenever texts have left and the limits allow (a text alone always fits)."""
-        waiting = deque(sorted(todo, key=lambda i: len(prepared[i].ids)))
+        """`generate`'s events from running batches (one per beam width) that the scheduler fills: the texts by
+        length, each joining as soon as a place is free within the limits; encoded a batch ahead, in one call."""
+        order = sorted(todo, key=lambda i: len(prepared[i].ids))
+        position = {i: text for text, i in enumerate(order)}  # each text's place in the scheduler's request
+        request = Request([prepared[i].cost for i in order], 0.0, preemptible=False)
+        scheduler = Scheduler(BatchLimits(batch_size, max_batch_cost))
+        scheduler.add(request)
         batches: dict[int, RunningBatch] = {}
-        running: dict[int, int] = {}  # text -> its cost, while it runs
+        caches: dict[int, Cache] = {}
         pad = self.manifest.tokens["pad"]
-        while waiting or running:
-            joining: dict[Settings, list[int]] = {}
-            while waiting:
-                i = waiting[0]
-                over = max_batch_cost is not None and sum(running.values()) + prepared[i].cost > max_batch_cost
-                if running and (len(running) == batch_size or over):
-                    break
-                waiting.popleft()
+        while request.left:
+            admitted = []
+            for _, text in scheduler.schedule(0.0).admit:
+                i = order[text]
                 if _is_cancelled(tokens[i]):
+                    scheduler.finished(request, text)
                     yield Event(i, None, Translation(text="", token_ids=[], score=0.0, cancelled=True))
-                    continue
-                running[i] = prepared[i].cost
-                joining.setdefault(prepared[i].settings, []).append(i)
-            for settings, group in joining.items():
+                else:
+                    admitted.append(i)
+            if any(i not in caches for i in admitted):  # with the next texts, up to a batch: one encoder call
+                ahead = [order[t] for t in itertools.islice(request.waiting, batch_size)]
+                group = [i for i in dict.fromkeys(admitted + ahead) if i not in caches]
+                caches.update(zip(group, encode_texts(self.graphs, pad, [prepared[i].ids for i in group]), strict=True))
+            for settings, group in _by_settings(prepared, admitted).items():
                 batch = batches.setdefault(settings.num_beams, RunningBatch(self.graphs, settings.num_beams, pad))
                 polled = [tokens[i] for i in group]
                 batch.admit(
@@ -323,17 +329,20 @@ class Translator:
                     group,
                     [prepared[i].prompt.forced_bos for i in group],
                     lambda polled=polled: np.array([_is_cancelled(t) for t in polled]),  # type: ignore[misc]
+                    encoded=[caches.pop(i) for i in group],
                 )
-            for beams, batch in list(batches.items()):
-                if not batch.rows:
-                    del batches[beams]
-                    continue
-                step = batch.step()
-                for key, token in step.tokens:
-                    yield Event(cast(int, key), token, None)
-                for key, hyps in step.finished:
-                    del running[cast(int, key)]
-                    yield Event(cast(int, key), None, self.translation(hyps))
+            widths = [beams for beams, batch in batches.items() if batch.rows]
+            if not widths:
+                continue
+            width = scheduler.next_width(widths)
+            started = time.perf_counter()
+            step = batches[width].step()
+            scheduler.stepped(width, time.perf_counter() - started, 1)
+            for key, token in step.tokens:
+                yield Event(cast(int, key), token, None)
+            for key, hyps in step.finished:
+                scheduler.finished(request, position[cast(int, key)])
+                yield Event(cast(int, key), None, self.translation(hyps))
 
     def _batching(self, overrides: dict[str, Any]) -> dict[str, Any]:
         """The decoder batches' limits for a call: its overrides, else this translator's DecodeOptions."""
@@ -356,9 +365,9 @@ class Translator:
         steps = decode(self.graphs, input_ids, mask, settings, cancelled, forced_bos=forced_bos)
         try:
             while True:
-                rows, chosen = next(steps)
-                for row, token in zip(rows.tolist(), chosen.tolist(), strict=True):
-                    yield Event(indices[row], token, None)
+                step = next(steps)
+                for row, token in step.tokens:
+                    yield Event(indices[cast(int, row)], token, None)
         except StopIteration as done:
             hypotheses: list[list[Hypothesis]] = done.value
         finally:
@@ -420,6 +429,13 @@ def _batches(
         total += cost
     if batch:
         yield batch
+
+
+def _by_settings(prepared: Sequence[Prepared], texts: list[int]) -> dict[Settings, list[int]]:
+    groups: dict[Settings, list[int]] = {}
+    for i in texts:
+        groups.setdefault(prepared[i].settings, []).append(i)
+    return groups
 
 
 def _check_texts(texts: object) -> None:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.cancel import CancelToken
-from ..runtime.decoding import Settings
 from ..runtime.graphs import Cache
+from ..runtime.search import Settings
 from ..runtime.translator import Prepared, Translation
 
 log = logging.getLogger("onnxmt.serve")

@@ -26,9 +26,9 @@ from typing import Any, cast
 import numpy as np
 
 from ..runtime.cancel import CancelToken
-from ..runtime.decoding import Hypothesis
 from ..runtime.graphs import Cache
 from ..runtime.running import RunningBatch, encode_texts
+from ..runtime.search import Hypothesis
 from ..runtime.translator import Translation, Translator
 from .batcher import MicroBatcher, _Job
 

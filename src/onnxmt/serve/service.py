@@ -25,9 +25,9 @@ from ..documents.translate import Counting, counting
 from ..manifest import MANIFEST_NAME, Manifest, read_manifest
 from ..models import is_model_dir, model_dirs_in
 from ..runtime.cancel import CancelToken
-from ..runtime.decoding import names_no_length
 from ..runtime.modeldir import load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
+from ..runtime.search import names_no_length
 from ..runtime.translator import Prepared, Translation, Translator, resolve_settings, text_cost
 from .batcher import ClientGone, MicroBatcher, QueueFull
 from .cache import TranslationCache
