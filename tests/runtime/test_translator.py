@@ -232,7 +232,7 @@ sys.meta_path.insert(0, Block())
 import onnxmt
 from onnxmt import Translator
 from onnxmt.cli import app
-from onnxmt.runtime import decoding, graphs, modeldir, tokenizer, translator
+from onnxmt.runtime import graphs, modeldir, running, scheduler, search, tokenizer, translator
 t = Translator(sys.argv[1])
 print(repr(t.translate(["Hello world.", ""], max_new_tokens=4)[0].text))
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "onnx")))

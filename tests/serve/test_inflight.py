@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from onnxmt import Translator
 from onnxmt.runtime.options import RuntimeOptions
+from onnxmt.runtime.scheduler import BatchLimits
 from onnxmt.serve import inflight
 from onnxmt.serve.app import create_app
 from onnxmt.serve.inflight import InflightBatcher
@@ -163,7 +164,7 @@ def test_requests_waiting_for_a_place_are_encoded_together(tiny_onnx_dir: Path, 
 async def _two_places(translator: Translator) -> AsyncIterator[InflightBatcher]:
     """An in-flight batcher of `translator` with room for two texts, on an inference thread of its own."""
     executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
-    batcher = InflightBatcher(translator, executor, max_batch_size=2, max_queue=16)
+    batcher = InflightBatcher(translator, executor, limits=BatchLimits(max_texts=2), max_queue=16)
     batcher.start()
     try:
         yield batcher
@@ -174,6 +175,11 @@ async def _two_places(translator: Translator) -> AsyncIterator[InflightBatcher]:
 
 # The first requests of a test run while the others arrive: a fixed length, long enough for a slow machine.
 LONG = {"max_new_tokens": 60, "min_new_tokens": 60}
+
+
+def _waiting(batcher: InflightBatcher) -> list[Any]:
+    """The requests waiting for their first place."""
+    return [e for e in batcher._entries.values() if not e.started]
 
 
 def _send(
@@ -205,20 +211,20 @@ def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_step
         async with _two_places(translator) as batcher:
 
             def encode(graphs: Any, pad: int, ids: list[list[int]]) -> Any:
-                calls.append((threading.current_thread().name, len(ids), batcher._running_texts))
+                calls.append((threading.current_thread().name, len(ids), batcher.scheduler.texts))
                 return real(graphs, pad, ids)
 
             monkeypatch.setattr(inflight, "encode_texts", encode)
             first = _send(batcher, translator, texts[:2], **LONG)
             deadline = time.monotonic() + 30
-            while batcher._running_texts < 2 and time.monotonic() < deadline:
+            while batcher.scheduler.texts < 2 and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
             later = _send(batcher, translator, texts[2:])
-            while len(batcher._pending) < 2 and time.monotonic() < deadline:
+            while len(_waiting(batcher)) < 2 and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
-            while not all(job.encoded for job in batcher._pending) and time.monotonic() < deadline:
+            while not all(e.caches for e in _waiting(batcher)) and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
-            encoded_while_waiting = [job.encoded is not None for job in batcher._pending]
+            encoded_while_waiting = [bool(e.caches) for e in _waiting(batcher)]
             done = await asyncio.wait_for(asyncio.gather(*first, *later), 60)
             return [d[0].text for d in done], encoded_while_waiting
 
@@ -241,26 +247,26 @@ def test_a_request_that_fits_the_running_batch_is_encoded_as_it_arrives(
     texts = TEXTS[50:53]
     encoding_at_admission: list[bool] = []  # per admitted request: was its encoder call started before?
     calls: list[int] = []
-    real_encode, real_admit = inflight.encode_texts, InflightBatcher._admit
+    real_encode, real_joins = inflight.encode_texts, InflightBatcher._joins
 
     def encode(graphs: Any, pad: int, ids: list[list[int]]) -> Any:
         calls.append(len(ids))
         return real_encode(graphs, pad, ids)
 
-    def admit(self: InflightBatcher, now: float) -> Any:
-        encoding = [job.encoding is not None for job in self._pending]
-        admitted = real_admit(self, now)
-        encoding_at_admission.extend(encoding[: len(admitted)])
-        return admitted
+    def joins(self: InflightBatcher, admitted: list[tuple[Any, int]]) -> Any:
+        for request, text in admitted:
+            entry = self._entry(request)
+            encoding_at_admission.append(text in entry.caches or text in entry.encoding)
+        return real_joins(self, admitted)
 
     monkeypatch.setattr(inflight, "encode_texts", encode)
-    monkeypatch.setattr(InflightBatcher, "_admit", admit)
+    monkeypatch.setattr(InflightBatcher, "_joins", joins)
 
     async def run() -> list[str]:
         async with _two_places(translator) as batcher:
             first = _send(batcher, translator, texts[:1], **LONG)
             deadline = time.monotonic() + 30
-            while batcher._running_texts < 1 and time.monotonic() < deadline:
+            while batcher.scheduler.texts < 1 and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
             second = _send(batcher, translator, texts[1:])
             done = await asyncio.wait_for(asyncio.gather(*first, *second), 60)
@@ -297,7 +303,7 @@ def test_a_failed_encoder_call_fails_no_request(
         async with _two_places(translator) as batcher:
             first = _send(batcher, translator, texts[:2], **LONG)
             deadline = time.monotonic() + 30
-            while batcher._running_texts < 2 and not any(f.done() for f in first) and time.monotonic() < deadline:
+            while batcher.scheduler.texts < 2 and not any(f.done() for f in first) and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
             later = _send(batcher, translator, texts[2:])
             done = await asyncio.wait_for(asyncio.gather(*first, *later), 60)

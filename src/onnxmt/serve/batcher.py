@@ -20,12 +20,11 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.cancel import CancelToken
-from ..runtime.graphs import Cache
 from ..runtime.search import Settings
 from ..runtime.translator import Prepared, Translation
 
@@ -55,10 +54,6 @@ class _Job:
     # Told (text index, token id) of each token a text generates, where the batcher knows them as they come (in
     # flight, greedy); on the event loop.
     on_token: Callable[[int, int], None] | None = field(default=None, repr=False)
-    # In flight: its texts' encoder caches (those with ids), once encoded while it waited for a place, and the
-    # encoder thread's work that encodes them, once started.
-    encoded: list[Cache] | None = field(default=None, repr=False)
-    encoding: Future[int] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -71,56 +66,43 @@ class BatchStats:
     generated_tokens: int
 
 
-class MicroBatcher:
-    """Collects concurrent requests into decoder batches; `translate()` is the only call request handlers make."""
+class Batcher:
+    """What every batcher does for its request handlers: a bounded queue, `translate()` with its timeout, its
+    client's disconnection and its cancellation, and `start`/`stop`. Subclasses decide what runs when."""
 
-    def __init__(
-        self,
-        translate: TranslateFn,
-        executor: Executor,
-        *,
-        max_batch_size: int,
-        window: float,
-        max_queue: int,
-        max_batch_cost: int | None = None,
-        on_queue: Callable[[int], None] = lambda depth: None,
-        on_batch: Callable[[BatchStats], None] = lambda stats: None,
-    ) -> None:
-        self._translate = translate
+    def __init__(self, executor: Executor, *, max_queue: int, on_queue: Callable[[int], None]) -> None:
         self._executor = executor
-        self.max_batch_size = max_batch_size
-        self.window = window
         self.max_queue = max_queue
-        self.max_batch_cost = max_batch_cost
         self._on_queue = on_queue
-        self._on_batch = on_batch
-        self._pending: deque[_Job] = deque()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._running: list[_Job] = []
 
     @property
     def depth(self) -> int:
-        return len(self._pending)
+        """Requests waiting for their first place."""
+        raise NotImplementedError
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="onnxmt-batcher")
 
-    def _queued(self) -> None:
-        """Called on the event loop after a request joins the queue."""
+    async def _loop(self) -> None:
+        raise NotImplementedError
+
+    def _enqueue(self, job: _Job) -> None:
+        """On the event loop: a request joins."""
+        raise NotImplementedError
+
+    def _forget(self, job: _Job) -> None:
+        """On the event loop: a request is over (answered, timed out, its client gone); what it still waits for
+        never runs."""
+        raise NotImplementedError
 
     async def stop(self) -> None:
-        """Stop the batch loop. Requests still queued get an error and the running batch is cancelled at its next
+        """Stop the batch loop. Requests still queued get an error and the work running is cancelled at its next
         step; the server has drained in-flight requests first."""
-        for job in self._running:
-            job.token.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        while self._pending:
-            job = self._pending.popleft()
-            if not job.future.done():
-                job.future.set_exception(RuntimeError("the service is shutting down"))
         self._on_queue(0)
 
     async def translate(
@@ -136,7 +118,7 @@ class MicroBatcher:
         case but success the request's work is cancelled: dropped from the queue, or stopped at the next decoder
         step. `on_token(text index, token id)`: each token as it is generated, where this batcher can tell (the
         in-flight batcher's greedy rows; a beam's tokens are not final until its text is)."""
-        if len(self._pending) >= self.max_queue:
+        if self.depth >= self.max_queue:
             raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)")
         loop = asyncio.get_running_loop()
         token = CancelToken(None if timeout is None else time.monotonic() + timeout)
@@ -144,12 +126,10 @@ class MicroBatcher:
         if any(t.settings != settings for t in texts):
             raise ValueError("a request's texts are prepared with one setting")
         job = _Job(texts, settings, loop.time(), loop.create_future(), token, sum(t.cost for t in texts), on_token)
-        self._pending.append(job)
-        self._on_queue(len(self._pending))
+        self._enqueue(job)
         self._wakeup.set()
         gone = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         try:
-            self._queued()
             waited: list[asyncio.Future[Any]] = [job.future, *([gone] if gone else [])]
             done, _ = await asyncio.wait(waited, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if job.future in done:
@@ -165,10 +145,55 @@ class MicroBatcher:
                 gone.cancel()
                 with contextlib.suppress(BaseException):
                     await gone
-            # A request that timed out or was cancelled while queued gives its place back at once.
-            if job in self._pending:
-                self._pending.remove(job)
-                self._on_queue(len(self._pending))
+            self._forget(job)
+
+
+class MicroBatcher(Batcher):
+    """Collects concurrent requests into static decoder batches (graphs that take one cache length for all rows)."""
+
+    def __init__(
+        self,
+        translate: TranslateFn,
+        executor: Executor,
+        *,
+        max_batch_size: int,
+        window: float,
+        max_queue: int,
+        max_batch_cost: int | None = None,
+        on_queue: Callable[[int], None] = lambda depth: None,
+        on_batch: Callable[[BatchStats], None] = lambda stats: None,
+    ) -> None:
+        super().__init__(executor, max_queue=max_queue, on_queue=on_queue)
+        self._translate = translate
+        self.max_batch_size = max_batch_size
+        self.window = window
+        self.max_batch_cost = max_batch_cost
+        self._on_batch = on_batch
+        self._pending: deque[_Job] = deque()
+        self._running: list[_Job] = []
+
+    @property
+    def depth(self) -> int:
+        return len(self._pending)
+
+    def _enqueue(self, job: _Job) -> None:
+        self._pending.append(job)
+        self._on_queue(len(self._pending))
+
+    def _forget(self, job: _Job) -> None:
+        # A request that timed out or was cancelled while queued gives its place back at once.
+        if job in self._pending:
+            self._pending.remove(job)
+            self._on_queue(len(self._pending))
+
+    async def stop(self) -> None:
+        for job in self._running:
+            job.token.cancel()
+        await super().stop()
+        while self._pending:
+            job = self._pending.popleft()
+            if not job.future.done():
+                job.future.set_exception(RuntimeError("the service is shutting down"))
 
     async def _loop(self) -> None:
         while True:

@@ -40,6 +40,13 @@ class Metrics:
             "onnxmt_batch_duration_seconds", "Inference time of one batch.", m, buckets=LATENCY_BUCKETS, registry=r
         )
         self.queue_depth = Gauge("onnxmt_queue_depth", "Requests waiting for the decoder.", m, registry=r)
+        self.running_rows = Gauge("onnxmt_running_rows", "Decoder rows in the running batches.", m, registry=r)
+        self.running_requests = Gauge(
+            "onnxmt_running_requests", "Requests with texts in the running batches.", m, registry=r
+        )
+        self.preempted = Counter(
+            "onnxmt_preempted_texts", "Running texts that gave their place to a request with none.", m, registry=r
+        )
         # In-flight batching: a "batch" above is the requests that joined the running batch at one step.
         self.step_rows = Histogram(
             "onnxmt_step_rows", "Decoder rows per call of the running batch.", m, buckets=BATCH_BUCKETS, registry=r
@@ -113,6 +120,10 @@ class Metrics:
             self.batch_size.labels(model).observe(stats.admitted_texts)
             self.texts.labels(model).inc(stats.admitted_texts)
         self.generated_tokens.labels(model).inc(stats.generated_tokens)
+        self.running_rows.labels(model).set(stats.running_rows)
+        self.running_requests.labels(model).set(stats.running_requests)
+        if stats.preempted:
+            self.preempted.labels(model).inc(stats.preempted)
 
     def observe_cache(self, model: str, hits: int, misses: int, entries: int) -> None:
         if hits:

@@ -49,6 +49,14 @@ class ServeOptions:
     max_batch_cost: int = option(
         65536, help="Most tokens x beams in the running decoder batch: bounds memory (0: none).", min=0
     )
+    # Admission is fair (runtime/scheduler.py): a waiting request that does not fit yet is passed by later ones
+    # that do, for at most this long, so that a big request cannot be starved by a stream of small ones.
+    max_skip_ms: float = option(
+        2000.0,
+        help="In flight: how long a request with nothing running may be passed by later ones that fit before it; "
+        "after that, nothing is admitted past it.",
+        min=0,
+    )
     # One token x beam holds K and V in every decoder layer: 24 KB in opus-mt, 384 KB in NLLB-200-3.3B, 512 KB in
     # MADLAD-400-3B. 65,536 tokens x beams are 1.5 GB of caches in the first and 24-32 GB in the last two.
     max_cache_mb: float = option(

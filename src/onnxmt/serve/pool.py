@@ -25,7 +25,7 @@ from typing import Any
 from ..manifest import Manifest
 from ..runtime.invariance import activation_scales
 from ..runtime.translator import Translator
-from .batcher import MicroBatcher
+from .batcher import Batcher
 from .metrics import Metrics
 from .protocol import ApiError, Languages
 
@@ -44,7 +44,7 @@ class ModelEntry:
     languages: Languages
     bytes: int  # its files on disk
     translator: Translator | None = None
-    batcher: MicroBatcher | None = None
+    batcher: Batcher | None = None
     last_used: float = 0.0
     loads: int = 0
     unloads: int = 0
@@ -112,7 +112,7 @@ class ModelPool:
         entries: list[ModelEntry],
         *,
         load: Callable[[ModelEntry], Translator],
-        make_batcher: Callable[[ModelEntry], MicroBatcher],
+        make_batcher: Callable[[ModelEntry], Batcher],
         executor: Any,
         metrics: Metrics,
         max_models: int = 0,
@@ -135,7 +135,7 @@ class ModelPool:
         return [e for e in self.entries if e.translator is not None]
 
     @contextlib.asynccontextmanager
-    async def use(self, entry: ModelEntry) -> AsyncIterator[tuple[Translator, MicroBatcher]]:
+    async def use(self, entry: ModelEntry) -> AsyncIterator[tuple[Translator, Batcher]]:
         """The model loaded, kept loaded while the block runs (it is never unloaded under a request); ApiError 503
         when it cannot be loaded."""
         await self.acquire(entry)

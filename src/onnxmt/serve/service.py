@@ -27,9 +27,10 @@ from ..models import is_model_dir, model_dirs_in
 from ..runtime.cancel import CancelToken
 from ..runtime.modeldir import load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
+from ..runtime.scheduler import BatchLimits
 from ..runtime.search import names_no_length
 from ..runtime.translator import Prepared, Translation, Translator, resolve_settings, text_cost
-from .batcher import ClientGone, MicroBatcher, QueueFull
+from .batcher import Batcher, ClientGone, MicroBatcher, QueueFull
 from .cache import TranslationCache
 from .catalog import Catalog, Leg
 from .detect import Detected, Detector
@@ -173,18 +174,20 @@ class Service:
             return runtime
         return replace(runtime, encoder_threads=max(1, (runtime.threads or os.cpu_count() or 1) // 2))
 
-    def _make_batcher(self, entry: ModelEntry) -> MicroBatcher:
+    def _make_batcher(self, entry: ModelEntry) -> Batcher:
         """In-flight batching for a decoder that takes one cache length per row; static micro-batches otherwise
         (directories exported before format 4, Optimum's)."""
         assert self._executor is not None and entry.translator is not None
         on_queue = self.metrics.queue_depth.labels(entry.name).set
         if in_flight(entry.translator.manifest):
+            limits = BatchLimits(
+                self.options.max_batch_size, self.cost_limits(entry.manifest).batch, self.options.max_skip_ms / 1000
+            )
             return InflightBatcher(
                 entry.translator,
                 self._executor,
-                max_batch_size=self.options.max_batch_size,
+                limits=limits,
                 max_queue=self.options.max_queue,
-                max_batch_cost=self.cost_limits(entry.manifest).batch,
                 on_queue=on_queue,
                 on_step=partial(self.metrics.observe_step, entry.name),
             )
@@ -372,7 +375,7 @@ class Service:
 
     async def _queue(
         self,
-        batcher: MicroBatcher,
+        batcher: Batcher,
         prepared: list[Prepared],
         disconnected: Callable[[], Awaitable[object]] | None,
         on_token: Callable[[int, int], None] | None = None,
