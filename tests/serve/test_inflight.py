@@ -312,3 +312,71 @@ def test_a_failed_encoder_call_fails_no_request(
     answers = asyncio.run(run())
     assert calls[failing - 1] == 2  # the call that failed held two texts
     assert answers == _alone(translator, texts[:2], **LONG) + _alone(translator, texts[2:])
+
+
+def test_a_one_text_request_beside_a_big_one_takes_a_place_at_once(tiny_onnx_dir: Path) -> None:
+    """Four places, a request of 12 texts running (forced to 60 tokens): a one-text request sent meanwhile takes a
+    place from it at the next step (the big request's text admitted last waits again), and is answered long before
+    the big one. Every answer is the library's, the preempted text's included."""
+    translator = Translator(tiny_onnx_dir)
+    big_texts, small_text = TEXTS[:12], TEXTS[20]
+    stats: list[inflight.StepStats] = []
+
+    async def run() -> tuple[list[Any], list[Any], float, float]:
+        executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
+        batcher = InflightBatcher(
+            translator, executor, limits=BatchLimits(max_texts=4), max_queue=16, on_step=stats.append
+        )
+        batcher.start()
+        try:
+            big = asyncio.ensure_future(batcher.translate(translator.prepare(big_texts, beams=1, **LONG), None))
+            deadline = time.monotonic() + 30
+            while batcher.scheduler.texts < 4 and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            small = await batcher.translate(translator.prepare([small_text], beams=1, max_new_tokens=4), None)
+            small_done = time.monotonic()
+            assert not big.done(), "the big request finished first: nothing was tested"
+            answer = await asyncio.wait_for(big, 120)
+            return answer, small, small_done, time.monotonic()
+        finally:
+            await batcher.stop()
+            executor.shutdown()
+
+    big, small, small_done, big_done = asyncio.run(run())
+    assert sum(s.preempted for s in stats) >= 1
+    assert max(s.running_rows for s in stats) <= 4  # the text budget held (one row a text)
+    assert [t.text for t in small] == _alone(translator, [small_text], beams=1, max_new_tokens=4)
+    assert [t.text for t in big] == [t.text for t in translator.translate(big_texts, beams=1, **LONG)]
+
+
+def test_a_greedy_request_behind_queued_beam_requests_is_not_held_up_by_them(tiny_onnx_dir: Path) -> None:
+    """Four places, three 4-text beam-4 requests (60 tokens): the first runs, two wait with no place; a one-text
+    greedy request sent then takes a place from the running one (the waiting ones do not come first: it has
+    nothing running, as they have), runs in the greedy batch that takes turns with the beam batch by request, and
+    is answered before any beam request."""
+    translator = Translator(tiny_onnx_dir)
+    beam = {"beams": 4, **LONG}
+    order: list[str] = []
+
+    async def run() -> None:
+        executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
+        batcher = InflightBatcher(translator, executor, limits=BatchLimits(max_texts=4), max_queue=16)
+        batcher.start()
+
+        async def send(name: str, texts: list[str], **options: Any) -> None:
+            await batcher.translate(translator.prepare(texts, **options), None)
+            order.append(name)
+
+        try:
+            beams = [asyncio.ensure_future(send(f"beam{i}", TEXTS[4 * i : 4 * i + 4], **beam)) for i in range(3)]
+            deadline = time.monotonic() + 30
+            while batcher.scheduler.texts < 4 and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            await send("greedy", [TEXTS[30]], beams=1, max_new_tokens=4)
+            await asyncio.wait_for(asyncio.gather(*beams), 300)
+        finally:
+            await batcher.stop()
+            executor.shutdown()
+
+    asyncio.run(run())
+    assert order[0] == "greedy"
