@@ -308,3 +308,36 @@ def test_sigterm_while_documents_are_prepared_and_translated_answers_them_and_ex
         assert isinstance(answer, httpx.Response), (answer, running.logs())
         assert answer.status_code in (200, 503), answer.text
     assert any(a.status_code == 503 for a in answers if isinstance(a, httpx.Response)), "the drain cut nothing short"
+
+
+def test_streams_and_html_snippets_do_not_wait_for_a_document_worker(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    """One document worker and a queue of 2: 24 one-sentence streams (what the page at / sends) and 24 HTML
+    snippets at once are all answered, as 24 plain /translate requests are: a request's own texts are prepared on a
+    thread, not queued for a worker. A file still goes to the worker."""
+    server = start_server(
+        tiny_onnx_dir, tmp_path, document_workers=1, max_document_queue=2, max_new_tokens=4, max_request_cost=0
+    )
+
+    async def run() -> tuple[list[int], list[int]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            streams = [client.post("/translate/stream", json={"q": f"{s} {i}", "source": "en"}) for i, s in
+                       enumerate(ENGLISH[:12] * 2)]  # fmt: skip
+            pages = [
+                client.post("/translate", json={"q": f"<p>{s} <b>{i}</b></p>", "source": "en", "format": "html"})
+                for i, s in enumerate(ENGLISH[:12] * 2)
+            ]
+            answers = await asyncio.gather(*streams, *pages)
+            return [r.status_code for r in answers[:24]], [r.status_code for r in answers[24:]]
+
+    try:
+        streams, pages = asyncio.run(run())
+        file = httpx.post(
+            f"{server.url}/translate_file",
+            data={"source": "en", "target": "zh"},
+            files={"file": ("a.txt", TEXT.encode(), "text/plain")},
+            timeout=60,
+        )
+    finally:
+        assert server.stop() == 0, server.logs()
+    assert streams == [200] * 24 and pages == [200] * 24
+    assert file.status_code == 200, file.text

@@ -343,6 +343,7 @@ def test_a_one_text_request_beside_a_big_one_takes_a_place_at_once(tiny_onnx_dir
             executor.shutdown()
 
     big, small, small_done, big_done = asyncio.run(run())
+    assert small_done < big_done
     assert sum(s.preempted for s in stats) >= 1
     assert max(s.running_rows for s in stats) <= 4  # the text budget held (one row a text)
     assert [t.text for t in small] == _alone(translator, [small_text], beams=1, max_new_tokens=4)

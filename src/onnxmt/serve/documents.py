@@ -59,8 +59,14 @@ async def _in_worker(
     service: Service, function: Callable[..., Any], args: tuple[Any, ...], disconnected: Disconnected
 ) -> Any:
     """A step of a document's preparation in a document worker (serve/workers.py), within --timeout; its failures
-    as the answers they are."""
+    as the answers they are. A request's own texts (a stream, HTML snippets: a list of strings within --max-texts
+    and --max-chars, checked before) are prepared on a thread instead: they are not documents, and neither wait for
+    a worker nor count against --max-document-queue."""
+    document = args[1]
+    small = isinstance(document, list) and sum(len(t) for t in document) <= service.options.max_chars
     try:
+        if small:
+            return await service.workers.run_small(function, args)
         return await service.workers.run(function, args, service.options.timeout or None, disconnected)
     except WorkerBusy as e:
         raise ApiError(503, f"server busy: {e}; retry later", RETRY_AFTER) from e

@@ -65,29 +65,44 @@ def _serve(conn: Connection, memory_bytes: int) -> None:
     if memory_bytes:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     from ..documents import prepare  # noqa: F401  (imported once, before the first job waits for it)
-    from ..documents.limits import DocumentTooLarge
 
     while True:
         try:
             function, args = conn.recv()
         except (EOFError, OSError):
             return
-        try:
-            answer: tuple[Any, ...] = ("ok", function(*args))
-        except MemoryError:
-            answer = ("error", "memory", "")
-        except DocumentTooLarge as e:
-            answer = ("error", "too_large", str(e))
-        except ValueError as e:
-            answer = ("error", "value", str(e))
-        except ImportError as e:
-            answer = ("error", "import", str(e))
-        except Exception as e:  # what a parser raises on input it was not written for (python-docx: KeyError...)
-            answer = ("error", "value", f"{type(e).__name__}: {e}")
+        answer = answered(function, args)
         try:
             conn.send(answer)
         except MemoryError:
             conn.send(("error", "memory", ""))
+
+
+def answered(function: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`function(*args)` as a worker answers it: ("ok", result), or ("error", kind, message)."""
+    from ..documents.limits import DocumentTooLarge
+
+    try:
+        return ("ok", function(*args))
+    except MemoryError:
+        return ("error", "memory", "")
+    except DocumentTooLarge as e:
+        return ("error", "too_large", str(e))
+    except ValueError as e:
+        return ("error", "value", str(e))
+    except ImportError as e:
+        return ("error", "import", str(e))
+    except Exception as e:  # what a parser raises on input it was not written for (python-docx: KeyError...)
+        return ("error", "value", f"{type(e).__name__}: {e}")
+
+
+def _result(answer: tuple[Any, ...]) -> Any:
+    if answer[0] == "error":
+        kind, message = answer[1], answer[2]
+        if kind == "memory":
+            raise WorkerGone("preparing the document needs more memory than a document worker has")
+        raise JobError(kind, message)
+    return answer[1]
 
 
 class _Worker:
@@ -173,12 +188,13 @@ class DocumentWorkers:
                     worker = self._new()
             if not self._stopped:
                 self._idle.put_nowait(worker)
-        if answer[0] == "error":
-            kind, message = answer[1], answer[2]
-            if kind == "memory":
-                raise WorkerGone("preparing the document needs more memory than a document worker has")
-            raise JobError(kind, message)
-        return answer[1]
+        return _result(answer)
+
+    async def run_small(self, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """`function(*args)` on a thread, not a worker: for the texts of a request (a stream's text, a snippet of
+        HTML), which are bounded as any request's texts are, and whose preparation takes milliseconds. They neither
+        wait for a worker nor count against the document queue."""
+        return _result(await asyncio.to_thread(answered, function, args))
 
     async def _call(
         self,
