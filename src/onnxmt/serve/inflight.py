@@ -17,7 +17,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -64,6 +64,7 @@ class _Round:
     rows: list[int] = field(default_factory=list)  # per decoder call
     seconds: list[float] = field(default_factory=list)  # per step
     running_rows: int = 0
+    deferred: list[_Join] = field(default_factory=list)  # admitted texts still being encoded: they join later
 
 
 # Steps the inference thread takes at most before it hands back to the event loop when nothing calls for it sooner
@@ -124,7 +125,8 @@ class InflightBatcher(Batcher):
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-encoder")
         self._encoding: Future[int] | None = None  # the encoder thread's call in progress
         self._encoder_calls: list[int] = []  # texts per encoder call, since the last stats
-        self._interrupt = False  # set on the event loop: the scheduler has a change to make
+        self._interrupt = False  # set on the event loop: the scheduler has a change to make, or texts are encoded
+        self._deferred: list[_Join] = []  # texts admitted whose encoder call had not ended when the round started
         self._stopping = False
 
     @property
@@ -204,6 +206,8 @@ class InflightBatcher(Batcher):
             preempted = [(id(self._entry(r).job), t) for r, t in decision.preempt]
             for request, text in decision.preempt:
                 self._entry(request).caches.pop(text, None)  # encoded again when it joins again
+            joins = _without(self._deferred, set(preempted)) + joins
+            self._deferred = []
             if not joins and not preempted and not any(b.rows for b in self._batches.values()):
                 self._wakeup.clear()  # nothing to run until something changes
                 await self._wakeup.wait()
@@ -214,6 +218,7 @@ class InflightBatcher(Batcher):
             except Exception as e:  # a failed step fails the requests running; the next ones start afresh
                 self._fail_running(e)
                 continue
+            self._deferred = done.deferred
             self._tokens(done.tokens)
             stats = self._deliver(done)
             stats.admitted_requests = len(first)
@@ -274,6 +279,12 @@ class InflightBatcher(Batcher):
         if not needed and (not upcoming or len(upcoming) < room or 2 * len(upcoming) < self.limits.max_texts):
             return  # waiting texts alone are pooled until they fill the room ahead, if that is half a call
         texts = needed + upcoming
+        size = max(8, self.limits.max_texts // 2)  # a call the texts that arrive after it wait for stays short
+        for start in range(0, len(texts), size):
+            self._submit(texts[start : start + size])
+
+    def _submit(self, texts: list[tuple[_Entry, int]]) -> None:
+        """One encoder call for `texts`, on the encoder thread."""
         loop = asyncio.get_running_loop()
         work = self._encoder.submit(self._encode_texts, texts)
         for entry, text in texts:
@@ -313,17 +324,23 @@ class InflightBatcher(Batcher):
         return len(texts)
 
     def _steps(self, joins: list[_Join], preempted: list[Key], shares: Counter[int]) -> _Round:
-        """On the inference thread: the preempted texts leave, the admitted ones join their running batch (once
-        the encoder thread has encoded them), then the running batches take steps, the width the scheduler picks
-        each time, until a text finishes, the scheduler has a change to make, or a token is awaited by a stream (at
+        """On the inference thread: the preempted texts leave, the admitted ones whose encoder calls have ended
+        join their running batch (the others join at a later round: the running rows never wait for the encoder,
+        unless there are none), then the running batches take steps, the width the scheduler picks each time, until a
+        text finishes, the scheduler has a change to make, texts are encoded, or a token is awaited by a stream (at
         most MAX_STEPS_PER_ROUND). `shares`: requests running per beam width."""
         done = _Round()
-        wait([call for join in joins for call in join.calls])
+        idle = not any(batch.rows for batch in self._batches.values())
+        if idle and joins:  # nothing to step meanwhile: wait for the first texts to be encoded
+            wait([call for join in joins for call in join.calls], return_when=FIRST_COMPLETED)
         if preempted:
             for batch in self._batches.values():
                 batch.leave(preempted)
         for join in joins:
-            self._join(join)
+            if all(call.done() for call in join.calls):
+                self._join(join)
+            else:
+                done.deferred.append(join)  # the running rows do not wait for the encoder: it joins next round
         listening = any(e.job.on_token is not None for e in self._entries.values() if e.request.running)
         while True:
             widths = [beams for beams, batch in self._batches.items() if batch.rows]
@@ -340,6 +357,8 @@ class InflightBatcher(Batcher):
             done.finished += step.finished
             if done.finished or (listening and done.tokens) or self._interrupt:
                 break
+            if done.deferred and all(c.done() for join in done.deferred for c in join.calls):
+                break  # they can join now
             if len(done.seconds) >= MAX_STEPS_PER_ROUND:
                 break
         done.running_rows = sum(batch.rows for batch in self._batches.values())
@@ -418,6 +437,16 @@ class InflightBatcher(Batcher):
             if not entry.job.future.done():
                 entry.job.future.set_exception(error)
         self._batches.clear()
+
+
+def _without(joins: list[_Join], gone: set[Key]) -> list[_Join]:
+    """`joins` without the texts `gone` (preempted before they joined)."""
+    kept = []
+    for join in joins:
+        texts = [t for t in join.texts if (id(join.entry.job), t) not in gone]
+        if texts:
+            kept.append(replace(join, texts=texts))
+    return kept
 
 
 def _copied(cache: Cache) -> Cache:
