@@ -663,20 +663,20 @@ def test_an_export_without_bit_exact_rows_says_batches_can_change_a_translation(
 ) -> None:
     # Exports whose decoder puts the new token's score last (before `rows_bit_exact`) run in flight with logits
     # that can move in the last bits with the batch: /info and the start log say so, and what to do.
+    from onnxmt.runtime.capabilities import Capabilities
     from onnxmt.runtime.modeldir import load_manifest
-    from onnxmt.serve.pool import batch_invariant, variant_batches
 
     assert load_manifest(tiny_onnx_dir).model["rows_bit_exact"] is True
-    assert batch_invariant(load_manifest(tiny_onnx_dir), 16) is True
+    assert Capabilities.of(load_manifest(tiny_onnx_dir)).batch_invariant(16) is True
     older = tmp_path / "older"
     shutil.copytree(tiny_onnx_dir, older)
     data = json.loads((older / "onnxmt.json").read_text())
     del data["model"]["rows_bit_exact"]
     (older / "onnxmt.json").write_text(json.dumps(data))
     manifest = load_manifest(older)
-    assert batch_invariant(manifest, 16) is False
-    assert batch_invariant(manifest, 1) is True  # nothing to be batched with
-    assert "export the model again" in variant_batches(manifest)
+    assert Capabilities.of(manifest).batch_invariant(16) is False
+    assert Capabilities.of(manifest).batch_invariant(1) is True  # nothing to be batched with
+    assert "export the model again" in Capabilities.of(manifest).variant_batches
 
 
 @pytest.mark.parametrize(
@@ -688,10 +688,10 @@ def test_info_says_whether_batches_can_change_a_translation(
     # Per-tensor int8 scales depend on the batch; a batch of one, or a scale per row, does not.
     pytest.importorskip("onnx")
     from onnxmt.export.quantize import QuantizeOptions, quantize
+    from onnxmt.runtime.capabilities import Capabilities
     from onnxmt.runtime.modeldir import load_manifest
-    from onnxmt.serve.pool import batch_invariant
 
     int8 = tmp_path / "int8"
     quantize(tiny_onnx_dir, int8, QuantizeOptions(per_row_scales=per_row), progress=lambda _: None)
     # Read from the manifest: /info says it for every model, loaded or not.
-    assert batch_invariant(load_manifest(int8), max_batch_size) is expected
+    assert Capabilities.of(load_manifest(int8)).batch_invariant(max_batch_size) is expected

@@ -51,8 +51,11 @@ def _decoder_form(manifest: Any) -> str:
     decoder = manifest.graphs.get("decoder")
     if decoder is None:
         return "Optimum's (static batches)"
-    if decoder.per_row_positions():
-        if not manifest.model.get("rows_bit_exact", False):
+    from ..runtime.capabilities import Capabilities
+
+    capabilities = Capabilities.of(manifest)
+    if capabilities.in_flight:
+        if capabilities.inexact_rows:
             return (
                 "buffer, one length per row (rows of different lengths share a call; a row's logits can move in "
                 "the last bits with the batch: export again for bit-exact rows)"

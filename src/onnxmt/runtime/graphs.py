@@ -261,6 +261,8 @@ class Graphs:
     """Common part: names by role from the manifest, empty caches of the right shape, the vocabulary ops."""
 
     encoder: Any  # the encoder's ONNX Runtime session
+    per_row = False  # the decoder takes one cache length per row (format 4)
+    per_sentence = False  # one cross-attention K/V per sentence, broadcast over its beams
 
     def __init__(self, manifest: Manifest, options: RuntimeOptions) -> None:
         self.ops = VocabOps(options)

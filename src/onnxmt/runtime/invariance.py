@@ -16,18 +16,11 @@ from typing import Any
 
 from ..manifest import Manifest
 from ..options import check, option
+from .capabilities import activation_scales
 from .translator import Translator, resolve_settings
 
 SAMPLE = 32  # sentences: ~5 s at batch 1 for opus-mt's architecture in int8 on 2 cores, greedy
 BATCH_SIZE = 8
-
-
-def activation_scales(manifest: Manifest) -> str | None:
-    """ "per tensor" or "per row" for a dynamic int8 directory (older directories: per tensor), else None."""
-    quantization = manifest.quantization or {}
-    if quantization.get("method") != "dynamic int8":
-        return None
-    return str(quantization.get("activation_scales") or "per tensor")
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ class RunningBatch:
     """
 
     def __init__(self, graphs: Graphs, beams: int, pad: int) -> None:
-        if not getattr(graphs, "per_row", False) or not getattr(graphs, "per_sentence", False):
+        if not graphs.per_row or not graphs.per_sentence:
             raise ValueError("in-flight batching needs a decoder that takes one cache length per row (format 4)")
         self.graphs = graphs
         self.beams = beams

@@ -16,6 +16,7 @@ import numpy as np
 from ..architectures import LanguageScheme, Prompt, scheme_for
 from ..manifest import Manifest, ModelDirError, verify_files
 from .cancel import CancelToken
+from .capabilities import Capabilities
 from .graphs import Cache, Graphs, open_graphs
 from .modeldir import load_manifest
 from .options import DecodeOptions, RuntimeOptions
@@ -108,6 +109,7 @@ class Translator:
                 hashes.result()
         self.runtime = runtime
         self.decoding = decoding
+        self.capabilities = Capabilities.of(self.manifest)
 
     @property
     def target_languages(self) -> list[str]:
@@ -276,7 +278,7 @@ class Translator:
             else:
                 todo.append(i)
         batching = self._batching({"batch_size": batch_size, "max_batch_cost": max_batch_cost})
-        if refill and getattr(self.graphs, "per_row", False) and not in_order:
+        if refill and self.capabilities.in_flight and not in_order:
             yield from self._running(prepared, todo, tokens, **batching)
             return
         for batch in _batches(prepared, todo, in_order=in_order, **batching):

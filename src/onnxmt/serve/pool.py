@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from ..manifest import Manifest
-from ..runtime.invariance import activation_scales
 from ..runtime.translator import Translator
 from .batcher import Batcher
 from .metrics import Metrics
@@ -62,45 +61,6 @@ def model_bytes(directory: Path, manifest: Manifest) -> int:
     """The size of the files a model's sessions read (the manifest's, as they are on disk)."""
     sizes = ((directory / name) for name in manifest.files)
     return sum(path.stat().st_size for path in sizes if path.is_file())
-
-
-def in_flight(manifest: Manifest) -> bool:
-    """Whether the service batches this model in flight (its decoder takes one cache length per row)."""
-    decoder = manifest.graphs.get("decoder")
-    return decoder is not None and decoder.per_row_positions()
-
-
-def inexact_rows(manifest: Manifest) -> bool:
-    """Whether a row's logits can move in the last bits with the running batch it is in: a model batched in flight
-    whose export predates `rows_bit_exact` (docs/model-directory.md)."""
-    return in_flight(manifest) and not manifest.model.get("rows_bit_exact", False)
-
-
-def batch_invariant(manifest: Manifest, max_batch_size: int) -> bool | None:
-    """Whether a text's translation is independent of what it is batched with; None: cannot tell (an Optimum
-    directory's quantization is not recorded). `variant_batches` says why not."""
-    if max_batch_size == 1:
-        return True
-    if inexact_rows(manifest):
-        return False
-    if activation_scales(manifest) == "per row":
-        return True
-    if manifest.layout != "onnxmt":
-        return None
-    return activation_scales(manifest) is None  # fp32, int4 (weight-only): yes; per-tensor int8: no
-
-
-def variant_batches(manifest: Manifest) -> str:
-    """Why a model's translations can depend on the requests it is batched with, and what to do about it."""
-    if inexact_rows(manifest):
-        return (
-            "this export's decoder can give a text logits that differ in the last bits with the requests it runs "
-            "beside (docs/serve.md); export the model again with this onnxmt for bit-exact in-flight batching"
-        )
-    return (
-        "int8 with per-tensor activation scales: a text's translation can depend on the requests it is batched "
-        "with (docs/serve.md); `onnxmt quantize --per-row-scales` makes it independent"
-    )
 
 
 class ModelPool:

@@ -25,6 +25,7 @@ from ..documents.translate import Counting, counting
 from ..manifest import MANIFEST_NAME, Manifest, read_manifest
 from ..models import is_model_dir, model_dirs_in
 from ..runtime.cancel import CancelToken
+from ..runtime.capabilities import Capabilities
 from ..runtime.modeldir import load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.scheduler import BatchLimits
@@ -38,7 +39,7 @@ from .downloads import Downloads
 from .inflight import InflightBatcher
 from .metrics import Metrics
 from .options import ServeOptions
-from .pool import RETRY_AFTER, ModelEntry, ModelPool, batch_invariant, in_flight, model_bytes, variant_batches
+from .pool import RETRY_AFTER, ModelEntry, ModelPool, model_bytes
 from .protocol import ApiError, Languages, TranslateRequest
 from .workers import DocumentWorkers
 
@@ -136,8 +137,8 @@ class Service:
             )
         if translator is not None:
             self.pool.adopt(entries[0], translator)
-            if batch_invariant(translator.manifest, self.options.max_batch_size) is False:
-                log.info("%s", variant_batches(translator.manifest))
+            if translator.capabilities.batch_invariant(self.options.max_batch_size) is False:
+                log.info("%s", translator.capabilities.variant_batches)
         self._open = True
         self.metrics.ready.set(1)
         shown = "; ".join(f"{e.name}: {e.languages.source} → {', '.join(e.languages.targets)}" for e in entries)
@@ -170,7 +171,7 @@ class Service:
             if not (directory / MANIFEST_NAME).is_file():
                 return runtime  # Optimum's and Transformers.js's directories run static batches
             manifest = read_manifest(directory)
-        if not in_flight(manifest):
+        if not Capabilities.of(manifest).in_flight:
             return runtime
         return replace(runtime, encoder_threads=max(1, (runtime.threads or os.cpu_count() or 1) // 2))
 
@@ -179,7 +180,7 @@ class Service:
         (directories exported before format 4, Optimum's)."""
         assert self._executor is not None and entry.translator is not None
         on_queue = self.metrics.queue_depth.labels(entry.name).set
-        if in_flight(entry.translator.manifest):
+        if entry.translator.capabilities.in_flight:
             limits = BatchLimits(
                 self.options.max_batch_size, self.cost_limits(entry.manifest).batch, self.options.max_skip_ms / 1000
             )
@@ -480,8 +481,8 @@ class Service:
                 "unloads": e.unloads,
                 "error": e.error,
                 "languages": _languages_info(e.languages),
-                "batch_invariant": batch_invariant(e.manifest, o.max_batch_size),
-                "in_flight": None if e.translator is None else in_flight(e.manifest),
+                "batch_invariant": Capabilities.of(e.manifest).batch_invariant(o.max_batch_size),
+                "in_flight": None if e.translator is None else Capabilities.of(e.manifest).in_flight,
                 "encoder_threads": None if e.translator is None else encoder_threads(e.translator),
                 "cost_limits": self.cost_limits(e.manifest)._asdict(),
                 **_model_info(e),
@@ -503,9 +504,11 @@ class Service:
         }
         if catalog.single:
             entry = catalog.entries[0]
-            answer["batching"]["batch_invariant"] = batch_invariant(entry.manifest, o.max_batch_size)
+            answer["batching"]["batch_invariant"] = Capabilities.of(entry.manifest).batch_invariant(o.max_batch_size)
             # In flight: requests join the running decoder batch at every step; else static micro-batches.
-            answer["batching"]["in_flight"] = None if entry.translator is None else in_flight(entry.manifest)
+            answer["batching"]["in_flight"] = (
+                None if entry.translator is None else Capabilities.of(entry.manifest).in_flight
+            )
         answer["limits"] = {
             "max_chars": o.max_chars,
             "max_texts": o.max_texts,
