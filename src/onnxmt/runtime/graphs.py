@@ -201,7 +201,7 @@ OPS_DIR = Path(__file__).resolve().parent / "ops"
 class VocabOps:
     """log-softmax and per-row top-k over (rows, vocab) matrices on ONNX Runtime's threads (`runtime/ops/`).
 
-    TopK follows the ONNX rule for ties (lower index first), the order the numpy fallbacks in decoding.py keep.
+    TopK follows the ONNX rule for ties (lower index first), the order the numpy fallbacks in search.py keep.
     Large matrices go through chunk maxima (`topk_chunked.onnx`, the same answer on NaN-free rows, one vectorised
     pass; see export/ops.py) when the vocabulary size has a suitable divisor.
     """
