@@ -2,7 +2,7 @@
 
     python benchmarks/memory.py MODEL_DIR [MODEL_DIR ...]
 
-Variants: `default` (load-time memory given back: `runtime.graphs.release_load_memory`; ORT's CPU arena on),
+Variants: `default` (load-time memory given back: `runtime.sessions.release_load_memory`; ORT's CPU arena on),
 `arena off`, `no release`. Each loads the model (RSS and peak after loading), translates a greedy batch of 8 (the
 benchmark's peak-RSS column), then 64 FLORES sentences with beam 4 at batch 32 (30 forced tokens, 2 threads) and
 10 sentences one by one: the peaks after each phase show what loading and the largest batch cost. The anonymous
@@ -22,17 +22,18 @@ VARIANTS = ("default", "arena off", "no release")
 WORKER = r"""
 import json, sys, time
 import onnxmt.runtime.graphs as graphs
+import onnxmt.runtime.sessions as sessions
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translator
 
 variant = sys.argv[2]
 if variant == "arena off":
-    plain = graphs.session_options
+    plain = sessions.session_options
     def without_arena(options, encoder=False):
         so = plain(options, encoder)
         so.enable_cpu_mem_arena = False
         return so
-    graphs.session_options = without_arena
+    sessions.session_options = without_arena
 elif variant == "no release":
     graphs.release_load_memory = lambda directory, trim=True: 0
 

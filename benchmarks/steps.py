@@ -9,7 +9,7 @@ that same cache, and as many calls of the encoder on those sentences, the direct
 so the machine's drift hits them alike. Prints Markdown tables of the median (and minimum) milliseconds per call.
 Unlike ab.py, which compares code on the same model, this compares models (say, one exported before and one after
 a change to the exporter) under the same code. A buffered export's cache holds 1, then 4 + 16k positions
-(`graphs.next_capacity`): with --past at such a size, every timed call would grow it (15, the default, leaves spare
+(`cache.next_capacity`): with --past at such a size, every timed call would grow it (15, the default, leaves spare
 positions).
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxmt.runtime.graphs import Cache
+from onnxmt.runtime.cache import Cache
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translator, pad_batch
 from probes import interleaved

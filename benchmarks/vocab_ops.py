@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxmt.runtime.graphs import OPS_DIR, load_session
 from onnxmt.runtime.options import RuntimeOptions
+from onnxmt.runtime.sessions import load_session
+from onnxmt.runtime.vocab import OPS_DIR
 from probes import emit, interleaved
 
 CHUNKS = (47, 141, 461, 1383)  # divisors of 65001

@@ -147,15 +147,18 @@ def test_inspect_shows_the_optimum_layout(layout: tuple[str, Path]) -> None:
 
 def test_each_graph_is_loaded_once(tiny_optimum_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import onnxmt.runtime.graphs as graphs
+    import onnxmt.runtime.sessions as sessions
+    import onnxmt.runtime.vocab as vocab
 
     loaded: list[str] = []
-    real = graphs.load_session
+    real = sessions.load_session
 
     def counting(path: Path, options, encoder: bool = False):  # type: ignore[no-untyped-def]
         loaded.append(Path(path).name)
         return real(path, options, encoder=encoder)
 
-    monkeypatch.setattr(graphs, "load_session", counting)
+    for module in (graphs, sessions, vocab):  # each module that opens sessions, and modeldir's (from sessions)
+        monkeypatch.setattr(module, "load_session", counting)
     translator = Translator(tiny_optimum_dir)
     # The sessions opened to read the graphs' names are the ones that run them (plus the two vocabulary ops).
     onnx_files = [name for name in loaded if name.endswith("_model.onnx")]

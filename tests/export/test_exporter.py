@@ -104,7 +104,8 @@ def _rows_alone_and_together(directory: Path, capacity: int, width: int | None =
     stepped together in one call (their buffers side by side at `capacity` positions, each masked past its own
     length; the source K/V at the wider source's width, in whole blocks as `encode` makes them): per row, (its
     logits together, its logits alone). `width`: another source width together."""
-    from onnxmt.runtime.graphs import OnnxmtGraphs, aligned
+    from onnxmt.runtime.cache import aligned
+    from onnxmt.runtime.graphs import OnnxmtGraphs
     from onnxmt.runtime.options import RuntimeOptions
     from onnxmt.runtime.translator import pad_batch
 
@@ -152,8 +153,8 @@ def _rows_alone_and_together(directory: Path, capacity: int, width: int | None =
 def test_rows_of_different_lengths_share_a_decoder_call_exactly(family: str, capacity: int, request) -> None:
     """Each row its own cache length, at another capacity and source width than alone: the logits and new K/V each
     row gives alone, bit for bit. What in-flight batching relies on to join rows at any step. Capacities are whole
-    blocks of key positions (graphs.aligned), as the runtime makes them."""
-    from onnxmt.runtime.graphs import KEY_BLOCK
+    blocks of key positions (cache.aligned), as the runtime makes them."""
+    from onnxmt.runtime.cache import KEY_BLOCK
 
     assert capacity % KEY_BLOCK == 0
     directory = request.getfixturevalue("tiny_buffered_onnx_dir" if family == "marian" else "tiny_t5_onnx_dir")

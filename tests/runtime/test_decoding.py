@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from onnxmt.runtime.cancel import CancelToken
-from onnxmt.runtime.graphs import CHUNKED_TOPK_MIN, VocabOps, chunk_length
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.search import Settings, build_processors, topk
 from onnxmt.runtime.translator import Translator
+from onnxmt.runtime.vocab import CHUNKED_TOPK_MIN, VocabOps, chunk_length
 from tests.helpers.hf import generated_ids
 from tests.helpers.sentences import SENTENCES
 from tests.helpers.skips import importorskip
@@ -357,7 +357,7 @@ def test_cache_buffer_steps_match_transformers_past_its_growth(
     # Teacher-forced: each step's logits against transformers' full forward pass at that position, for more steps
     # than the buffer first holds (so it grows, three times; twice, the second time to the limit (rounded up to a
     # whole block of key positions), when the decoding loop's limit is given), on a padded batch.
-    from onnxmt.runtime.graphs import SELF_KV_CHUNK, aligned
+    from onnxmt.runtime.cache import SELF_KV_CHUNK, aligned
 
     assert buffered.graphs.buffered
     model = transformers.MarianMTModel.from_pretrained(tiny_hf_dir).eval()
@@ -388,7 +388,7 @@ def test_cache_buffer_steps_match_transformers_past_its_growth(
 
 
 def test_cache_buffers_grow_by_a_chunk_to_whole_key_blocks_and_not_past_the_limit() -> None:
-    from onnxmt.runtime.graphs import KEY_BLOCK, SELF_KV_CHUNK, next_capacity
+    from onnxmt.runtime.cache import KEY_BLOCK, SELF_KV_CHUNK, next_capacity
 
     assert KEY_BLOCK == 4 and SELF_KV_CHUNK == 16
     assert next_capacity(1, None) == 20  # a chunk, to a whole block

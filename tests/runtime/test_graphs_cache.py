@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxmt.runtime.graphs import Cache
+from onnxmt.runtime.cache import Cache
 
 
 def _cache(rows: int, past: int = 3) -> Cache:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from onnxmt.runtime.graphs import release_load_memory
+from onnxmt.runtime.sessions import release_load_memory
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps and madvise are Linux's")
 
@@ -67,8 +67,8 @@ def test_the_encoder_runs_without_an_arena_and_translates_the_same(tiny_onnx_dir
     decoder's has one; without the arena the encoder's outputs are the same as with it."""
     import numpy as np
 
-    from onnxmt.runtime.graphs import load_session
     from onnxmt.runtime.options import RuntimeOptions
+    from onnxmt.runtime.sessions import load_session
     from onnxmt.runtime.translator import Translator
 
     translator = Translator(tiny_onnx_dir)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from onnxmt import Translator
+from onnxmt.runtime.cache import KEY_BLOCK
 from onnxmt.runtime.cancel import CancelToken
-from onnxmt.runtime.graphs import KEY_BLOCK
 from onnxmt.runtime.running import RunningBatch, encode_texts
 from onnxmt.runtime.translator import Prepared
 from onnxmt.testing import generate_corpus
@@ -122,7 +122,7 @@ def test_a_batch_that_grows_past_its_buffers_and_empties_again_translates_as_alo
     capacities = np.array(results["capacities"])  # (steps, 4): rows, sentences, width, positions
     peak = capacities.max(axis=0)
     positions = capacities[:, 3]
-    assert ((positions % KEY_BLOCK == 0) | (positions == 1)).all()  # whole blocks of key positions (graphs.aligned)
+    assert ((positions % KEY_BLOCK == 0) | (positions == 1)).all()  # whole blocks of key positions (cache.aligned)
     assert peak[0] > 16 and peak[3] > 16, peak  # rows and positions outgrew their first buffers
     assert capacities[-1][0] < peak[0] and capacities[-1][1] < peak[1]  # and shrank once the batch emptied
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxmt.runtime.graphs import Cache
+from onnxmt.runtime.cache import Cache
 from onnxmt.runtime.slots import CacheSlots
 
 HEADS, DIM, LAYERS = 2, 3, 2

@@ -214,8 +214,9 @@ def translate_texts(
     DocumentTooLarge past `limits`."""
     where = counting(translator, source_lang, target_lang)
     plan = plan_texts(texts, where, limits, tokenizer=translator.tokenizer, by_lines=by_lines)
-    languages = {"source_lang": source_lang, "target_lang": target_lang}
-    prepared = translator.prepare(plan.sentences, ids=plan.ids, **languages, **overrides)
+    prepared = translator.prepare(
+        plan.sentences, ids=plan.ids, source_lang=source_lang, target_lang=target_lang, **overrides
+    )
     batching = {k: overrides[k] for k in ("batch_size", "max_batch_cost") if k in overrides}
     if progress is None:
         return join_texts(plan.layouts, [t.text for t in translator.translate_prepared(prepared, **batching)])

@@ -274,7 +274,7 @@ def _build_manifest(
         },
         # The decoder graph broadcasts each sentence's cross-attention K/V over its beams (marian._attend_beams),
         # and gives a row the same logits, bit for bit, whatever rows and buffer capacity share its call
-        # (marian._attend_buffer and _attend_beams, graphs.KEY_BLOCK): in-flight batching is exact.
+        # (marian._attend_buffer and _attend_beams, cache.KEY_BLOCK): in-flight batching is exact.
         model={**facts, "cross_kv_per_sentence": True, "rows_bit_exact": True},
         tokens=tokens,
         generation=arch.generation(generation_config, config),

@@ -62,7 +62,7 @@ def _attend_beams(
     after the product, ONNX Runtime would fuse it in (`FusedMatMul(alpha)`), and a greedy row's product (one query)
     would miss MLAS's one-row kernel, which takes only alpha = 1. That kernel sums source positions in blocks of 4
     (as the self-attention's, `_attend_buffer`): the runtime gives every source width in whole blocks
-    (`graphs.aligned`), so that a row's scores do not depend on the widths of the batch it is in.
+    (`cache.aligned`), so that a row's scores do not depend on the widths of the batch it is in.
     """
     stacked = q.reshape(sentences, -1, heads, head_dim).transpose(1, 2)  # (n, heads, beams * q_len, head_dim)
     scores = (torch.matmul(stacked, k.transpose(2, 3)) + mask) * scaling  # (n, heads, beams * q_len, src_len)
@@ -259,7 +259,7 @@ def _attend_buffer(
     into it (`FusedMatMul(alpha)`), and MLAS's kernel for a product with one query row takes only alpha = 1
     (opus-mt int8: a step 6-7% faster at 1 to 64 rows; docs/performance.md). That kernel sums each key position in
     blocks of 4, so a position's score depends on whether its block is whole: the runtime keeps buffer capacities
-    multiples of 4 (`graphs.aligned`), so that a row's scores do not depend on the batch it is in."""
+    multiples of 4 (`cache.aligned`), so that a row's scores do not depend on the batch it is in."""
     own_score = (q * new_key).sum(-1, keepdim=True)  # (rows, heads, 1, 1)
     past_scores = torch.matmul(q, buffers[0].transpose(2, 3))  # (rows, heads, 1, capacity)
     weights = F.softmax(torch.cat([own_score, past_scores], dim=-1) * scaling + mask, dim=-1)

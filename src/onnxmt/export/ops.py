@@ -61,7 +61,7 @@ def chunked_topk() -> bytes:
     NaN largest (log-probabilities are NaN only if a logit was infinite).
 
     Inputs: scores (rows, vocab), k (int64[1]), chunk (int64[1]; vocab must be a multiple of it, with at least k
-    chunks: `runtime.graphs.chunk_length` picks one with 4k or more).
+    chunks: `runtime.vocab.chunk_length` picks one with 4k or more).
     Outputs: values (rows, k), indices (rows, k), largest first.
     """
     import numpy as np

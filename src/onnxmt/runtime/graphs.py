@@ -12,249 +12,19 @@ logits and the grown cache. The decoding loop sees only that, whatever the direc
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import itertools
-import math
-import os
-import re
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..manifest import GraphSpec, Manifest, ModelDirError
+from ..manifest import GraphSpec, Manifest
+from .cache import Cache, grown, next_capacity, whole_blocks
 from .options import RuntimeOptions
-
-
-@dataclass(frozen=True)
-class Cache:
-    """Decoder state. Row r of the self-attention cache belongs to one hypothesis: sentence r // beams.
-
-    With `per_sentence` (onnxmt's graphs), the mask and cross-attention K/V hold one row per sentence, which the
-    decoder graph broadcasts over that sentence's beams; otherwise (Optimum's graphs) one row per hypothesis.
-    """
-
-    mask: np.ndarray  # (sentences or rows, src_len) encoder attention mask
-    self_kv: tuple[np.ndarray, ...]  # per layer key, value: (rows, heads, past_len, head_dim)
-    cross_kv: tuple[np.ndarray, ...] | None  # per layer key, value: (sentences or rows, heads, src_len, head_dim)
-    encoder_states: np.ndarray | None = None  # (rows, src_len, d_model); only Optimum's first step needs it
-    per_sentence: bool = False
-    # Buffers: each row's positions of self_kv that hold its cache (the rest is spare capacity), (rows,); None: all.
-    self_len: np.ndarray | None = None
-    # Buffers: the most positions the decoding loop will write (its max_length - 1); None: not known.
-    max_positions: int | None = None
-
-    @property
-    def sentences(self) -> int:
-        """Before `expand_beams`: the number of sentences (one row each)."""
-        return int(self.mask.shape[0])
-
-    def select(self, sentences: np.ndarray, beams: int = 1) -> Cache:
-        """The cache of the given sentences, each with its `beams` rows, in that order (drops finished ones)."""
-        rows = (sentences[:, None] * beams + np.arange(beams)).reshape(-1)
-        shared = sentences if self.per_sentence else rows
-
-        def take(arrays: tuple[np.ndarray, ...] | None, index: np.ndarray) -> tuple[np.ndarray, ...] | None:
-            return None if arrays is None else tuple(a[index] for a in arrays)
-
-        return Cache(
-            mask=self.mask[shared],
-            self_kv=take(self.self_kv, rows) or (),
-            cross_kv=take(self.cross_kv, shared),
-            encoder_states=None if self.encoder_states is None else self.encoder_states[rows],
-            per_sentence=self.per_sentence,
-            self_len=None if self.self_len is None else self.self_len[rows],
-            max_positions=self.max_positions,
-        )
-
-    def take(self, rows: np.ndarray, sentences: np.ndarray) -> Cache:
-        """The cache of `rows` (decoder rows, in their new order) whose sentences are `sentences` (in order): a
-        batch's rows after a step, its beams reordered and finished rows gone. When no sentence leaves, only the
-        rows that change are copied, in place (`reorder_beams`)."""
-        if len(rows) == self.self_kv[0].shape[0] and np.array_equal(sentences, np.arange(len(sentences))):
-            return self.reorder_beams(rows)
-        shared = sentences if self.per_sentence else rows
-        return replace(
-            self,
-            mask=self.mask[shared],
-            self_kv=tuple(a[rows] for a in self.self_kv),
-            cross_kv=None if self.cross_kv is None else tuple(a[shared] for a in self.cross_kv),
-            encoder_states=None if self.encoder_states is None else self.encoder_states[rows],
-            self_len=None if self.self_len is None else self.self_len[rows],
-        )
-
-    def expand_beams(self, beams: int) -> Cache:
-        """Each sentence's row repeated `beams` times (beam search's start); shared arrays stay as they are."""
-        rows = np.repeat(np.arange(self.sentences), beams)
-        if not self.per_sentence:
-            return self.select(rows)
-        lengths = None if self.self_len is None else self.self_len[rows]
-        return replace(self, self_kv=tuple(a[rows] for a in self.self_kv), self_len=lengths)
-
-    def reorder_beams(self, rows: np.ndarray) -> Cache:
-        """Reorder the self-attention cache among the beams of each sentence: row i takes row `rows[i]`.
-
-        The beams of one sentence share its mask and cross-attention K/V, so only the self-attention cache moves;
-        copying the cross-attention K/V every step would cost as much as the step's own cache. Only the rows that
-        change are copied, in place (most beams extend themselves: about a quarter of the rows move per step on
-        the benchmark's model): this cache must not be used afterwards, only the one returned.
-        """
-        moved = np.flatnonzero(rows != np.arange(len(rows)))
-        if len(moved) == 0:
-            return self
-        sources = rows[moved]
-        filled = self.self_kv[0].shape[2] if self.self_len is None else int(self.self_len.max(initial=0))
-        kv = []
-        for a in self.self_kv:
-            if a.flags.writeable and a.flags.c_contiguous:
-                a[moved, :, :filled] = a[sources, :, :filled]  # the right side is gathered first: cycles are safe
-            else:
-                a = a[rows]
-            kv.append(a)
-        lengths = None if self.self_len is None else self.self_len[rows]
-        return replace(self, self_kv=tuple(kv), self_len=lengths)
-
-
-def session_options(options: RuntimeOptions, encoder: bool = False):
-    """`encoder`: the options of an encoder's session (see `load_session`)."""
-    import onnxruntime as ort
-
-    threads = (options.encoder_threads if encoder else None) or options.threads or os.cpu_count() or 1
-    so = ort.SessionOptions()
-    so.enable_cpu_mem_arena = not encoder
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.spinning else "0")
-    return so
-
-
-def load_session(path: Path, options: RuntimeOptions, encoder: bool = False):
-    """An ONNX Runtime session of the graph file `path`. `encoder=True` for an encoder: on
-    `options.encoder_threads` threads when set, and without ONNX Runtime's CPU memory arena. An arena keeps the
-    largest activations a session ever allocated, and an encoder's (the whole source batch at once, run once per
-    batch) are the largest of a translation. Without it they are freed after each call: NLLB-200-3.3B int8, beam 4
-    over 8 sentences of up to 183 tokens, peaks 4,758 -> 4,256 MB; the decoder, run at every step with small
-    activations, keeps its arena (off, it saved nothing there)."""
-    import onnxruntime as ort
-
-    if not path.is_file():
-        raise ModelDirError(f"{path}: graph file is missing")
-    try:
-        so = session_options(options, encoder)
-        return ort.InferenceSession(str(path), sess_options=so, providers=list(options.providers))
-    except Exception as e:  # ORT raises its own exception types for truncated or invalid protobufs
-        raise ModelDirError(f"{path}: ONNX Runtime cannot load this graph ({e.__class__.__name__}: {e})") from e
-
-
-def release_load_memory(directory: Path, trim: bool = True) -> int:
-    """Give back the memory that loading a graph needed and running it does not; returns the bytes unmapped.
-
-    - Pages of the directory's memory-mapped weight files: in exports made before the LM head was stored in
-      chunks (`shared_weights.bin`), ONNX Runtime reads all of the mapped embedding once, to prepack the whole
-      head from it, and afterwards only the rows the lookups gather. (Chunked heads have mappings of their own,
-      which ONNX Runtime releases itself.) Where a mapping holds no page the process wrote (no `Anonymous`
-      copy-on-write page in smaps),
-      `madvise(MADV_DONTNEED)` drops its pages from the process: a later read faults the same bytes back in from
-      the page cache, so nothing is lost, only what is not used stops counting.
-    - `malloc_trim(0)` (with `trim`): the heap that held graph protobufs and transient copies goes back to the
-      system. Worth it once, after the last graph: between two loads the next one reuses that heap.
-
-    Linux with glibc only; elsewhere (or if /proc is not readable) it does nothing.
-    """
-    if not sys.platform.startswith("linux"):
-        return 0
-    try:
-        libc = ctypes.CDLL(None)
-        smaps = Path("/proc/self/smaps").read_text()
-    except OSError:
-        return 0
-    released = 0
-    root = str(directory.resolve()) + os.sep
-    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", smaps):
-        head, *lines = block.splitlines()
-        fields = head.split(maxsplit=5)
-        if len(fields) < 6 or not fields[5].startswith(root):
-            continue
-        counts = dict(line.split(":", 1) for line in lines if ":" in line)
-        if counts.get("Anonymous", "").strip() != "0 kB":
-            continue
-        start, end = (int(x, 16) for x in fields[0].split("-"))
-        if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED) == 0:
-            released += end - start
-    if trim and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
-    return released
-
-
-_MADV_DONTNEED = 4
-
-
-OPS_DIR = Path(__file__).resolve().parent / "ops"
-
-
-class VocabOps:
-    """log-softmax and per-row top-k over (rows, vocab) matrices on ONNX Runtime's threads (`runtime/ops/`).
-
-    TopK follows the ONNX rule for ties (lower index first), the order the numpy fallbacks in search.py keep.
-    Large matrices go through chunk maxima (`topk_chunked.onnx`, the same answer on NaN-free rows, one vectorised
-    pass; see export/ops.py) when the vocabulary size has a suitable divisor.
-    """
-
-    def __init__(self, options: RuntimeOptions) -> None:
-        self._log_softmax = load_session(OPS_DIR / "log_softmax.onnx", options)
-        self._topk = load_session(OPS_DIR / "topk.onnx", options)
-        self._topk_chunked = load_session(OPS_DIR / "topk_chunked.onnx", options)
-
-    def log_softmax(self, logits: np.ndarray) -> np.ndarray:
-        return self._log_softmax.run(None, {"logits": logits})[0]
-
-    def log_softmax_inplace(self, logits: np.ndarray) -> np.ndarray:
-        """`logits` overwritten by their log-softmax, and returned: the same kernel as `log_softmax`, bound to read
-        and write one buffer. ORT's LogSoftmax reads a row (its maximum, then its sum of exponentials) before it
-        writes it, element by element, so the result is the same bits (tested); what it saves is a second
-        (rows, vocab) matrix, 131 MB at NLLB's 256k vocabulary and 128 rows, and a third of the time."""
-        flags = logits.flags
-        if not (logits.dtype == np.float32 and logits.ndim == 2 and flags.c_contiguous and flags.writeable):
-            logits[...] = self.log_softmax(logits)
-            return logits
-        binding = self._log_softmax.io_binding()
-        shape = list(logits.shape)
-        binding.bind_input("logits", "cpu", 0, np.float32, shape, logits.ctypes.data)
-        binding.bind_output("log_probs", "cpu", 0, np.float32, shape, logits.ctypes.data)
-        self._log_softmax.run_with_iobinding(binding)
-        return logits
-
-    def topk(self, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The k largest entries of each row and their indices, largest first: ((rows, k), (rows, k))."""
-        rows, vocab = scores.shape
-        chunk = chunk_length(vocab, k) if rows * vocab >= CHUNKED_TOPK_MIN else None
-        feed = {"scores": scores, "k": np.array([k], dtype=np.int64)}
-        if chunk is None:
-            values, indices = self._topk.run(None, feed)
-        else:
-            values, indices = self._topk_chunked.run(None, {**feed, "chunk": np.array([chunk], dtype=np.int64)})
-        return values, indices
-
-
-# From one row of a 65k vocabulary up the chunked graph is faster (0.040 vs 0.055 ms; at 128 rows 2.0 vs 4.2 ms);
-# tiny vocabularies (tests' models) keep the plain TopK.
-CHUNKED_TOPK_MIN = 1 << 15
-# Chunk length aimed for (a divisor of the vocabulary near it): 141 was fastest for opus-mt at 1 to 128 rows.
-TARGET_CHUNK = 141
-
-
-@functools.lru_cache(maxsize=64)
-def chunk_length(vocab: int, k: int) -> int | None:
-    """The chunk length for `topk_chunked.onnx`: the divisor of `vocab` nearest to TARGET_CHUNK that leaves at least
-    4k chunks and is at least 16 long, or None (the plain TopK) if there is none."""
-    divisors = [d for d in range(16, vocab // (4 * k) + 1) if vocab % d == 0]
-    return min(divisors, key=lambda d: abs(math.log(d / TARGET_CHUNK)), default=None)
+from .sessions import load_session, release_load_memory
+from .vocab import VocabOps
 
 
 class Graphs:
@@ -335,50 +105,6 @@ def _kv_roles(prefix: str, layers: int) -> list[str]:
     return [f"{prefix}_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
 
 
-# Positions a self-attention cache buffer grows by. Attention reads the whole buffer (the spare positions masked), so
-# a larger step wastes reads and a smaller one copies the cache more often: on opus-mt's shape over 30 steps, 16 was
-# as fast as the Concat of the other form at 1 to 128 rows, 8 was 5-14% slower (docs/performance.md).
-SELF_KV_CHUNK = 16
-
-# A buffer's capacity is a multiple of KEY_BLOCK (or 1, before the first step, when no position is read), and so is
-# every source width the decoder reads. The attention products of a decoder step with one query row (every row's
-# self-attention; a greedy row's cross-attention) run in MLAS's kernel for one row, which sums 4 key positions at a
-# time and the last (length mod 4) one or two at a time, in another order of additions: a position's score would
-# depend on the capacity or width of the batch its row is in. With whole blocks it does not, so a row's logits are
-# the same alone and in any running batch (tests/export/test_exporter.py).
-KEY_BLOCK = 4
-
-
-def aligned(positions: int) -> int:
-    """`positions` rounded up to a multiple of KEY_BLOCK."""
-    return -(-positions // KEY_BLOCK) * KEY_BLOCK
-
-
-def _whole_blocks(a: np.ndarray) -> np.ndarray:
-    """A (rows, width) batch of source ids or masks padded with zeros (masked positions) to a multiple of KEY_BLOCK."""
-    width = aligned(a.shape[1])
-    return a if width == a.shape[1] else np.pad(a, ((0, 0), (0, width - a.shape[1])))
-
-
-def next_capacity(filled: int, limit: int | None) -> int:
-    """The positions a full buffer of `filled` positions grows to: SELF_KV_CHUNK more, but not much past `limit`
-    (the most positions the decoding loop will step), and straight to it when less than a chunk would be left after
-    this growth; rounded up to a multiple of KEY_BLOCK. Growing copies the cache and holds both copies meanwhile,
-    the largest transient of the cache (NLLB-600M, beam 4 at batch 32: 17 positions copied were 204 MB in
-    fp32), so the last, small growth is saved."""
-    capacity = filled + SELF_KV_CHUNK
-    if limit is not None and limit - capacity < SELF_KV_CHUNK:
-        capacity = limit
-    return aligned(max(capacity, filled + 1))
-
-
-def grown(buffer: np.ndarray, filled: int, capacity: int) -> np.ndarray:
-    """A copy of `buffer` (rows, heads, positions, head_dim) with `capacity` positions, its first `filled` kept."""
-    out = np.zeros((*buffer.shape[:2], capacity, *buffer.shape[3:]), dtype=buffer.dtype)
-    out[:, :, :filled] = buffer[:, :, :filled]
-    return out
-
-
 class OnnxmtGraphs(Graphs):
     def __init__(self, directory: Path, manifest: Manifest, options: RuntimeOptions) -> None:
         super().__init__(manifest, options)
@@ -409,7 +135,7 @@ class OnnxmtGraphs(Graphs):
         """The encoder runs once per group of rows of similar length (`encoder_groups`), each cut to its own longest
         row, and the groups' cross-attention K/V are joined at the batch's width, zero past each group's width (where
         its rows' masks are 0). A float encoder gives each row the same values as one call over the whole batch."""
-        input_ids, attention_mask = _whole_blocks(input_ids), _whole_blocks(attention_mask)  # see KEY_BLOCK
+        input_ids, attention_mask = whole_blocks(input_ids), whole_blocks(attention_mask)  # see KEY_BLOCK
         groups = encoder_groups(attention_mask, self.call_tokens)
         cross: list[np.ndarray] = []
         for rows, width, out in self._encoder_runs(input_ids, attention_mask, groups):

@@ -135,7 +135,7 @@ def optimum_manifest(directory: Path, sessions: Sessions, options: RuntimeOption
 def _graph_spec(directory: Path, part: str, name: str, sessions: Sessions, options: RuntimeOptions) -> GraphSpec:
     """Input and output names of a graph, read through ONNX Runtime (the run side has no `onnx` package). The
     session opened is the one that runs the graph: the encoder's as an encoder (`load_session`)."""
-    from .graphs import load_session
+    from .sessions import load_session
 
     if name not in sessions:
         sessions[name] = load_session(directory / name, options, encoder=part == "encoder")

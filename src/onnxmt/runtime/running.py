@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .graphs import Cache, Graphs
+from .cache import Cache
+from .graphs import Graphs
 from .search import (
     Advance,
     Cancelled,

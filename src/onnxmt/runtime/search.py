@@ -739,7 +739,7 @@ def _cut(state: _Beams, max_length: int) -> _Beams:
 
 
 class ScoreOps(Protocol):
-    """The vocabulary-wide operations a step needs (graphs.VocabOps): in place, on the logits' buffer."""
+    """The vocabulary-wide operations a step needs (vocab.VocabOps): in place, on the logits' buffer."""
 
     def log_softmax_inplace(self, logits: np.ndarray) -> np.ndarray: ...
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .graphs import SELF_KV_CHUNK, Cache, aligned, next_capacity
+from .cache import SELF_KV_CHUNK, Cache, aligned, next_capacity
 
 
 @dataclass
@@ -67,7 +67,7 @@ class CacheSlots:
         self._reshape(
             rows=_more(cap_rows, self.rows + rows),
             sentences=_more(cap_sentences, self.sentences + sentences),
-            width=max(cap_width, *(aligned(text.mask.shape[1]) for text in texts)),  # see graphs.KEY_BLOCK
+            width=max(cap_width, *(aligned(text.mask.shape[1]) for text in texts)),  # see cache.KEY_BLOCK
             positions=max(cap_positions, 1),
         )
         for s, text in enumerate(texts, start=self.sentences):

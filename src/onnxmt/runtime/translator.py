@@ -15,9 +15,10 @@ import numpy as np
 
 from ..architectures import LanguageScheme, Prompt, scheme_for
 from ..manifest import Manifest, ModelDirError, verify_files
+from .cache import Cache
 from .cancel import CancelToken
 from .capabilities import Capabilities
-from .graphs import Cache, Graphs, open_graphs
+from .graphs import Graphs, open_graphs
 from .modeldir import load_manifest
 from .options import DecodeOptions, RuntimeOptions
 from .running import RunningBatch, decode, encode_texts, pad_batch
@@ -149,15 +150,19 @@ class Translator:
         source_lang: str | Sequence[str | None] | None = None,
         target_lang: str | Sequence[str | None] | None = None,
         ids: Sequence[Sequence[int] | None] | None = None,
+        options: DecodeOptions | None = None,
         **overrides: Any,
     ) -> list[Prepared]:
         """`texts` made ready for the decoder, each once: checked, its language pair resolved, tokenized, its
         settings and cost known. What `translate` does first; the service prepares a request once and carries
         the result through its cost check, cache and batcher. Arguments as `translate`'s; `ids`: each text's source
         ids under its prompt where the caller already has them (a document's sentences, counted when it was cut),
-        which are then not tokenized again. ValueError naming the valid choices for a bad option or language."""
+        which are then not tokenized again; `options`: this call's whole decoding options (typed), in place of this
+        translator's with `overrides`. ValueError naming the valid choices for a bad option or language."""
         _check_texts(texts)
-        options = self.decoding.merged(**overrides)
+        if options is not None and overrides:
+            raise TypeError("give the call's options as `options` or as keyword arguments, not both")
+        options = options or self.decoding.merged(**overrides)
         settings = resolve_settings(self.manifest, options)
         prompts = self._prompts(len(texts), source_lang, target_lang)
         if ids is not None and len(ids) != len(texts):

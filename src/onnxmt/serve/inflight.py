@@ -23,8 +23,8 @@ from typing import cast
 
 import numpy as np
 
+from ..runtime.cache import Cache
 from ..runtime.cancel import CancelToken
-from ..runtime.graphs import Cache
 from ..runtime.running import RunningBatch, encode_texts
 from ..runtime.scheduler import BatchLimits, Request, Scheduler
 from ..runtime.search import Hypothesis

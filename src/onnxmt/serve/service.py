@@ -369,8 +369,7 @@ class Service:
             languages = self._languages(translator, leg, source)
             options = self._decoding(translator, request, alternatives)
             translator.prompt(**languages)  # checked even when there is no text
-            overrides = {k: v for k, v in vars(options).items() if v is not None}
-            return await asyncio.to_thread(translator.prepare, texts, ids=ids, **languages, **overrides)
+            return await asyncio.to_thread(partial(translator.prepare, texts, ids=ids, options=options, **languages))
         except ValueError as e:
             raise ApiError(400, str(e)) from e
 
