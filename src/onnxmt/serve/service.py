@@ -35,6 +35,7 @@ from .catalog import Catalog, Leg
 from .detect import Detected, Detector
 from .downloads import Downloads
 from .inflight import InflightBatcher
+from .limits import Quota
 from .metrics import Metrics
 from .options import ServeOptions
 from .pool import RETRY_AFTER, ModelEntry, ModelPool, batch_invariant, in_flight, model_bytes, variant_batches
@@ -67,6 +68,7 @@ class Service:
         self.limits = options.document_limits()
         self.workers = DocumentWorkers(options.document_workers, options.max_document_queue, options.document_worker_mb)
         self.downloads = Downloads(int(options.max_stored_mb * 2**20), options.keep_files_seconds)
+        self.quota = Quota(options)  # keys of --key-db and the counts of --req-limit and the other limits per key
         self.pool: ModelPool | None = None
         self.catalog: Catalog | None = None
         self.detector: Detector | None = None
@@ -216,18 +218,31 @@ class Service:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self.workers.stop()
         self.downloads.close()
+        self.quota.close()
+
+    @property
+    def keys_on(self) -> bool:
+        """Requests need a key: --api-keys, or keys in --key-db."""
+        return self.quota.keys_on()
 
     def check_key(self, api_key: object) -> None:
         keys = self.options.api_keys
-        if not keys:
+        if not self.keys_on:
             return
         if not isinstance(api_key, str) or not api_key:
             raise ApiError(403, "Invalid API key: this server needs an api_key")
         # compare_digest on every key: the time taken does not reveal how much of a key matched.
         # surrogatepass: a key with a lone surrogate (possible in JSON) is a wrong key, not an encoding error.
         given = api_key.encode("utf-8", "surrogatepass")
-        if not any(hmac.compare_digest(given, key.encode()) for key in keys):
+        if not any(hmac.compare_digest(given, key.encode()) for key in keys) and not self._stored_key(api_key):
             raise ApiError(403, "Invalid API key")
+
+    def _stored_key(self, api_key: str) -> bool:
+        try:
+            api_key.encode()
+        except UnicodeEncodeError:
+            return False
+        return self.quota.known(api_key)
 
     def require_ready(self) -> tuple[Catalog, ModelPool]:
         if self.draining:
