@@ -94,6 +94,7 @@ async def translate_texts(
     *,
     html: bool = False,
     max_new_tokens: int | None = None,
+    beams: int | None = None,
     on_partial: Callable[[int, str], None] | None = None,
 ) -> tuple[list[str], str | None]:
     """`texts` translated as `/translate` translates them: (the translations, the detected source language as
@@ -106,7 +107,7 @@ async def translate_texts(
         target=target,
         api_key=None,
         alternatives=0,
-        beams=None,
+        beams=beams,
         max_new_tokens=max_new_tokens,
         format="html" if html else "text",
     )

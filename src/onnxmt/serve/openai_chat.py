@@ -71,6 +71,9 @@ async def chat(request: Request) -> Response:
     if _integer(data, "n") not in (None, 1):
         raise ApiError(400, "n must be 1: one translation per request")
     max_new = _integer(data, "max_completion_tokens") or _integer(data, "max_tokens")
+    beams = _integer(data, "beams")  # onnxmt's, as /translate's: greedy (1) streams token by token
+    if beams is not None and beams > service.options.max_beams:
+        raise ApiError(400, f"beams {beams} exceeds the limit of {service.options.max_beams}")
     ask = read_chat(data.get("messages"))
     source = string_of(data, "source") or string_of(data, "source_lang") or ask.source
     target = string_of(data, "target") or string_of(data, "target_lang") or ask.target
@@ -80,11 +83,11 @@ async def chat(request: Request) -> Response:
     await count(request, service, key, sum(map(len, texts)))
     reply = Reply(model, lines, wanted)
     if not stream:
-        translated, _ = await translate_texts(request, texts, source, target, max_new_tokens=max_new)
+        translated, _ = await translate_texts(request, texts, source, target, max_new_tokens=max_new, beams=beams)
         return JSONResponse(reply.completion(translated))
     told: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
     task = asyncio.ensure_future(
-        translate_texts(request, texts, source, target, max_new_tokens=max_new, on_partial=_put(told))
+        translate_texts(request, texts, source, target, max_new_tokens=max_new, beams=beams, on_partial=_put(told))
     )
     task.add_done_callback(lambda _: told.put_nowait(None))
     first = await told.get()
@@ -190,6 +193,7 @@ CHAT_BODY = {
                         "target": {"type": "string"},
                         "source": {"type": "string"},
                         "max_tokens": {"type": "integer", "minimum": 1},
+                        "beams": {"type": "integer", "minimum": 1},
                     },
                 }
             }
