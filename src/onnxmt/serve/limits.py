@@ -2,9 +2,9 @@
 kept in SQLite: the keys and their own limits, and the counts of each key (of each client address, for requests
 without a key) in fixed windows.
 
-With `--key-db PATH` the database is a file, created on first start (`onnxmt keys` manages its keys): its keys are
-valid keys beside `--api-keys`, and the counts survive a restart and are shared by every process that opens the
-same file (SQLite's own locking). Without it the counts live in an in-memory database of the process.
+With `--key-db PATH` the database is a file, created on first start (`onnxmt keys` manages its keys): keys are
+then needed, its keys valid beside `--api-keys`, and the counts survive a restart and are shared by every process
+that opens the same file (SQLite's own locking). Without it the counts live in an in-memory database of the process.
 
 Windows are fixed and aligned: a request window of `--limit-window` seconds (60: "per minute") starting at a
 multiple of it, a day from midnight UTC. A request refused for its count is not counted.
@@ -19,11 +19,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-from starlette.requests import Request
+from typing import TYPE_CHECKING
 
 from .options import ServeOptions
 from .protocol import ApiError
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 DAY = 86400.0
 SCHEMA = """
@@ -126,10 +128,6 @@ class KeyStore:
             ).fetchone()
         return None if row is None else KeyRow(*row)
 
-    def any_keys(self) -> bool:
-        with self._lock:
-            return self._db.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is not None
-
     # --- counts -----------------------------------------------------------------------------------------------
 
     def charge(self, who: str, chars: int, limits: KeyLimits, window: float, now: float | None = None) -> None:
@@ -212,8 +210,9 @@ class Quota:
             self._store = None
 
     def keys_on(self) -> bool:
-        """Whether requests need a key: --api-keys, or keys in --key-db (added while the server runs too)."""
-        return bool(self.options.api_keys) or (self.options.key_db is not None and self.store.any_keys())
+        """Whether requests need a key: --api-keys, or --key-db (its keys as they are at each request: added or
+        removed while the server runs too; with none in it, none is right)."""
+        return bool(self.options.api_keys) or self.options.key_db is not None
 
     def known(self, key: str) -> bool:
         """`key` is in the key database."""

@@ -527,8 +527,12 @@ class Service:
             "max_batch_cost": o.max_batch_cost,
             "max_cache_mb": o.max_cache_mb,
             "timeout": o.timeout,
+            "req_limit": o.req_limit,
+            "limit_window": o.limit_window,
+            "char_limit": o.char_limit,
+            "daily_char_limit": o.daily_char_limit,
         }
-        answer["api_keys"] = bool(o.api_keys)
+        answer["api_keys"] = self.keys_on
         answer["protect_all"] = o.protect_all
         return answer
 
