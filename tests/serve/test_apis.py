@@ -95,6 +95,12 @@ def system(text: str) -> dict[str, str]:
             "Hi",
         ),  # type: ignore[list-item]
         ([user("How are you going to do this?")], None, None, "How are you going to do this?"),
+        (  # the conversation so far: an assistant's content may be null (tool calls)
+            [system("Translate into Korean"), user("One"), {"role": "assistant", "content": None}, user("Two")],
+            None,
+            "ko",
+            "Two",
+        ),
     ],
 )
 def test_the_prompts_translation_apps_send(

@@ -164,6 +164,8 @@ def read_chat(messages: object) -> Ask:
         where = f"messages[{i}]"
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ApiError(400, f"{where} must be an object with a role")
+        if message["role"] not in ("system", "developer", "user"):
+            continue  # earlier answers (an assistant's content may be null) say nothing of this request
         text, part_source, part_target = content_text(message.get("content", ""), where)
         if message["role"] in ("system", "developer"):
             said_source, said_target, _ = instruction(text)
