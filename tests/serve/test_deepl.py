@@ -131,3 +131,27 @@ def test_unknown_route_and_malformed_json_are_deepl_shaped(server: Server) -> No
     answer = httpx.post(f"{server.url}/v2/translate", content=b"{not json", headers=headers)
     assert answer.status_code == 400 and "malformed JSON" in answer.json()["message"]
     assert set(httpx.get(f"{server.url}/v2/document", headers=headers).json()) == {"message"}
+
+
+def test_weblate_shaped_request_keeps_its_placeholders(server: Server) -> None:
+    """Weblate's DeepL backend (weblate/machinery/deepl.py): JSON with `ignore_tags` a list, `formality`, XML tag
+    handling, and its placeholders as empty `<x id="N"></x>` elements, which must come back as they went."""
+    headers = {"Authorization": f"DeepL-Auth-Key {KEY}"}
+    assert (
+        httpx.get(f"{server.url}/v2/languages", params={"type": "source"}, headers=headers).json()[0]["language"]
+        == "EN"
+    )
+    texts = ['Hello <x id="6"></x> world', "The weather is nice today."]
+    body = {
+        "text": texts,
+        "source_lang": "EN",
+        "target_lang": "ZH-HANS",
+        "formality": "default",
+        "tag_handling": "xml",
+        "ignore_tags": ["x"],
+    }
+    answer = httpx.post(f"{server.url}/v2/translate", json=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    translated = [t["text"] for t in answer.json()["translations"]]
+    assert '<x id="6"></x>' in translated[0]
+    assert translated == libretranslate(server, texts, "zh", "en", fmt="html")

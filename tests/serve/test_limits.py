@@ -173,3 +173,22 @@ def test_keys_in_the_database_and_counts_survive_a_restart(tiny_multi_onnx_dir: 
         assert _post(server, calls["google"]).status_code == 403  # removed: at once, while the server runs
     finally:
         assert server.stop() == 0
+
+
+daily = server_fixture("tiny_multi_onnx_dir", log="daily", daily_char_limit=20)
+
+
+def test_daily_characters_spent_are_deepls_456_and_usage_says_so(daily: Server) -> None:
+    import deepl
+
+    api = deepl.Translator("any", server_url=daily.url)
+    api.translate_text("a" * 15, target_lang="ZH")
+    usage = api.get_usage()
+    assert (usage.character.count, usage.character.limit) == (15, 20)
+    with pytest.raises(deepl.QuotaExceededException):
+        api.translate_text("b" * 6, target_lang="ZH")
+    refused = _post(daily, _requests(daily, "any")["google"])
+    assert refused.status_code == 200  # 5 characters: what is left of the day
+    refused = _post(daily, _requests(daily, "any")["google"])
+    assert refused.status_code == 429 and refused.json()["error"]["status"] == "RESOURCE_EXHAUSTED"
+    assert int(refused.headers["Retry-After"]) <= DAY
