@@ -95,6 +95,13 @@ def system(text: str) -> dict[str, str]:
             "Hi",
         ),  # type: ignore[list-item]
         ([user("How are you going to do this?")], None, None, "How are you going to do this?"),
+        ([user("Translate this to my liking: Hi")], None, None, "Translate this to my liking: Hi"),  # my: not Burmese
+        (
+            [user("Translate the following markdown source text to zh. Keep it.\nSource Text: A\nTranslated Text:")],
+            None,
+            "zh",
+            "A",
+        ),
         (  # the conversation so far: an assistant's content may be null (tool calls)
             [system("Translate into Korean"), user("One"), {"role": "assistant", "content": None}, user("Two")],
             None,

@@ -12,6 +12,7 @@ apps send to "OpenAI-compatible" backends (docs/apis.md lists the forms read).
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,10 @@ TO = re.compile(r"\b(?:in)?to\s+", re.IGNORECASE)
 FROM = re.compile(r"\bfrom\s+", re.IGNORECASE)
 CODE = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})*")
 REACH = 160  # characters after the verb where its languages are looked for
+# Bounds on the work one message may cause (each name tried is a lookup): an instruction is among its first
+# verbs, its target among the first "to"s after one.
+MAX_VERBS = 8
+MAX_TOS = 4
 CHINESE = re.compile(r"(?:翻译|翻譯)(?:成|为|為|到)(?P<target>[^\s，,。.:：、]{1,8})")
 CHINESE_FROM = re.compile(r"(?:从|從)(?P<source>[^\s，,。.:：、]{1,8}?)(?:翻译|翻譯)")
 SOURCE_MARK = re.compile(r"^\s*source text\s*:\s*", re.IGNORECASE | re.MULTILINE)
@@ -36,6 +41,8 @@ FENCE = re.compile(r"^```[\w-]*\n(?P<text>.*?)\n```$", re.DOTALL)
 WORD = re.compile(r"[\w()'-]+", re.UNICODE)
 # Words after "into X" that are not part of X ("into Chinese without explanation").
 STOP_WORDS = {"and", "without", "with", "only", "please", "language", "keep", "output", "the", "text"}
+# Words that follow "to" in English and are also language codes (my: Burmese, it: Italian, an: Aragonese).
+STOP_WORDS |= {"my", "it", "an", "a", "this", "that", "its", "your", "our", "their", "his", "her", "me", "us"}
 
 
 @dataclass(frozen=True)
@@ -82,10 +89,10 @@ def _name_at(text: str) -> tuple[str, int] | None:
 
 def _english(text: str) -> tuple[str | None, str, int, int] | None:
     """(source, target, start, end) of the first "translate ... (from X) to/into Y" in `text`."""
-    for verb in VERB.finditer(text):
+    for verb in itertools.islice(VERB.finditer(text), MAX_VERBS):
         line_end = text.find("\n", verb.end())
         window = text[verb.end() : min(verb.end() + REACH, line_end if line_end != -1 else len(text))]
-        for to in TO.finditer(window):
+        for to in itertools.islice(TO.finditer(window), MAX_TOS):
             found = _name_at(window[to.end() :])
             if found is None:
                 continue
