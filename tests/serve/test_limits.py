@@ -192,3 +192,11 @@ def test_daily_characters_spent_are_deepls_456_and_usage_says_so(daily: Server) 
     refused = _post(daily, _requests(daily, "any")["google"])
     assert refused.status_code == 429 and refused.json()["error"]["status"] == "RESOURCE_EXHAUSTED"
     assert int(refused.headers["Retry-After"]) <= DAY
+
+
+def test_a_key_database_that_cannot_be_opened_stops_the_server(tiny_multi_onnx_dir: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "keys.db"
+    bad.write_text("not a database, " * 100)
+    command = [*ONNXMT, "serve", str(tiny_multi_onnx_dir), "--port", "0", "--key-db", str(bad)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "cannot open the key database" in done.stderr, done.stderr

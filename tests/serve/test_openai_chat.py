@@ -49,6 +49,9 @@ def complete(server: Server, messages: list[dict[str, str]], **extra: Any) -> st
 def test_models(server: Server, tiny_multi_onnx_dir: Any) -> None:
     models = client(server).models.list()
     assert [m.id for m in models.data] == [f"onnxmt/{tiny_multi_onnx_dir.name}"]
+    assert client(server).models.retrieve(models.data[0].id).id == models.data[0].id
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client(server).models.retrieve("gpt-4o")
 
 
 def test_a_target_field_gives_the_translation_of_translate(server: Server) -> None:

@@ -204,6 +204,11 @@ class Quota:
             self._store = KeyStore(self.options.key_db)
         return self._store
 
+    def open(self) -> None:
+        """Open (create) --key-db now: sqlite3.Error or OSError when it cannot be."""
+        if self.options.key_db is not None:
+            self.store.keys()  # the schema is there and readable
+
     def close(self) -> None:
         if self._store is not None:
             self._store.close()

@@ -50,6 +50,17 @@ async def models(request: Request) -> JSONResponse:
     return JSONResponse({"object": "list", "data": data})
 
 
+async def model(request: Request) -> JSONResponse:
+    """One model of `/v1/models`, by its id; 404 for another."""
+    await _authorized(request)
+    catalog, _ = service_of(request).require_ready()
+    wanted = request.path_params["model"]
+    for e in catalog.entries:
+        if PREFIX + e.name == wanted:
+            return JSONResponse({"id": wanted, "object": "model", "created": 0, "owned_by": "onnxmt"})
+    raise ApiError(404, f"The model '{wanted[:200]}' does not exist; GET /v1/models lists them")
+
+
 def _integer(data: dict[str, Any], name: str) -> int | None:
     value = data.get(name)
     if value is None:
@@ -208,6 +219,14 @@ ROUTES: list[BaseRoute] = [
         methods=["GET"],
         tags=["OpenAI chat completions"],
         responses=error_responses("/v1/models", 401, 503),
+    ),
+    APIRoute(
+        "/v1/models/{model:path}",
+        model,
+        methods=["GET"],
+        tags=["OpenAI chat completions"],
+        responses=error_responses("/v1/models", 401, 404, 503),
+        openapi_extra={"parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]},
     ),
     APIRoute(
         "/v1/chat/completions",

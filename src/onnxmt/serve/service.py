@@ -12,6 +12,7 @@ import asyncio
 import hmac
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -89,6 +90,12 @@ class Service:
         # One inference thread for every model: ONNX Runtime parallelises inside a batch; two batches at once
         # would only compete for the same cores. Loads run there too, between batches.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxmt-inference")
+        try:
+            self.quota.open()  # --key-db created now, or the server stops saying why
+        except (sqlite3.Error, OSError) as e:
+            self.error = f"cannot open the key database {self.options.key_db}: {e}"
+            log.error(self.error)
+            self.on_fatal(self.error)
         self.workers.start()
         self.downloads.start()
         self._opening = asyncio.create_task(self._start(), name="onnxmt-load")
