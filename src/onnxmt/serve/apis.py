@@ -4,7 +4,7 @@ translation whichever API asked for it)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -127,12 +127,10 @@ async def detect_language(request: Request, text: str) -> tuple[str, float]:
     return str(best["language"]), float(best["confidence"])
 
 
-def _gone(request: Request) -> Awaitable[None]:
-    async def wait() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    return wait()
+async def _gone(request: Request) -> None:
+    """Returns when the client has disconnected (the body is read by now: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def language_names(service: Service) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:

@@ -67,9 +67,8 @@ async def _fields(request: Request) -> tuple[dict[str, Any], str | None]:
     if fields.form:  # a form's (or query string's) repeated text is a list, as DeepL reads it
         texts = request.query_params.getlist("text")
         if request.headers.get("content-type", "").startswith(("application/x-www-form", "multipart/")):
-            texts += [
-                t for t in (await request.form()).getlist("text") if isinstance(t, str)
-            ]  # parsed once, cached by starlette
+            form = await request.form()  # parsed once: starlette keeps it
+            texts += [t for t in form.getlist("text") if isinstance(t, str)]
         if len(texts) > 1:
             data["text"] = texts
     return data, key
