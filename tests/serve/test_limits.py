@@ -159,6 +159,7 @@ def test_keys_in_the_database_and_counts_survive_a_restart(tiny_multi_onnx_dir: 
     try:
         calls = _requests(server, key)
         assert _post(server, _requests(server, "made-up")["deepl"]).status_code == 403  # keys are on: the database's
+        assert httpx.get(f"{server.url}/frontend/settings").json()["keyRequired"] is True
         for name in ("deepl", "google"):
             assert _post(server, calls[name]).status_code == 200, name
     finally:
