@@ -89,6 +89,9 @@ def test_lines_are_translated_each_and_kept_apart(server: Server) -> None:
     text = f"{TEXTS[0]}\n\n{TEXTS[1]}"
     expected = libretranslate(server, TEXTS, "zh")
     assert complete(server, [user(text)], extra_body={"target": "zh"}) == f"{expected[0]}\n\n{expected[1]}"
+    # Lines without a letter are separators apps put between paragraphs: kept as they are.
+    marked = f"{TEXTS[0]}\n%%\n{TEXTS[1]}\n\n---"
+    assert complete(server, [user(marked)], extra_body={"target": "zh"}) == f"{expected[0]}\n%%\n{expected[1]}\n\n---"
 
 
 def test_stream_joins_into_the_completion(server: Server) -> None:

@@ -89,7 +89,8 @@ async def chat(request: Request) -> Response:
     source = string_of(data, "source") or string_of(data, "source_lang") or ask.source
     target = string_of(data, "target") or string_of(data, "target_lang") or ask.target
     lines = ask.text.split("\n")
-    wanted = [i for i, line in enumerate(lines) if line.strip()]
+    # Lines without a letter (blank, "%%", "---", "1.") are kept as they are: apps separate paragraphs with them.
+    wanted = [i for i, line in enumerate(lines) if any(c.isalpha() for c in line)]
     texts = texts_of([lines[i] for i in wanted], "messages", service)
     await count(request, service, key, sum(map(len, texts)))
     reply = Reply(model, lines, wanted)
