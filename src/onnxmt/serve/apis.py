@@ -98,7 +98,8 @@ async def translate_texts(
     on_partial: Callable[[int, str], None] | None = None,
 ) -> tuple[list[str], str | None]:
     """`texts` translated as `/translate` translates them: (the translations, the detected source language as
-    /languages names it, or None when the source was given)."""
+    /languages names it, or None when the source was given). With `on_partial` (a stream) the response watches
+    for the client's disconnect itself and cancels the translation, so it is not watched here too."""
     service = service_of(request)
     parsed = TranslateRequest(
         texts=texts,
@@ -115,7 +116,7 @@ async def translate_texts(
     if html:
         answer = await translate_html_request(service, parsed, gone)
     else:
-        answer = await service.translate(parsed, gone, on_partial=on_partial)
+        answer = await service.translate(parsed, None if on_partial else gone, on_partial=on_partial)
     detected = answer.get("detectedLanguage")
     language = detected[0]["language"] if detected else None
     return list(answer["translatedText"]), language
