@@ -8,6 +8,7 @@ import typer
 from .eval import evaluate
 from .export import export
 from .inspect import inspect
+from .keys import keys
 from .quantize import quantize
 from .serve import serve
 from .translate import translate
@@ -31,6 +32,7 @@ for command in (serve, validate, quantize):
     app.command()(command)
 app.command(name="eval")(evaluate)
 app.command()(tune)
+app.add_typer(keys, name="keys")
 
 
 def main() -> None:

@@ -23,9 +23,11 @@ from starlette.routing import BaseRoute, Route
 from .. import __version__
 from ..documents.files import FORMATS
 from ..runtime.options import DecodeOptions, RuntimeOptions
+from .deepl import ROUTES as DEEPL_ROUTES
 from .documents import ROUTES as DOCUMENT_ROUTES
 from .documents import translate_html_request
 from .fields import Fields, query_api_key, read_fields
+from .google import ROUTES as GOOGLE_ROUTES
 from .guards import (
     BodyLimitMiddleware,
     BodyTooLarge,
@@ -35,7 +37,9 @@ from .guards import (
     csp_for,
     error,
 )
+from .limits import charge
 from .metrics import MetricsMiddleware
+from .openai_chat import ROUTES as OPENAI_ROUTES
 from .options import ServeOptions
 from .protocol import ApiError, frontend_settings, parse_detect, parse_translate
 from .schemas import (
@@ -69,7 +73,7 @@ async def _authorize(request: Request, *, always: bool = False) -> Fields:
     body holds. A key in the query string is checked before the body is even read."""
     service = _service(request)
     options = service.options
-    needs_key = bool(options.api_keys) and (always or options.protect_all)
+    needs_key = (always or options.protect_all) and service.keys_on
     query_key = query_api_key(request)
     if needs_key and query_key is not None:
         service.check_key(query_key)
@@ -85,10 +89,15 @@ async def translate(request: Request) -> JSONResponse:
     service = _service(request)
     fields = await _authorize(request, always=True)
     parsed = parse_translate(fields.checked(), service.options, form=fields.form)
+    await charge(request, service.quota, _key(request, fields), sum(map(len, parsed.texts)))
     if parsed.format == "html":
         return JSONResponse(await translate_html_request(service, parsed, partial(_gone, request)))
     answer = await service.translate(parsed, partial(_gone, request))
     return JSONResponse(answer)
+
+
+def _key(request: Request, fields: Fields) -> object:
+    return query_api_key(request) or fields.data.get("api_key")
 
 
 async def _gone(request: Request) -> None:
@@ -102,6 +111,7 @@ async def detect(request: Request) -> JSONResponse:
     service = _service(request)
     fields = await _authorize(request, always=True)
     text = parse_detect(fields.checked(), service.options)
+    await charge(request, service.quota, _key(request, fields), len(text))
     return JSONResponse([d.libretranslate() for d in await service.detect(text)])
 
 
@@ -254,21 +264,25 @@ ROUTES: list[BaseRoute] = [
     APIRoute("/openapi.json", openapi, methods=["GET"], include_in_schema=False),
     APIRoute("/docs", docs, methods=["GET"], response_class=HTMLResponse, include_in_schema=False),
     Route("/docs/{name}", docs_asset, methods=["GET"]),
+    # The APIs of other services, over the same translations (docs/apis.md).
+    *DEEPL_ROUTES,
+    *GOOGLE_ROUTES,
+    *OPENAI_ROUTES,
 ]
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return error(exc.status, exc.message, exc.headers)
+    return error(exc.status, exc.message, exc.headers, path=request.scope["path"])
 
 
 async def _too_large(request: Request, exc: Exception) -> JSONResponse:
-    return error(413, str(exc))
+    return error(413, str(exc), path=request.scope["path"])
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    return error(exc.status_code, str(exc.detail), exc.headers)
+    return error(exc.status_code, str(exc.detail), exc.headers, path=request.scope["path"])
 
 
 def create_app(

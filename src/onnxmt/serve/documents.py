@@ -30,6 +30,7 @@ from ..documents.stream import Joiner, Update
 from ..documents.translate import Plan, join_texts
 from .downloads import TooLargeToStore
 from .fields import query_api_key, read_fields, with_api_key
+from .limits import charge
 from .pool import RETRY_AFTER
 from .protocol import ApiError, TranslateRequest, parse_translate
 from .schemas import ErrorAnswer, decoding_property, errors, translate_request
@@ -171,10 +172,10 @@ async def translate_file(request: Request) -> JSONResponse:
     .htm, .md, .docx."""
     service = _service(request)
     query_key = query_api_key(request)
-    if service.options.api_keys and query_key is not None:
+    if service.keys_on and query_key is not None:
         service.check_key(query_key)
     fields, upload = await _upload(request)
-    if service.options.api_keys and query_key is None:
+    if service.keys_on and query_key is None:
         service.check_key(fields.get("api_key"))
     if upload is None:
         raise ApiError(400, "Invalid request: missing file parameter (a multipart upload named file)")
@@ -185,6 +186,7 @@ async def translate_file(request: Request) -> JSONResponse:
     if kind is None:
         raise ApiError(400, f"Invalid request: file format not supported; valid extensions: {', '.join(FORMATS)}")
     parsed = parse_translate({**fields, "q": ""}, service.options, form=True)
+    await charge(request, service.quota, query_key or fields.get("api_key"), 0)
     data = await upload.read()
     service.require_ready()
     result, _ = await translate_document(service, parsed, kind, data, partial(_gone, request))
@@ -272,14 +274,15 @@ async def translate_stream(request: Request) -> Response:
     the first piece is an ordinary error answer; one after it, an `event: error` with `{"error", "status"}`."""
     service = _service(request)
     query_key = query_api_key(request)
-    if service.options.api_keys and query_key is not None:
+    if service.keys_on and query_key is not None:
         service.check_key(query_key)
     fields = await read_fields(request)
-    if service.options.api_keys and query_key is None:
+    if service.keys_on and query_key is None:
         service.check_key(fields.data.get("api_key"))
     parsed = parse_translate(fields.checked(), service.options, form=fields.form)
     if parsed.batch:
         raise ApiError(400, "Invalid request: /translate/stream translates one text: q must be a string")
+    await charge(request, service.quota, query_key or fields.data.get("api_key"), len(parsed.texts[0]))
     if parsed.format != "text":
         raise ApiError(400, "Invalid request: /translate/stream translates text; format must be text")
     catalog, _ = service.require_ready()

@@ -16,6 +16,8 @@ from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .errors import shaped_body
+
 log = logging.getLogger("onnxmt.serve")
 
 NOSNIFF = (b"x-content-type-options", b"nosniff")
@@ -124,7 +126,7 @@ class LastResortMiddleware(HttpMiddleware):
         except Exception:
             log.exception("unexpected error answering %s %s", scope.get("method"), scope.get("path"))
             if not started:
-                await JSONResponse({"error": "internal server error"}, status_code=500)(scope, receive, send)
+                await error(500, "internal server error", path=scope["path"])(scope, receive, send)
 
 
 class BodyTooLarge(Exception):
@@ -146,7 +148,7 @@ class BodyLimitMiddleware(HttpMiddleware):
             # int() of a 5,000-digit value raises: a length that long is only "more than the limit".
             size = int(length) if too_large and len(length) <= 18 else self.limit + 1
             message = self._message(size) if too_large else "Invalid Content-Length"
-            await error(413 if too_large else 400, message)(scope, receive, send)
+            await error(413 if too_large else 400, message, path=scope["path"])(scope, receive, send)
             return
         received = 0
 
@@ -165,6 +167,6 @@ class BodyLimitMiddleware(HttpMiddleware):
         return f"request body too large: {size} bytes or more, the limit is {self.limit}"
 
 
-def error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    """LibreTranslate's error shape."""
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+def error(status: int, message: str, headers: Mapping[str, str] | None = None, *, path: str = "") -> JSONResponse:
+    """LibreTranslate's error shape, or the shape of the API `path` belongs to (serve/errors.py)."""
+    return JSONResponse(shaped_body(path, status, message), status_code=status, headers=headers)

@@ -68,6 +68,26 @@ class ServeOptions:
     )
     api_keys: tuple[str, ...] = option((), help="Comma-separated API keys; when set, /translate needs one.")
     protect_all: bool = option(False, help="Every endpoint but /health and /ready needs a key too.")
+    # Limits per key (per client address without one), as LibreTranslate's: policy rather than safety (the sizes
+    # above bound what one request costs), so none by default, as LibreTranslate has none (serve/limits.py).
+    req_limit: int = option(
+        0,
+        help="Requests per --limit-window (a minute) per API key, or per client address without one, on the "
+        "translating endpoints; more get 429 + Retry-After (0: no limit).",
+        min=0,
+    )
+    char_limit: int = option(
+        0, help="Most characters per request (all its texts); more get 400 (0: --max-chars per text only).", min=0
+    )
+    daily_char_limit: int = option(
+        0, help="Characters per API key (or client address) and day (UTC); more get 429 (0: no limit).", min=0
+    )
+    limit_window: float = option(60.0, help="Seconds of the --req-limit window.", above=0)
+    key_db: str | None = option(
+        None,
+        help="SQLite database of API keys (with limits of their own) and of the counts, created on first start; "
+        "`onnxmt keys` manages it. Without it the counts are the process's own and lost on exit.",
+    )
     cors_origins: tuple[str, ...] = option((), help="Comma-separated origins allowed from browsers, or *.")
     # Slow clients. Counted from the moment the connection opened or, on a kept-alive connection, from the
     # request's first byte; the connection is then answered 408 and closed.
@@ -137,8 +157,8 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         check(self)
-        if self.protect_all and not self.api_keys:
-            raise ValueError("protect_all needs api_keys: without a key there is nothing to protect with")
+        if self.protect_all and not self.api_keys and self.key_db is None:
+            raise ValueError("protect_all needs api_keys or key_db: without a key there is nothing to protect with")
         if self.public_url is not None and not self.public_url.startswith(("http://", "https://")):
             raise ValueError(f"public_url must start with http:// or https://, got {self.public_url!r}")
         self.document_limits()  # its own checks (max_document_ratio at least 1)

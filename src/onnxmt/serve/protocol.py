@@ -219,8 +219,9 @@ def frontend_settings(
     return {
         "charLimit": options.max_chars,  # per text; LibreTranslate's -1 (no limit) is never the case here
         "frontendTimeout": FRONTEND_TIMEOUT_MS,
-        "apiKeys": bool(options.api_keys),
-        "keyRequired": bool(options.api_keys),  # /translate needs a key whenever there are keys
+        "apiKeys": bool(options.api_keys) or options.key_db is not None,
+        # /translate needs a key whenever there are keys
+        "keyRequired": bool(options.api_keys) or options.key_db is not None,
         "suggestions": False,  # POST /suggest answers 403
         "filesTranslation": True,
         "supportedFilesFormat": file_formats,

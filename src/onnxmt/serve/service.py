@@ -12,6 +12,7 @@ import asyncio
 import hmac
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,7 @@ from .catalog import Catalog, Leg
 from .detect import Detected, Detector
 from .downloads import Downloads
 from .inflight import InflightBatcher
+from .limits import Quota
 from .metrics import Metrics
 from .options import ServeOptions
 from .pool import RETRY_AFTER, ModelEntry, ModelPool, model_bytes
@@ -69,6 +71,7 @@ class Service:
         self.limits = options.document_limits()
         self.workers = DocumentWorkers(options.document_workers, options.max_document_queue, options.document_worker_mb)
         self.downloads = Downloads(int(options.max_stored_mb * 2**20), options.keep_files_seconds)
+        self.quota = Quota(options)  # keys of --key-db and the counts of --req-limit and the other limits per key
         self.pool: ModelPool | None = None
         self.catalog: Catalog | None = None
         self.detector: Detector | None = None
@@ -89,6 +92,12 @@ class Service:
         # One inference thread for every model: ONNX Runtime parallelises inside a batch; two batches at once
         # would only compete for the same cores. Loads run there too, between batches.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxmt-inference")
+        try:
+            self.quota.open()  # --key-db created now, or the server stops saying why
+        except (sqlite3.Error, OSError) as e:
+            self.error = f"cannot open the key database {self.options.key_db}: {e}"
+            log.error(self.error)
+            self.on_fatal(self.error)
         self.workers.start()
         self.downloads.start()
         self._opening = asyncio.create_task(self._start(), name="onnxmt-load")
@@ -220,18 +229,31 @@ class Service:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self.workers.stop()
         self.downloads.close()
+        self.quota.close()
+
+    @property
+    def keys_on(self) -> bool:
+        """Requests need a key: --api-keys, or keys in --key-db."""
+        return self.quota.keys_on()
 
     def check_key(self, api_key: object) -> None:
         keys = self.options.api_keys
-        if not keys:
+        if not self.keys_on:
             return
         if not isinstance(api_key, str) or not api_key:
             raise ApiError(403, "Invalid API key: this server needs an api_key")
         # compare_digest on every key: the time taken does not reveal how much of a key matched.
         # surrogatepass: a key with a lone surrogate (possible in JSON) is a wrong key, not an encoding error.
         given = api_key.encode("utf-8", "surrogatepass")
-        if not any(hmac.compare_digest(given, key.encode()) for key in keys):
+        if not any(hmac.compare_digest(given, key.encode()) for key in keys) and not self._stored_key(api_key):
             raise ApiError(403, "Invalid API key")
+
+    def _stored_key(self, api_key: str) -> bool:
+        try:
+            api_key.encode()
+        except UnicodeEncodeError:
+            return False
+        return self.quota.known(api_key)
 
     def require_ready(self) -> tuple[Catalog, ModelPool]:
         if self.draining:
@@ -517,8 +539,12 @@ class Service:
             "max_batch_cost": o.max_batch_cost,
             "max_cache_mb": o.max_cache_mb,
             "timeout": o.timeout,
+            "req_limit": o.req_limit,
+            "limit_window": o.limit_window,
+            "char_limit": o.char_limit,
+            "daily_char_limit": o.daily_char_limit,
         }
-        answer["api_keys"] = bool(o.api_keys)
+        answer["api_keys"] = self.keys_on
         answer["protect_all"] = o.protect_all
         return answer
 
