@@ -17,12 +17,14 @@ from typing import Any
 import pytest
 
 import onnxmt
-from onnxmt.manifest import MANIFEST_NAME, ModelDirError, sha256_file
+from onnxmt.manifest import ModelDirError
 from onnxmt.runtime.dircheck import MODEL_BOUNDS
 from onnxmt.runtime.modeldir import check_model_dir, load_manifest
 from onnxmt.runtime.translator import Translator
+from tests.helpers.hostile import edit_manifest, link_outside, with_external_data_at, with_sizes
 
 SECRET = "SECRET-CONTENT-7f3a"
+SECRET_CONFIG = json.dumps({"model_type": SECRET})
 
 
 @pytest.fixture
@@ -33,14 +35,6 @@ def optimum_copy(tiny_optimum_dir: Path, tmp_path: Path) -> Path:
 @pytest.fixture
 def onnxmt_copy(tiny_onnx_dir: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(tiny_onnx_dir, tmp_path / "model"))
-
-
-def _outside(tmp_path: Path, name: str, content: str) -> Path:
-    """A file outside every model directory, whose content must never show in an error."""
-    path = tmp_path / "elsewhere" / name
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(content, encoding="utf-8")
-    return path
 
 
 def _refused(directory: Path, **kwargs: Any) -> str:
@@ -55,9 +49,9 @@ def _refused(directory: Path, **kwargs: Any) -> str:
 
 
 def test_an_optimum_config_linked_outside_is_refused_unread(optimum_copy: Path, tmp_path: Path) -> None:
-    secret = _outside(tmp_path, "config.json", json.dumps({"model_type": SECRET}))
-    (optimum_copy / "config.json").unlink()
-    (optimum_copy / "config.json").symlink_to(secret)
+    link_outside(
+        optimum_copy, "config.json", tmp_path / "elsewhere" / "config.json", json.dumps({"model_type": SECRET})
+    )
     assert "optimum/config.json: resolves outside the model directory" in _refused(optimum_copy)
     with pytest.raises(ModelDirError, match="resolves outside"):
         check_model_dir(optimum_copy)
@@ -94,13 +88,6 @@ def test_a_hub_cache_snapshot_may_link_into_its_blobs(tiny_optimum_dir: Path, tm
 
 
 # --- sizes: sane, and those of the graphs --------------------------------------------------------------------------
-
-
-def _edit(directory: Path, change: Callable[[dict[str, Any]], object]) -> None:
-    path = directory / MANIFEST_NAME
-    data = json.loads(path.read_text(encoding="utf-8"))
-    change(data)
-    path.write_text(json.dumps(data), encoding="utf-8")
 
 
 def _model(**sizes: int) -> Callable[[dict[str, Any]], object]:
@@ -146,7 +133,7 @@ SIZES: dict[str, tuple[Callable[[dict[str, Any]], object], str]] = {
 @pytest.mark.parametrize("case", SIZES)
 def test_sizes_that_disagree_with_the_graphs_or_are_absurd_are_refused(onnxmt_copy: Path, case: str) -> None:
     change, message = SIZES[case]
-    _edit(onnxmt_copy, change)
+    edit_manifest(onnxmt_copy, change)
     assert message in _refused(onnxmt_copy, verify=False)
     with pytest.raises(ModelDirError, match="refused|does not have"):
         Translator(onnxmt_copy)
@@ -162,18 +149,9 @@ def test_the_bounds_hold_the_real_models_sizes() -> None:
 # --- external data --------------------------------------------------------------------------------------------------
 
 
-def _relocate_external_data(directory: Path, graph: str, location: bytes) -> None:
-    """`graph`'s external data moved to `location` (as long as "weights.bin", so the protobuf stays valid), with
-    the manifest's sha256 and size updated: a directory whose only fault is where its graph's data lies."""
-    assert len(location) == len(b"weights.bin")
-    path = directory / graph
-    path.write_bytes(path.read_bytes().replace(b"weights.bin", location))
-    _edit(directory, lambda data: data["files"][graph].update(sha256=sha256_file(path), bytes=path.stat().st_size))
-
-
 @pytest.mark.parametrize("location", [b"/etc/passwd", b"../x/ab.bin"])
 def test_external_data_outside_is_refused_before_onnxruntime(onnxmt_copy: Path, location: bytes) -> None:
-    _relocate_external_data(onnxmt_copy, "encoder.onnx", location)
+    with_external_data_at(onnxmt_copy, "encoder.onnx", location)
     message = _refused(onnxmt_copy)
     assert message == "encoder.onnx: a tensor's external data is outside the model directory; refused"
     assert "passwd" not in message
@@ -181,8 +159,9 @@ def test_external_data_outside_is_refused_before_onnxruntime(onnxmt_copy: Path, 
 
 def test_external_data_linked_outside_or_cut_short_is_refused(onnxmt_copy: Path, tmp_path: Path) -> None:
     weights = onnxmt_copy / "weights.bin"
-    _relocate_external_data(onnxmt_copy, "encoder.onnx", b"linked.bin_")
-    (onnxmt_copy / "linked.bin_").symlink_to(shutil.copy2(weights, _outside(tmp_path, "w.bin", "")))
+    with_external_data_at(onnxmt_copy, "encoder.onnx", b"linked.bin_")
+    (tmp_path / "elsewhere").mkdir()
+    (onnxmt_copy / "linked.bin_").symlink_to(shutil.copy2(weights, tmp_path / "elsewhere" / "w.bin"))
     assert "external data is outside the model directory" in _refused(onnxmt_copy, verify=False)
     (onnxmt_copy / "linked.bin_").unlink()
     (onnxmt_copy / "linked.bin_").write_bytes(weights.read_bytes()[:100])
@@ -212,18 +191,18 @@ def _one_line(result: subprocess.CompletedProcess[str], message: str) -> None:
 
 
 def test_inspect_refuses_external_data_outside(onnxmt_copy: Path) -> None:
-    _relocate_external_data(onnxmt_copy, "decoder.onnx", b"../x/ab.bin")
+    with_external_data_at(onnxmt_copy, "decoder.onnx", b"../x/ab.bin")
     _one_line(_cli("inspect", str(onnxmt_copy)), "decoder.onnx: a tensor's external data is outside")
 
 
 def test_translate_refuses_absurd_sizes_in_one_line(onnxmt_copy: Path) -> None:
-    _edit(onnxmt_copy, _model(num_heads=2**20, head_dim=2**20))
+    with_sizes(onnxmt_copy, num_heads=2**20, head_dim=2**20)
     _one_line(_cli("translate", "-m", str(onnxmt_copy), "hi"), "model.num_heads = 1048576 is outside [1, 1024]")
 
 
 def test_commands_never_show_a_linked_files_content(optimum_copy: Path, tmp_path: Path) -> None:
-    secret = _outside(tmp_path, "config.json", json.dumps({"model_type": SECRET}))
-    (optimum_copy / "config.json").unlink()
-    (optimum_copy / "config.json").symlink_to(secret)
+    link_outside(
+        optimum_copy, "config.json", tmp_path / "elsewhere" / "config.json", json.dumps({"model_type": SECRET})
+    )
     for args in (("inspect", str(optimum_copy)), ("translate", "-m", str(optimum_copy), "hi")):
         _one_line(_cli(*args), "config.json: resolves outside the model directory")

@@ -7,14 +7,14 @@ no server path), and model directories whose sizes or files are hostile refused 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from onnxmt.serve import catalog, service
 from onnxmt.serve.app import create_app
 from onnxmt.serve.catalog import Catalog
 from onnxmt.serve.options import ServeOptions
+from tests.helpers.hostile import corrupt_weights, with_external_data_at, with_sizes
 from tests.helpers.server import ONNXMT, Server, free_port, server_fixture
 
 EN_ZH = {"q": "Hello world.", "source": "en", "target": "zh", "max_new_tokens": 4}
@@ -103,9 +104,7 @@ def test_catalog_lists_once(tiny_multi_onnx_dir: Path, tiny_zh_en_onnx_dir: Path
 def corrupted(tiny_zh_en_onnx_dir: Path, tmp_path: Path) -> Path:
     """zh→en with one byte of its weights changed: its manifest reads, its load fails the sha256 check."""
     copy = Path(shutil.copytree(tiny_zh_en_onnx_dir, tmp_path / "srv-private" / "zh-en"))
-    weights = bytearray((copy / "weights.bin").read_bytes())
-    weights[100] ^= 0xFF
-    (copy / "weights.bin").write_bytes(bytes(weights))
+    corrupt_weights(copy)
     return copy
 
 
@@ -152,20 +151,23 @@ def test_a_model_that_fails_to_load_backs_off_and_never_holds_the_inference_thre
 # --- hostile directories: onnxmt serve refuses them in one line --------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("sizes", "message"),
-    [
-        ({"num_heads": 8}, "model.num_heads = 8 does not match encoder.onnx's cross_key.0"),
-        ({"max_positions": -5}, "model.max_positions = -5 is outside [1, 2097152]"),
-    ],
-)
-def test_serve_refuses_a_directory_whose_sizes_are_wrong(
-    tiny_multi_onnx_dir: Path, tiny_zh_en_onnx_dir: Path, tmp_path: Path, sizes: dict[str, int], message: str
+SPOILED: dict[str, tuple[Callable[[Path], None], str]] = {
+    "heads": (partial(with_sizes, num_heads=8), "model.num_heads = 8 does not match encoder.onnx's cross_key.0"),
+    "positions": (partial(with_sizes, max_positions=-5), "model.max_positions = -5 is outside [1, 2097152]"),
+    "external data": (
+        partial(with_external_data_at, graph="decoder.onnx", location=b"/etc/passwd"),
+        "decoder.onnx: a tensor's external data is outside the model directory; refused",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SPOILED)
+def test_serve_refuses_a_hostile_directory_in_one_line(
+    tiny_multi_onnx_dir: Path, tiny_zh_en_onnx_dir: Path, tmp_path: Path, case: str
 ) -> None:
+    spoil, message = SPOILED[case]
     copy = Path(shutil.copytree(tiny_zh_en_onnx_dir, tmp_path / "zh-en"))
-    manifest = json.loads((copy / "onnxmt.json").read_text(encoding="utf-8"))
-    manifest["model"].update(sizes)
-    (copy / "onnxmt.json").write_text(json.dumps(manifest), encoding="utf-8")
+    spoil(copy)
     command = [*ONNXMT, "serve", str(tiny_multi_onnx_dir), str(copy), "--port", str(free_port())]
     env = {**os.environ, "COLUMNS": "1000"}  # the error on one line
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
@@ -173,7 +175,7 @@ def test_serve_refuses_a_directory_whose_sizes_are_wrong(
     assert message in done.stderr.strip().splitlines()[-1] and "Traceback" not in done.stderr, done.stderr
 
 
-# --- under load: pollers and a failing model beside a healthy one ------------------------------------------------
+# --- under load: clients polling the listings beside a translating one -------------------------------------------
 
 # NLLB (202 languages, 40,000 pairs) beside a Marian model.
 pollers_server = server_fixture("tiny_nllb_onnx_dir", "tiny_multi_onnx_dir", log="hostile-models")
