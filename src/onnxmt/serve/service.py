@@ -322,8 +322,9 @@ class Service:
     async def _source(self, catalog: Catalog, request: TranslateRequest) -> tuple[Detected | None, str | None]:
         """(the detected language to report, the source to route and translate by). A named source is taken as it
         is; for `auto` (or none), the detected language of the texts together (one answer for a batch, as
-        LibreTranslate gives), which must be a source the service has: 400 otherwise. A model that reads many
-        languages (NLLB) is told the detected one."""
+        LibreTranslate gives), which must be a source the service has: 400 otherwise, unless the texts have nothing
+        to tell a language by (REFUSE_CONFIDENCE, MIN_LETTERS). A model that reads many languages (NLLB) is told
+        the detected one."""
         if request.source not in (None, "", "auto"):
             return None, request.source
         sources = catalog.sources()
@@ -339,7 +340,7 @@ class Service:
         best = candidates[0]
         if best.language in sources:
             return best, best.language
-        if best.confidence >= REFUSE_CONFIDENCE and sum(c.isalpha() for c in text) >= MIN_LETTERS:
+        if best.confidence >= REFUSE_CONFIDENCE and _letters(text, MIN_LETTERS) >= MIN_LETTERS:
             where = "this model translates from" if catalog.single else "this server translates from"
             raise ApiError(
                 400,
@@ -351,7 +352,7 @@ class Service:
         if catalog.single:
             source = catalog.entries[0].languages.source
             found = next((c for c in candidates if c.language == source), None)
-            return (found or Detected(source, 0.0) if source else None), request.source
+            return ((found or Detected(source, 0.0)) if source else None), request.source
         reaching = [s for s in sources if catalog.reaches(s, request.target)] or sources
         found = next((c for c in candidates if c.language in reaching), None)
         return (found or Detected(reaching[0], 0.0)), (found.language if found else reaching[0])
@@ -599,6 +600,16 @@ def cache_bytes_per_cost(manifest: Manifest) -> int:
     K/V, once per sentence (so counting it per beam, as the cost does, bounds it from above)."""
     m = manifest.model
     return int(m["num_layers"]) * 2 * int(m["num_heads"]) * int(m["head_dim"]) * 4
+
+
+def _letters(text: str, enough: int) -> int:
+    """How many letters `text` has, counted up to `enough`."""
+    count = 0
+    for char in text:
+        count += char.isalpha()
+        if count >= enough:
+            break
+    return count
 
 
 def _json(content: object) -> bytes:
