@@ -389,11 +389,21 @@ def _check_file_name(name: str) -> None:
         raise ModelDirError(f"{MANIFEST_NAME}: file name {name!r} points outside the model directory; refused")
 
 
+def model_root(directory: Path) -> Path:
+    """The folder a model directory's files must resolve into: the directory itself; for a snapshot in the Hugging
+    Face hub's cache (`models--ORG--NAME/snapshots/REVISION`, whose files are links to `../../blobs/`), its
+    model's folder in the cache."""
+    resolved = directory.resolve()
+    if resolved.parent.name == "snapshots" and resolved.parent.parent.name.startswith("models--"):
+        return resolved.parent.parent
+    return resolved
+
+
 def _check_inside(directory: Path, name: str) -> Path:
-    """`directory / name`, refused when it resolves (following symlinks) outside `directory`."""
+    """`directory / name`, refused when it resolves (following symlinks) outside `directory` (model_root)."""
     _check_file_name(name)
     path = directory / name
-    if not path.resolve().is_relative_to(directory.resolve()):
+    if not path.resolve().is_relative_to(model_root(directory)):
         raise ModelDirError(f"{path}: resolves outside the model directory (a symlink?); refused")
     return path
 

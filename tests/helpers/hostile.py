@@ -1,12 +1,17 @@
 """The hostile documents of tests/serve/test_documents_hostile.py (zip and XML bombs, long unbroken text, blank-line
 floods, many small cues, entity runs, unclosed markup), which benchmarks/hostile_documents.py sends one by one too,
-and the resident memory of a server's process tree. Building them needs python-docx."""
+and the resident memory of a server's process tree. Building them needs python-docx. And hostile model directories
+(sizes, external data, links out, corrupted weights) for tests/runtime/test_dircheck.py and
+tests/serve/test_hostile_models.py."""
 
 from __future__ import annotations
 
 import bz2
+import json
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.helpers.office import HEAD, MIB, Member, deflated, deflated_zeros, many_paragraphs, with_members
 
@@ -61,3 +66,47 @@ def tree_rss(pid: int) -> int:
         total += next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")) * 1024
         todo += [int(c) for c in children]
     return total
+
+
+# Hostile model directories (tests/runtime/test_dircheck.py, tests/serve/test_hostile_models.py): each changes a copy
+# of an exported directory in one way that runtime/dircheck.py must refuse, or that must fail only its load.
+
+
+def edit_manifest(directory: Path, change: Callable[[dict[str, Any]], object]) -> None:
+    """`change` applied to the directory's parsed onnxmt.json, written back."""
+    path = directory / "onnxmt.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    change(data)
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def with_sizes(directory: Path, **sizes: int) -> None:
+    """The manifest's `model` sizes changed (num_heads=8, max_positions=-5, ...), the graphs left as they are."""
+    edit_manifest(directory, lambda data: data["model"].update(sizes))
+
+
+def with_external_data_at(directory: Path, graph: str, location: bytes) -> None:
+    """`graph`'s external data named `location` instead of weights.bin (as long, so the protobuf stays valid), its
+    sha256 and size updated in the manifest: a directory whose only fault is where that data lies."""
+    from onnxmt.manifest import sha256_file
+
+    assert len(location) == len(b"weights.bin")
+    path = directory / graph
+    path.write_bytes(path.read_bytes().replace(b"weights.bin", location))
+    described = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    edit_manifest(directory, lambda data: data["files"][graph].update(described))
+
+
+def corrupt_weights(directory: Path) -> None:
+    """One byte of weights.bin changed, its size kept: the manifest reads, the sha256 check at load fails."""
+    weights = bytearray((directory / "weights.bin").read_bytes())
+    weights[100] ^= 0xFF
+    (directory / "weights.bin").write_bytes(bytes(weights))
+
+
+def link_outside(directory: Path, name: str, outside: Path, content: str) -> None:
+    """`directory/name` replaced by a link to `outside`, a file holding `content` (which no error may show)."""
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    outside.write_text(content, encoding="utf-8")
+    (directory / name).unlink()
+    (directory / name).symlink_to(outside)

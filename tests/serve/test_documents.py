@@ -90,6 +90,30 @@ def test_translate_file_docx_keeps_styles_and_runs(server: Server, tmp_path: Pat
     assert response.json()["translatedFileUrl"].endswith(".report.docx")
 
 
+def test_translated_file_url_follows_the_clients_host_unless_it_is_not_one(server: Server) -> None:
+    # Without --public-url the URL is built from the client's own Host (docs/serve.md); a Host that is no host
+    # name with a port gives a URL relative to the service, not one built from whatever the client sent.
+    port = server.url.rsplit(":", 1)[1]
+    for host, start in (
+        (f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/download_file/"),
+        ("translate.example.com", "http://translate.example.com/download_file/"),
+        ("[::1]:8080", "http://[::1]:8080/download_file/"),
+        ("evil.example/x?", "/download_file/"),
+        ("user@evil.example", "/download_file/"),
+    ):
+        response = httpx.post(
+            f"{server.url}/translate_file",
+            files={"file": ("a.txt", b"Hello.")},
+            data={"source": "en", "api_key": KEY, "max_new_tokens": "4"},
+            headers={"Host": host},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+        url = response.json()["translatedFileUrl"]
+        assert url.startswith(start) and url.endswith(".a.txt"), (host, url)
+    assert httpx.get(server.url + url, timeout=30).status_code == 200
+
+
 def test_translate_file_refusals_are_4xx(server: Server) -> None:
     url = f"{server.url}/translate_file"
     cases = [

@@ -6,7 +6,8 @@ uint8 weights. The run side has no `onnx` package (ONNX Runtime does not expose 
 reads the protobuf wire format directly: an ONNX file is a `ModelProto`, whose field numbers are fixed by the ONNX
 spec (onnx/onnx.proto). Only the few fields needed are decoded; weight bytes are skipped, never copied, and the file
 is memory-mapped, so a 300 MB graph costs a walk over its nodes. External data files are not read at all: a tensor
-stored outside still has its element type and shape in the graph.
+stored outside still has its element type and shape in the graph, and the place of its data (`external`), which
+runtime/dircheck.py checks before ONNX Runtime opens anything.
 """
 
 from __future__ import annotations
@@ -22,10 +23,15 @@ from typing import Any
 # ModelProto.graph; GraphProto.node, .initializer; NodeProto.op_type, .attribute; AttributeProto.name, .i, .t, .g,
 # .graphs (subgraphs: If branches of merged decoders, Loop bodies); TensorProto.dims, .data_type.
 _MODEL_GRAPH = 7
-_GRAPH_NODE, _GRAPH_INITIALIZER = 1, 5
+_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 1, 5, 11, 12
 _NODE_INPUT, _NODE_OP_TYPE, _NODE_ATTRIBUTE = 1, 4, 5
 _ATTR_NAME, _ATTR_I, _ATTR_T, _ATTR_G, _ATTR_GRAPHS = 1, 3, 5, 6, 11
-_TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_NAME = 1, 2, 8
+_TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_NAME, _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 1, 2, 8, 13, 14
+_ENTRY_KEY, _ENTRY_VALUE = 1, 2  # StringStringEntryProto
+# ValueInfoProto.name, .type; TypeProto.tensor_type; TypeProto.Tensor.shape; TensorShapeProto.dim; its
+# Dimension.dim_value, .dim_param.
+_VALUE_NAME, _VALUE_TYPE, _TYPE_TENSOR, _TENSOR_TYPE_SHAPE, _SHAPE_DIM, _DIM_VALUE, _DIM_PARAM = 1, 2, 1, 2, 1, 1, 2
+_EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 # TensorProto.DataType values of weights.
 DTYPES = {1: "fp32", 2: "uint8", 3: "int8", 10: "fp16", 11: "fp64", 16: "bf16", 21: "uint4", 22: "int4"}
 FLOATS = ("fp32", "fp16", "bf16", "fp64")
@@ -58,6 +64,12 @@ class GraphContents:
     attributes: dict[str, list[dict[str, int]]] = field(default_factory=dict)
     initializer_types: dict[str, str] = field(default_factory=dict)
     integer_matmul_weights: list[str] = field(default_factory=list)
+    # The main graph's inputs and outputs: name -> dims (an int, or the name of a dynamic axis; "?" for neither).
+    inputs: dict[str, list[int | str]] = field(default_factory=dict)
+    outputs: dict[str, list[int | str]] = field(default_factory=dict)
+    # Every tensor stored outside the file (subgraphs' included): its external_data entries (location, offset,
+    # length), as the file gives them.
+    external: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def float_type(self) -> str:
@@ -117,20 +129,54 @@ def read_graph(path: str | Path) -> GraphContents:
             if not graphs:
                 raise ValueError(f"{path}: no graph in this file; is it an ONNX model?")
             for span in graphs:
-                _read_graph(buf, span, contents)
+                _read_graph(buf, span, contents, main=True)
     return contents
 
 
 Span = tuple[int, int]
 
 
-def _read_graph(buf: mmap.mmap, span: Span, contents: GraphContents) -> None:
+def _read_graph(buf: mmap.mmap, span: Span, contents: GraphContents, main: bool = False) -> None:
     for number, value in _fields(buf, *span):
         if number == _GRAPH_NODE:
             _read_node(buf, value, contents)
         elif number == _GRAPH_INITIALIZER:
             name, dtype = _count_tensor(buf, value, contents)
             contents.initializer_types[name] = dtype
+        elif main and number in (_GRAPH_INPUT, _GRAPH_OUTPUT):
+            name, dims = _value_info(buf, value)
+            (contents.inputs if number == _GRAPH_INPUT else contents.outputs)[name] = dims
+
+
+def _value_info(buf: mmap.mmap, span: Span) -> tuple[str, list[int | str]]:
+    """A graph input's or output's name and dims (a tensor's; empty for other types or an unknown rank)."""
+    name, dims = "", []
+    for number, value in _fields(buf, *span):
+        if number == _VALUE_NAME:
+            name = buf[value[0] : value[1]].decode("utf-8", "replace")
+        elif number == _VALUE_TYPE:
+            for shape in _nested(buf, value, (_TYPE_TENSOR, _TENSOR_TYPE_SHAPE)):
+                dims = [_dimension(buf, dim) for n, dim in _fields(buf, *shape) if n == _SHAPE_DIM]
+    return name, dims
+
+
+def _nested(buf: mmap.mmap, span: Span, path: tuple[int, ...]) -> Iterator[Span]:
+    """The spans of the message fields at `path` (field numbers, outermost first) under `span`."""
+    if not path:
+        yield span
+        return
+    for number, value in _fields(buf, *span):
+        if number == path[0] and isinstance(value, tuple):
+            yield from _nested(buf, value, path[1:])
+
+
+def _dimension(buf: mmap.mmap, span: Span) -> int | str:
+    for number, value in _fields(buf, *span):
+        if number == _DIM_VALUE:
+            return value - (1 << 64) if value >= 1 << 63 else value  # int64, two's complement
+        if number == _DIM_PARAM:
+            return buf[value[0] : value[1]].decode("utf-8", "replace")
+    return "?"
 
 
 def _read_node(buf: mmap.mmap, span: Span, contents: GraphContents) -> None:
@@ -169,7 +215,8 @@ def _read_attribute(buf: mmap.mmap, span: Span, contents: GraphContents) -> tupl
 def _count_tensor(buf: mmap.mmap, span: Span, contents: GraphContents) -> tuple[str, str]:
     """Counts a tensor's elements by type; returns its name and type."""
     dims: list[int] = []
-    dtype, name = 0, ""
+    dtype, name, location = 0, "", 0
+    external: dict[str, str] = {}
     for number, value in _fields(buf, *span, packed=(_TENSOR_DIMS,)):
         if number == _TENSOR_DIMS:
             dims.append(value)
@@ -177,6 +224,13 @@ def _count_tensor(buf: mmap.mmap, span: Span, contents: GraphContents) -> tuple[
             dtype = value
         elif number == _TENSOR_NAME:
             name = buf[value[0] : value[1]].decode("utf-8", "replace")
+        elif number == _TENSOR_DATA_LOCATION:
+            location = value
+        elif number == _TENSOR_EXTERNAL_DATA:
+            entry = {n: buf[v[0] : v[1]].decode("utf-8", "replace") for n, v in _fields(buf, *value)}
+            external[entry.get(_ENTRY_KEY, "")] = entry.get(_ENTRY_VALUE, "")
+    if location == _EXTERNAL or external:
+        contents.external.append(external)
     if dtype in DTYPES:
         contents.weights[DTYPES[dtype]] += math.prod(dims)
     return name, DTYPES.get(dtype, str(dtype))

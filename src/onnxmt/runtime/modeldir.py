@@ -32,6 +32,7 @@ from ..manifest import (
     read_manifest,
     verify_files,
 )
+from .dircheck import check_entries, check_graph, check_onnxmt_graphs, check_sizes
 from .options import RuntimeOptions
 
 Sessions = dict[str, Any]  # graph file name -> onnxruntime.InferenceSession
@@ -64,10 +65,25 @@ def load_manifest(
         manifest = read_manifest(directory)
         verify_files(directory, manifest, check_hash=verify)
         _check_onnxmt_variant(directory, manifest, options.variant)
+        check_onnxmt_graphs(directory, manifest)
         return manifest
     if find_variants(directory):
+        check_entries(directory)
         return optimum_manifest(directory, {} if sessions is None else sessions, options)
     raise ModelDirError(diagnose(directory))
+
+
+def check_model_dir(directory: str | Path, *, verify: bool = True, options: RuntimeOptions | None = None) -> None:
+    """The checks `load_manifest` makes (runtime/dircheck.py; with `verify`, every file's sha256), without opening
+    an Optimum directory's graphs in ONNX Runtime: what a service runs off its inference thread before a load."""
+    directory = Path(directory)
+    options = options or RuntimeOptions(threads=1)
+    if not (directory / MANIFEST_NAME).is_file() and find_variants(directory):
+        check_entries(directory)
+        for name in select_variant(directory, options.variant)[1].values():
+            check_graph(directory, name)
+        return
+    load_manifest(directory, verify=verify, options=options)
 
 
 def _check_onnxmt_variant(directory: Path, manifest: Manifest, variant: str | None) -> None:
@@ -100,6 +116,8 @@ def optimum_manifest(directory: Path, sessions: Sessions, options: RuntimeOption
         files = {p: f for p, f in files.items() if p in ("encoder", "decoder_merged")}
     else:
         files.pop("decoder_merged", None)
+    for name in files.values():  # before ONNX Runtime opens them
+        check_graph(directory, name)
     config = _json(directory / "config.json")
     if not config:
         raise ModelDirError(f"{directory / 'config.json'}: missing; an Optimum directory needs the model's config.json")
@@ -113,7 +131,7 @@ def optimum_manifest(directory: Path, sessions: Sessions, options: RuntimeOption
     generation_config = _json(directory / "generation_config.json")
     facts = arch.facts(config)
     tokenizer_files = [n for n in (*arch.tokenizer_files, *arch.optional_tokenizer_files) if (directory / n).is_file()]
-    return Manifest(
+    manifest = Manifest(
         architecture=arch.name,
         layout="optimum-merged" if "decoder_merged" in files else "optimum",
         files={
@@ -130,6 +148,8 @@ def optimum_manifest(directory: Path, sessions: Sessions, options: RuntimeOption
         provenance={"source_model": str(directory), "exporter": "optimum", "variant": variant, "variants": complete},
         quantization=None if variant == "fp32" else {"method": VARIANT_METHODS[variant], "variant": variant},
     )
+    check_sizes(manifest, "config.json")
+    return manifest
 
 
 def _graph_spec(directory: Path, part: str, name: str, sessions: Sessions, options: RuntimeOptions) -> GraphSpec:

@@ -21,7 +21,6 @@ from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Route
 
 from .. import __version__
-from ..documents.files import FORMATS
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from .deepl import ROUTES as DEEPL_ROUTES
 from .documents import ROUTES as DOCUMENT_ROUTES
@@ -41,7 +40,7 @@ from .limits import charge
 from .metrics import MetricsMiddleware
 from .openai_chat import ROUTES as OPENAI_ROUTES
 from .options import ServeOptions
-from .protocol import ApiError, frontend_settings, parse_detect, parse_translate
+from .protocol import ApiError, parse_detect, parse_translate
 from .schemas import (
     DetectBody,
     DetectedLanguage,
@@ -115,20 +114,17 @@ async def detect(request: Request) -> JSONResponse:
     return JSONResponse([d.libretranslate() for d in await service.detect(text)])
 
 
-async def languages(request: Request) -> JSONResponse:
+async def languages(request: Request) -> Response:
     """The languages the service translates from and into, over all its models (LibreTranslate's shape)."""
     await _authorize(request)
-    return JSONResponse(_service(request).libretranslate_languages())
+    return Response(_service(request).listing("languages"), media_type="application/json")
 
 
-async def frontend(request: Request) -> JSONResponse:
+async def frontend(request: Request) -> Response:
     """What LibreTranslate's web UI reads first: the limits, whether keys are on, the file formats, and the
     languages to start with (LibreTranslate's `/frontend/settings`)."""
     await _authorize(request)
-    service = _service(request)
-    catalog, _ = service.require_ready()
-    languages = catalog.libretranslate()
-    return JSONResponse(frontend_settings(service.options, languages, catalog.frontend_defaults(), list(FORMATS)))
+    return Response(_service(request).listing("frontend"), media_type="application/json")
 
 
 async def suggest(request: Request) -> JSONResponse:
@@ -156,7 +152,7 @@ async def ready(request: Request) -> JSONResponse:
     service = _service(request)
     if service.ready:
         return JSONResponse({"ready": True})
-    reason = "shutting down" if service.draining else service.error or "the model is still loading"
+    reason = "shutting down" if service.draining else service.public_error or "the model is still loading"
     return JSONResponse({"ready": False, "error": reason}, status_code=503)
 
 

@@ -15,6 +15,12 @@ once their headers are complete: sockets that never finish their headers are not
   two is longer.
 - **a connection cap**: a connection beyond `max_connections` is answered `503` with `Retry-After` and closed at
   once, before anything is read from it.
+- **a bound on a request's head** (its request line and header fields): h11's `max_incomplete_event_size` (16 KiB)
+  applies only to a head still incomplete after a read, so a 60 KB head that arrives in one read went through.
+  Here it applies to every head, however it arrived: larger is answered `400` and the connection closed.
+- **keep-alive that clients can plan for**: responses say `Keep-Alive: timeout=N` (server.py), and an idle
+  connection is closed `KEEP_ALIVE_GRACE` seconds after N, so that a client reusing it at N (httpx's pool keeps a
+  connection 5 s, uvicorn's default timeout) does not meet the close on its way.
 
 It is h11's protocol (uvicorn's pure-Python one, the one the `serve` extra installs), chosen explicitly so that the
 guard always applies: httptools, when installed, would otherwise be picked by uvicorn's "auto".
@@ -24,12 +30,39 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 # Waiting for the client: no request yet (maybe part of its headers), or its body is still coming.
 WAITING = (h11.IDLE, h11.SEND_BODY)
+# Seconds an idle keep-alive connection stays open past the `Keep-Alive: timeout=N` its responses announce.
+KEEP_ALIVE_GRACE = 1.0
+
+
+class BoundedHeadConnection(h11.Connection):
+    """h11's server connection, with `max_incomplete_event_size` a bound on every request's head, also one that
+    arrived whole in a single read. `head_too_large`: whether the last RemoteProtocolError was for that bound."""
+
+    head_too_large = False
+
+    def next_event(self) -> Any:
+        try:
+            event = super().next_event()
+        except h11.RemoteProtocolError as e:  # h11's own bound, on a head still incomplete, hints 431
+            self.head_too_large = e.error_status_hint == 431
+            raise
+        if isinstance(event, h11.Request) and head_size(event) > self._max_incomplete_event_size:
+            self.head_too_large = True
+            raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+        return event
+
+
+def head_size(request: h11.Request) -> int:
+    """The bytes of a request's head as sent: request line, header lines, the blank line."""
+    line = len(request.method) + len(request.target) + len(b"HTTP/") + len(request.http_version) + 4
+    return line + sum(len(name) + len(value) + 4 for name, value in request.headers.raw_items()) + 2
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -38,6 +71,18 @@ class GuardedH11Protocol(H11Protocol):
 
     request_timeout: float = 30.0
     max_connections: int = 1000
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = BoundedHeadConnection(h11.SERVER, self.conn._max_incomplete_event_size)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 cannot parse, as every other error is: `{"error": ...}`, closed."""
+        if isinstance(self.conn, BoundedHeadConnection) and self.conn.head_too_large:
+            message = f"request headers larger than {self.conn._max_incomplete_event_size} bytes"
+        else:
+            message = "invalid HTTP request"
+        self._refuse(400, "Bad Request", message)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._deadline: asyncio.TimerHandle | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import replace
 from functools import partial
@@ -41,6 +42,8 @@ Disconnected = Callable[[], Awaitable[object]] | None
 Cost = Callable[[int], int]  # a sentence's source tokens -> its cost in tokens x beams
 # Characters of a document the language of `source: auto` is detected on: its beginning.
 DETECT_SAMPLE_CHARS = 2000
+# A Host header translatedFileUrl is built from: a name or IPv4 address, or an IPv6 one in brackets; a port.
+HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?")
 MEDIA_TYPES = {
     "text": "text/plain; charset=utf-8",
     "srt": "application/x-subrip; charset=utf-8",
@@ -204,11 +207,15 @@ async def _gone(request: Request) -> None:
 
 
 def _download_url(request: Request, service: Service, name: str) -> str:
-    """Where the translated file is: under --public-url when it is set, else where this request came to (its
-    Host; the scheme a trusted proxy forwarded, --forwarded-allow-ips)."""
+    """Where the translated file is: under --public-url when it is set, else where this request came to (the
+    client's own Host header; the scheme a trusted proxy forwarded, --forwarded-allow-ips). A Host that is not a
+    host name or address with an optional port (none, `a/b?`, `user@host`) gives a URL relative to the service's
+    root, rather than a URL built from whatever the client sent."""
     path = request.app.url_path_for("download_file", filename=name)
     if service.options.public_url:
         return service.options.public_url.rstrip("/") + path
+    if not HOST.fullmatch(request.headers.get("host", "")):
+        return request.scope.get("root_path", "") + path
     return str(request.url_for("download_file", filename=name))
 
 

@@ -28,6 +28,7 @@ FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 MAX_DEPTH = 32
 # The npm `libretranslate` client (1.0.1, src/translate.ts) sends the key as `apiKey`.
 API_KEY_ALIAS = "apiKey"
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 class Fields:
@@ -128,8 +129,12 @@ async def _read_body(request: Request) -> tuple[dict[str, Any], bool]:
 
 
 def _loads(body: bytes) -> Any:
+    """A JSON body as RFC 8259 has it exchanged: UTF-8 without a byte order mark. `json.loads` would take bytes in
+    UTF-16 or UTF-32 too, and skip a BOM; both are refused, as docs/serve.md says."""
+    if body.startswith(UTF8_BOM):
+        raise ApiError(400, "Invalid request: malformed JSON (a byte order mark before it; send UTF-8 without one)")
     try:
-        data = json.loads(body)
+        data = json.loads(body.decode("utf-8"))
     except RecursionError as e:  # json's C scanner stops at Python's recursion limit, cleanly
         raise ApiError(400, f"Invalid request: JSON nested deeper than {MAX_DEPTH} levels") from e
     except ValueError as e:  # includes UnicodeDecodeError

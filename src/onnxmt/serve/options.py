@@ -108,6 +108,13 @@ class ServeOptions:
         help="Most megabytes of model files loaded at once, least recently used unloaded first (0: no limit).",
         min=0,
     )
+    # A model that fails to load (a corrupted file) is not hashed again at every request for it.
+    load_retry_seconds: float = option(
+        30.0,
+        help="Seconds before a model that failed to load is tried again; its requests get 503 + Retry-After "
+        "meanwhile (0: at the next request).",
+        min=0,
+    )
     pivot: str | None = option(
         None,
         help="Translate through this language (e.g. en) when no model translates a pair directly; the answer "

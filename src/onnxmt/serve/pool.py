@@ -8,6 +8,11 @@ each once its requests in flight are answered (its batcher drained), never in th
 
 Loads and unloads run one at a time (a lock), as a task of the pool's own: a request that gives up waiting (its
 client gone) does not cancel a load other requests wait for.
+
+A load starts with the directory's checks (`check`: its files' sha256 among them, ~1 s a GB) on a thread of its
+own, so that a model that fails them never holds the inference thread every model shares. A model that cannot be
+loaded is not tried again for `retry_seconds`: its requests get 503 at once meanwhile, with a Retry-After of the
+time left.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -49,7 +56,8 @@ class ModelEntry:
     unloads: int = 0
     active: int = 0  # requests using it now
     evicting: bool = False
-    error: str | None = None  # why its last load failed
+    error: str | None = None  # why its last load failed, without the server's paths (shown to clients)
+    retry_at: float = 0.0  # time.monotonic() before which a failed load is not tried again
     idle: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     tickets: list[asyncio.Future[None]] = field(default_factory=list, repr=False)  # requests waiting for a load
 
@@ -61,6 +69,19 @@ def model_bytes(directory: Path, manifest: Manifest) -> int:
     """The size of the files a model's sessions read (the manifest's, as they are on disk)."""
     sizes = ((directory / name) for name in manifest.files)
     return sum(path.stat().st_size for path in sizes if path.is_file())
+
+
+# An absolute path in a message: `/` at a word's start, then folders (the last part, a file's name, is kept).
+_FOLDERS = re.compile(r"(?<![\w.~-])/(?:[^\s/'\"]+/)+")
+
+
+def without_paths(message: str, directory: Path, name: str) -> str:
+    """`message` with the model directory shown as `name`, and the folders of any other absolute path left out:
+    errors reach clients (503 bodies, `/info`), which are not to learn where the server keeps its files."""
+    for shown in sorted({str(directory.resolve()), str(directory.absolute()), str(directory)}, key=len, reverse=True):
+        if shown not in ("", "."):
+            message = message.replace(shown, name)
+    return _FOLDERS.sub("", message)
 
 
 class ModelPool:
@@ -77,9 +98,13 @@ class ModelPool:
         metrics: Metrics,
         max_models: int = 0,
         max_bytes: int = 0,
+        check: Callable[[ModelEntry], None] | None = None,
+        retry_seconds: float = 0.0,
     ) -> None:
         self.entries = entries
         self._load_fn = load
+        self._check_fn = check
+        self.retry_seconds = retry_seconds
         self._make_batcher = make_batcher
         self._executor = executor
         self._metrics = metrics
@@ -115,6 +140,9 @@ class ModelPool:
             if entry.translator is not None and not entry.evicting:
                 self._hold(entry)
                 return
+            wait = entry.retry_at - time.monotonic()
+            if entry.translator is None and entry.error is not None and wait > 0:
+                raise ApiError(503, entry.error, {"Retry-After": str(math.ceil(wait))})
             ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             entry.tickets.append(ticket)
             if entry.name not in self._tasks:
@@ -167,10 +195,15 @@ class ModelPool:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:
+            if self._check_fn is not None:
+                await asyncio.to_thread(self._check_fn, entry)
             translator = await loop.run_in_executor(self._executor, self._load_fn, entry)
         except Exception as e:  # ModelDirError, ValueError, OSError, onnxruntime's own errors
-            entry.error = f"cannot load the model from {entry.directory}: {e}"
-            log.error(entry.error)
+            log.error("cannot load the model from %s: %s", entry.directory, e)
+            entry.error = f"cannot load the model {entry.name}: {without_paths(str(e), entry.directory, entry.name)}"
+            entry.retry_at = time.monotonic() + self.retry_seconds
+            if self.retry_seconds:
+                entry.error += f" (tried again in {self.retry_seconds:g} s at the earliest)"
             return
         self.adopt(entry, translator)
         variant = entry.manifest.provenance.get("variant")  # Optimum/Transformers.js directories

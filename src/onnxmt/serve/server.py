@@ -29,7 +29,7 @@ from uvicorn.config import LOGGING_CONFIG
 
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from .app import create_app
-from .connections import guarded_protocol
+from .connections import KEEP_ALIVE_GRACE, guarded_protocol
 from .guards import HttpMiddleware, with_header
 from .options import ServeOptions
 from .service import Service
@@ -112,7 +112,8 @@ def run(
         forwarded_allow_ips=options.forwarded_allow_ips or "",
         # Slow clients (connections.py): a deadline per request, a cap on open connections, idle keep-alive.
         http=guarded_protocol(options.request_timeout, options.max_connections),
-        timeout_keep_alive=options.keep_alive_timeout,  # type: ignore[arg-type]  # uvicorn takes a float here
+        # Responses announce keep_alive_timeout; the connection is kept a little longer (connections.py).
+        timeout_keep_alive=options.keep_alive_timeout + KEEP_ALIVE_GRACE,  # type: ignore[arg-type]  # a float works
     )
     server = _Server(config, service)
 
@@ -127,19 +128,31 @@ def run(
 
 class _CloseWhenDraining(HttpMiddleware):
     """While the service stops, every response carries `Connection: close`: clients do not reuse a connection
-    the server is about to close."""
+    the server is about to close. Otherwise an HTTP/1.1 response that keeps its connection says for how long:
+    `Keep-Alive: timeout=N` (--keep-alive-timeout; the server waits KEEP_ALIVE_GRACE more before closing it)."""
 
     def __init__(self, app: ASGIApp, service: Service) -> None:
         self.app = app
         self.service = service
+        self.keep_alive = f"timeout={self.service.options.keep_alive_timeout:g}".encode()
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        closes = scope.get("http_version") != "1.1" or _says_close(scope.get("headers", []))
+
         async def closing(message: Message) -> None:
-            if message["type"] == "http.response.start" and self.service.draining:
-                message = with_header(message, b"connection", b"close")
+            if message["type"] == "http.response.start":
+                if self.service.draining:
+                    message = with_header(message, b"connection", b"close")
+                elif not closes and not _says_close(message.get("headers", [])):
+                    message = with_header(message, b"keep-alive", self.keep_alive)
             await send(message)
 
         await self.app(scope, receive, closing)
+
+
+def _says_close(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    """Whether headers hold `Connection: close`."""
+    return any(name.lower() == b"connection" and b"close" in value.lower() for name, value in headers)
 
 
 def _log_config(level: str) -> dict:

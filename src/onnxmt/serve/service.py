@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import os
 import sqlite3
@@ -22,12 +23,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .. import __version__
+from ..documents.files import FORMATS
 from ..documents.translate import Counting, counting
 from ..manifest import MANIFEST_NAME, Manifest, read_manifest
 from ..models import is_model_dir, model_dirs_in
 from ..runtime.cancel import CancelToken
 from ..runtime.capabilities import Capabilities
-from ..runtime.modeldir import load_manifest
+from ..runtime.modeldir import check_model_dir, load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.scheduler import BatchLimits
 from ..runtime.search import names_no_length
@@ -41,8 +43,8 @@ from .inflight import InflightBatcher
 from .limits import Quota
 from .metrics import Metrics
 from .options import ServeOptions
-from .pool import RETRY_AFTER, ModelEntry, ModelPool, model_bytes
-from .protocol import ApiError, Languages, TranslateRequest
+from .pool import RETRY_AFTER, ModelEntry, ModelPool, model_bytes, without_paths
+from .protocol import ApiError, Languages, TranslateRequest, frontend_settings
 from .workers import DocumentWorkers
 
 log = logging.getLogger("onnxmt.serve")
@@ -76,12 +78,14 @@ class Service:
         self.catalog: Catalog | None = None
         self.detector: Detector | None = None
         self.error: str | None = None  # why the service could not start
+        self.public_error: str | None = None  # the same, as clients see it: no path on the server
         self.draining = False
         # Called when the models cannot be opened: the server stops and the command exits non-zero.
         self.on_fatal: Callable[[str], None] = lambda message: None
         self._executor: ThreadPoolExecutor | None = None
         self._opening: asyncio.Task[None] | None = None
         self._open = False
+        self._listings: dict[str, bytes] = {}
 
     @property
     def ready(self) -> bool:
@@ -128,6 +132,11 @@ class Service:
         except Exception as e:  # ModelDirError, ValueError, OSError, onnxruntime's own errors: all fatal here
             self.error = f"cannot load the model from {where}: {e}"
             log.error(self.error)
+            # /ready shows it until the server stops: without the server's paths.
+            shown = str(e)
+            for directory in self.model_dirs:
+                shown = without_paths(shown, directory, directory.name)
+            self.public_error = f"cannot load the model: {shown}"
             self.on_fatal(self.error)
             return
         self.pool = ModelPool(
@@ -138,8 +147,14 @@ class Service:
             metrics=self.metrics,
             max_models=self.options.max_loaded_models,
             max_bytes=int(self.options.max_loaded_mb * 2**20),
+            check=self._check,
+            retry_seconds=self.options.load_retry_seconds,
         )
-        self.catalog = Catalog(entries, self.options.pivot)
+        catalog = Catalog(entries, self.options.pivot)
+        # What /languages and /frontend/settings answer depends on the manifests alone: made once, here, off the
+        # event loop (with NLLB beside Marian models it takes ~0.1 s).
+        self._listings = await asyncio.to_thread(self._render_listings, catalog)
+        self.catalog = catalog
         if self.catalog.pivot and len(entries) > 1 and not self.catalog.through_pivot():
             log.warning(
                 "--pivot %s: no two models translate into and out of it; no pair goes through it", self.catalog.pivot
@@ -158,15 +173,25 @@ class Service:
         translates, without loading it."""
         dirs = [d for given in self.model_dirs for d in model_dirs_in(given)]
         names = _unique_names(dirs)
-        options = RuntimeOptions(threads=1, variant=self.runtime.variant)
+        options = self._manifest_options()
         return [
             _entry(d, name, load_manifest(d, verify=False, options=options))
             for d, name in zip(dirs, names, strict=True)
         ]
 
+    def _check(self, entry: ModelEntry) -> None:
+        """Runs on a thread of its own before a load: the directory's checks, its files' sha256 included, which
+        `_load` then skips (on the inference thread every model shares, a 1 GB file's would stall them ~1 s)."""
+        check_model_dir(entry.directory, verify=self.runtime.verify, options=self._manifest_options())
+
     def _load(self, entry: ModelEntry) -> Translator:
-        """Runs on the inference thread."""
-        return Translator(entry.directory, self._runtime_for(entry.directory, entry.manifest), self.decoding)
+        """Runs on the inference thread, after `_check`."""
+        runtime = replace(self._runtime_for(entry.directory, entry.manifest), verify=False)
+        return Translator(entry.directory, runtime, self.decoding)
+
+    def _manifest_options(self) -> RuntimeOptions:
+        """What a manifest is read with: an Optimum directory's graphs are opened to read it, on one thread."""
+        return RuntimeOptions(threads=1, variant=self.runtime.variant)
 
     def _runtime_for(self, directory: Path, manifest: Manifest | None = None) -> RuntimeOptions:
         """The runtime options a model is opened with. A model batched in flight has its waiting requests encoded
@@ -259,7 +284,7 @@ class Service:
         if self.draining:
             raise ApiError(503, "the service is shutting down", RETRY_AFTER)
         if not self._open or self.catalog is None or self.pool is None:
-            raise ApiError(503, self.error or "the model is still loading", RETRY_AFTER)
+            raise ApiError(503, self.public_error or "the model is still loading", RETRY_AFTER)
         return self.catalog, self.pool
 
     async def translate(
@@ -314,8 +339,9 @@ class Service:
     async def _source(self, catalog: Catalog, request: TranslateRequest) -> tuple[Detected | None, str | None]:
         """(the detected language to report, the source to route and translate by). A named source is taken as it
         is; for `auto` (or none), the detected language of the texts together (one answer for a batch, as
-        LibreTranslate gives), which must be a source the service has: 400 otherwise. A model that reads many
-        languages (NLLB) is told the detected one."""
+        LibreTranslate gives), which must be a source the service has: 400 otherwise, unless the texts have nothing
+        to tell a language by (REFUSE_CONFIDENCE, MIN_LETTERS). A model that reads many languages (NLLB) is told
+        the detected one."""
         if request.source not in (None, "", "auto"):
             return None, request.source
         sources = catalog.sources()
@@ -327,15 +353,26 @@ class Service:
             # Nothing to detect: the first source that reaches the target (empty texts translate to empty texts).
             source = next((s for s in sources if catalog.reaches(s, request.target)), sources[0])
             return Detected(source, 0.0), source
-        best = (await self.detect(text))[0]
-        if best.language not in sources:
+        candidates = await self.detect(text)
+        best = candidates[0]
+        if best.language in sources:
+            return best, best.language
+        if best.confidence >= REFUSE_CONFIDENCE and _letters(text, MIN_LETTERS) >= MIN_LETTERS:
             where = "this model translates from" if catalog.single else "this server translates from"
             raise ApiError(
                 400,
                 f"the text is in {best.language} (detected, {best.confidence:g}% confident); "
                 f"{where} {', '.join(sources)}",
             )
-        return best, best.language
+        # Nothing to tell a language by ("C++", "12345", emoji): translated from the likeliest source that reaches
+        # the target, its confidence reported as it was (LibreTranslate answers such texts the same way).
+        if catalog.single:
+            source = catalog.entries[0].languages.source
+            found = next((c for c in candidates if c.language == source), None)
+            return ((found or Detected(source, 0.0)) if source else None), request.source
+        reaching = [s for s in sources if catalog.reaches(s, request.target)] or sources
+        found = next((c for c in candidates if c.language in reaching), None)
+        return (found or Detected(reaching[0], 0.0)), (found.language if found else reaching[0])
 
     async def _leg(
         self,
@@ -552,6 +589,23 @@ class Service:
         catalog, _ = self.require_ready()
         return catalog.libretranslate()
 
+    def listing(self, name: str) -> bytes:
+        """The JSON of `/languages` ("languages") or `/frontend/settings` ("frontend"), made at start-up."""
+        self.require_ready()
+        return self._listings[name]
+
+    def _render_listings(self, catalog: Catalog) -> dict[str, bytes]:
+        languages = catalog.libretranslate()
+        frontend = frontend_settings(self.options, languages, catalog.frontend_defaults(), list(FORMATS))
+        catalog.pairs()  # for /info and the errors that name pairs
+        return {"languages": _json(languages), "frontend": _json(frontend)}
+
+
+# `source: auto` refuses a text detected in a language no model reads only when the detector is this sure (in %) and
+# the text has this many letters: below, there is nothing to tell a language by, and the text is translated.
+REFUSE_CONFIDENCE = 90.0
+MIN_LETTERS = 3
+
 
 class CostLimits(NamedTuple):
     """A model's limits in tokens x beams (None: none)."""
@@ -568,6 +622,21 @@ def cache_bytes_per_cost(manifest: Manifest) -> int:
     K/V, once per sentence (so counting it per beam, as the cost does, bounds it from above)."""
     m = manifest.model
     return int(m["num_layers"]) * 2 * int(m["num_heads"]) * int(m["head_dim"]) * 4
+
+
+def _letters(text: str, enough: int) -> int:
+    """How many letters `text` has, counted up to `enough`."""
+    count = 0
+    for char in text:
+        count += char.isalpha()
+        if count >= enough:
+            break
+    return count
+
+
+def _json(content: object) -> bytes:
+    """`content` as JSONResponse renders it."""
+    return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
 def _least(a: int | None, b: int | None) -> int | None:
