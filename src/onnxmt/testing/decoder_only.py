@@ -227,7 +227,7 @@ class DecoderOnlySpec:
     intermediate_size: int = 128
     bpe_vocab: int = 600
     sliding_window: int = 8  # Gemma: tiny, so that tests cross it
-    max_position_embeddings: int = 256
+    max_position_embeddings: int = 1024
     init_std: float = 0.1
     seed: int = 0
     config_overrides: dict[str, Any] = field(default_factory=dict)
@@ -248,6 +248,12 @@ def build_decoder_only(output_dir: str | Path, spec: DecoderOnlySpec) -> Path:
     torch.manual_seed(spec.seed)
     model, generation = builders[spec.family](spec, ids)
     model.eval()
+    # transformers initialises norm weights to ones (Gemma's `1 + w` to zeros); a trained model's differ per
+    # channel, which is what makes a q/k norm before the rotation differ from one after it (Hunyuan): spread them.
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.add_(torch.randn_like(parameter) * 0.3)
     model.generation_config = GenerationConfig(**generation)
     model.save_pretrained(out)
     return out

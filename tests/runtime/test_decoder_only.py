@@ -1,0 +1,195 @@
+"""runtime/decoder_only.py: the exported decoder-only graph, run torch-free, against transformers.
+
+Logits at the prefill of a batch of prompts of different lengths and at each of 12 forced steps, per family, equal
+to transformers' within fp32 rounding; a chunked prefill and prompts joining a running cache give a row the logits
+it gets alone; a greedy loop (test-only: the search is the engine's) over the graph gives `generate()`'s tokens under
+the model's generation config with do_sample off, repetition penalty over the prompt included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from onnxmt.architectures.decoder_only import render_prompt
+from onnxmt.manifest import read_manifest
+from onnxmt.runtime.decoder_only import DecoderOnlyGraphs, right_padded
+from onnxmt.runtime.options import RuntimeOptions
+from onnxmt.tokenization import JsonTokenizer
+from onnxmt.tokenization.chat import ChatTemplate
+
+pytest.importorskip("torch")
+
+FAMILIES = ("hy_mt", "qwen3", "translategemma", "gemma3_text")
+# Measured 1.1e-06 to 2.4e-06 on the tiny models; an off-by-one position, a missed norm or a wrong rope base moves
+# logits by 1e-2 and more.
+TOLERANCE = 2e-5
+TEXTS = ("Hello world.", "The river was quiet in the morning, and the market was not open yet.", "Good?")
+PAIRS = {"hy_mt": ("en", "zh"), "qwen3": ("en", "fr"), "translategemma": ("en", "de"), "gemma3_text": ("en", "zh")}
+
+
+def _dirs(request: pytest.FixtureRequest, family: str) -> tuple[Path, Path]:
+    return request.getfixturevalue(f"{family}_hf_dir"), request.getfixturevalue(f"{family}_onnx_dir")
+
+
+def _graphs(onnx_dir: Path) -> DecoderOnlyGraphs:
+    return DecoderOnlyGraphs(onnx_dir, read_manifest(onnx_dir), RuntimeOptions(threads=1, verify=False))
+
+
+def _prompts(onnx_dir: Path, source: str, target: str) -> list[list[int]]:
+    """The three TEXTS as the family's prompts, rendered and tokenized torch-free."""
+    manifest = read_manifest(onnx_dir)
+    template, tokenizer = ChatTemplate.from_dir(onnx_dir), JsonTokenizer.from_dir(onnx_dir)
+    texts = [render_prompt(template, manifest.languages, t, source, target) for t in TEXTS]
+    return [tokenizer.prompt_ids(text) for text in texts]
+
+
+def _hf(hf_dir: Path) -> Any:
+    from onnxmt.export.decoder_only import load
+
+    return load(str(hf_dir))
+
+
+def _reference_logits(model: Any, ids: list[int]) -> np.ndarray:
+    """transformers' logits at every position of `ids`, run alone: (len, vocab)."""
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0].float().numpy()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prefill_and_forced_steps_match_transformers(request: pytest.FixtureRequest, family: str) -> None:
+    hf_dir, onnx_dir = _dirs(request, family)
+    prompts = _prompts(onnx_dir, *PAIRS[family])
+    assert len({len(p) for p in prompts}) == 3  # a batch of three prompt lengths
+    steps = 12
+    rng = np.random.default_rng(0)
+    forced = rng.integers(3, read_manifest(onnx_dir).model["vocab_size"] - 1, size=(len(prompts), steps))
+    model, graphs = _hf(hf_dir), _graphs(onnx_dir)
+    expected = [_reference_logits(model, p + forced[r].tolist()) for r, p in enumerate(prompts)]
+
+    logits, cache = graphs.prefill(prompts)
+    assert logits.shape == (3, graphs.vocab_size)
+    worst = max(np.abs(logits[r] - expected[r][len(p) - 1]).max() for r, p in enumerate(prompts))
+    assert worst < TOLERANCE, f"prefill: {worst}"
+    for step in range(steps):
+        logits, cache = graphs.step(forced[:, step : step + 1], cache)
+        worst = max(np.abs(logits[r] - expected[r][len(p) + step]).max() for r, p in enumerate(prompts))
+        assert worst < TOLERANCE, f"step {step}: {worst}"
+    assert cache.self_len is not None
+    assert cache.self_len.tolist() == [len(p) + steps for p in prompts]
+
+
+def test_gemma_prompts_cross_the_sliding_window(translategemma_hf_dir: Path, translategemma_onnx_dir: Path) -> None:
+    """The parity above covers Gemma's sliding layers: the prompts are longer than the window, and transformers'
+    logits at their last position change when the window is widened."""
+    model = _hf(translategemma_hf_dir)
+    window = model.config.text_config.sliding_window
+    prompt = _prompts(translategemma_onnx_dir, "en", "de")[0]
+    assert len(prompt) > 4 * window
+    windowed = _reference_logits(model, prompt)[-1]
+    model.config.text_config.sliding_window = 10 * len(prompt)
+    for layer in model.model.language_model.layers:
+        if layer.self_attn.sliding_window is not None:
+            layer.self_attn.sliding_window = 10 * len(prompt)
+    wide = _reference_logits(model, prompt)[-1]
+    assert np.abs(windowed - wide).max() > 1e-3
+
+
+@pytest.mark.parametrize("family", ("hy_mt", "translategemma"))
+def test_chunked_prefill_and_joining_rows_match_one_prefill(request: pytest.FixtureRequest, family: str) -> None:
+    """A prompt prefilled in chunks, and a prompt joining a cache whose other row is mid-generation, get the logits
+    of the prompt prefilled alone (within fp32 rounding: the calls' shapes differ)."""
+    _, onnx_dir = _dirs(request, family)
+    graphs = _graphs(onnx_dir)
+    long, short, _ = _prompts(onnx_dir, *PAIRS[family])
+    alone, _ = graphs.prefill([long])
+
+    cache = graphs.empty_cache(1)
+    for start in range(0, len(long), 7):
+        chunk = np.array([long[start : start + 7]], dtype=np.int64)
+        logits, cache = graphs.extend(chunk, np.array([chunk.shape[1]]), cache)
+    assert np.abs(logits[0] - alone[0]).max() < TOLERANCE
+
+    # Row 0 has the short prompt and two generated tokens; row 1 joins with the long prompt, in one call.
+    _, running = graphs.prefill([short])
+    for token in (5, 6):
+        _, running = graphs.step(np.array([[token]]), running)
+    joined = running.select(np.array([0, 0]))  # row 1: a copy of row 0's buffers, its length 0 (junk, masked)
+    assert joined.self_len is not None
+    joined = replace(joined, self_len=np.array([joined.self_len[0], 0]))
+    ids, _ = right_padded([[7], long])
+    logits, joined = graphs.extend(ids, np.array([1, len(long)]), joined)
+    assert np.abs(logits[1] - alone[0]).max() < TOLERANCE
+    steady, _ = graphs.step(np.array([[7]]), running)
+    assert np.abs(logits[0] - steady[0]).max() < TOLERANCE
+
+
+def _greedy(
+    graphs: DecoderOnlyGraphs, prompts: list[list[int]], generation: dict[str, Any], eos: list[int], limit: int
+):
+    """A test-only greedy loop with transformers' repetition penalty (over the prompt and the output) and stop
+    tokens; each row stops at its first eos id, which it keeps, as generate() does."""
+    penalty = float(generation.get("repetition_penalty") or 1.0)
+    logits, cache = graphs.prefill(prompts)
+    seen = [list(p) for p in prompts]
+    out: list[list[int]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    for _ in range(limit):
+        tokens = []
+        for r, row in enumerate(logits):
+            scores = row.copy()
+            if penalty != 1.0:
+                ids = np.unique(seen[r])
+                scores[ids] = np.where(scores[ids] < 0, scores[ids] * penalty, scores[ids] / penalty)
+            token = int(np.argmax(scores))
+            if not done[r]:
+                out[r].append(token)
+                seen[r].append(token)
+                done[r] = token in eos
+            tokens.append(token)
+        if all(done):
+            break
+        logits, cache = graphs.step(np.array(tokens, dtype=np.int64)[:, None], cache)
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_loop_gives_generate_tokens(request: pytest.FixtureRequest, family: str) -> None:
+    import torch
+
+    hf_dir, onnx_dir = _dirs(request, family)
+    manifest = read_manifest(onnx_dir)
+    prompts = _prompts(onnx_dir, *PAIRS[family])[:2]
+    model = _hf(hf_dir)
+    limit = 16
+    expected = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            generated = model.generate(ids, do_sample=False, max_new_tokens=limit, top_k=None, top_p=None)
+            expected.append(generated[0, len(prompt) :].tolist())
+    got = _greedy(_graphs(onnx_dir), prompts, manifest.generation, manifest.tokens["eos_ids"], limit)
+    assert got == expected
+    # Stopping: a random model rarely writes its eos, so one of its own tokens is made a stop token as well.
+    stop = expected[0][5]
+    eos = [*manifest.tokens["eos_ids"], stop]
+    with torch.no_grad():
+        for r, prompt in enumerate(prompts):
+            ids = torch.tensor([prompt])
+            generated = model.generate(
+                ids, do_sample=False, max_new_tokens=limit, top_k=None, top_p=None, eos_token_id=eos
+            )
+            expected[r] = generated[0, len(prompt) :].tolist()  # one row: nothing padded
+    stopped = _greedy(_graphs(onnx_dir), prompts, manifest.generation, eos, limit)
+    assert stopped == expected
+    assert stopped[0][-1] == stop and len(stopped[0]) <= 6
+    if family == "hy_mt":  # the penalty is live in this comparison: without it the tokens differ
+        assert manifest.generation["repetition_penalty"] == 1.05
+        plain = _greedy(_graphs(onnx_dir), prompts, {}, manifest.tokens["eos_ids"], limit)
+        assert plain != expected
