@@ -51,6 +51,15 @@ HY_MT_LANGUAGES = {
 HY_MT_ZH = "将以下文本翻译为{target}，注意只需要输出翻译后的结果，不要额外解释：\n\n{text}"
 HY_MT_EN = "Translate the following segment into {target}, without additional explanation.\n\n{text}"
 CHINESE = ("zh", "zh-Hant")
+# Each family's request, as `onnxmt inspect` states it.
+PROMPT_RULES = {
+    "hy_mt": f"user turn {HY_MT_ZH!r} with the Chinese target name when the source or the target is zh/zh-Hant, "
+    f"else {HY_MT_EN!r} with the English name; no system message; generation prompt on",
+    "translategemma": "one structured user item {type: text, source_lang_code, target_lang_code, text}, the codes "
+    "as given when the template's table knows them, else the nearest it knows; generation prompt on",
+    "qwen3": "the directory's instruction (default: HY-MT's English sentence) as the user turn; thinking off "
+    "(enable_thinking=False); generation prompt on",
+}
 # TranslateGemma's template holds its language table as `{%- set languages = {...} -%}`.
 _GEMMA_TABLE = re.compile(r"set\s+languages\s*=\s*(\{.*?\})\s*-?%\}", re.S)
 

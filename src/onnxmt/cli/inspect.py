@@ -36,6 +36,8 @@ def inspect(
     for key, value in _summary(manifest, found).items():
         summary.add_row(key, value)
     out.print(summary)
+    if manifest.model.get("decoder_only"):
+        _print_prompt(out, model_dir, manifest)
     for part, graph in manifest.graphs.items():
         table = Table(title=f"{part}: {graph.file}")
         for column in ("", "name", "role", "dtype", "shape"):
@@ -44,6 +46,26 @@ def inspect(
             for spec in specs:
                 table.add_row(kind, spec.name, spec.role, spec.dtype, "(" + ", ".join(map(str, spec.shape)) + ")")
         out.print(table)
+
+
+def _print_prompt(out: Console, model_dir: Path, manifest: Any) -> None:
+    """A decoder-only model's prompt: the family's request rule, its language table, the vendor's sampling settings
+    set aside, and the chat template itself."""
+    from ..architectures.decoder_only import PROMPT_RULES
+    from ..tokenization.chat import ChatTemplate
+
+    langs = manifest.languages
+    table = Table(title="prompt", show_header=False)
+    table.add_row("request", PROMPT_RULES.get(langs.get("prompt"), str(langs.get("prompt"))))
+    table.add_row("languages", ", ".join(f"{code}={name}" for code, name in sorted(langs.get("names", {}).items())))
+    if langs.get("names_zh"):
+        table.add_row("languages (zh)", ", ".join(f"{c}={n}" for c, n in sorted(langs["names_zh"].items())))
+    sampling = langs.get("vendor_sampling") or {}
+    table.add_row("vendor sampling (not used)", ", ".join(f"{k}={v}" for k, v in sampling.items()) or "(none)")
+    table.add_row("output length", "max_length counts the prompt's tokens too (transformers'); prefer max_new_tokens")
+    out.print(table)
+    out.print("chat template:", markup=False)
+    out.print(ChatTemplate.from_dir(model_dir).source, markup=False, highlight=False)
 
 
 def _decoder_form(manifest: Any) -> str:
