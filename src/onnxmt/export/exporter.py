@@ -231,6 +231,8 @@ def _export_decoder_only_into(
     on two prompts of different lengths and one step."""
     from .graphs import export_decoder_only
 
+    if not options.buffered_cache:
+        raise ExportError("a decoder-only model is exported with the cache buffer only (no --cache-concat)")
     progress("loading the PyTorch model")
     model = arch.load(str(source))
     facts = arch.facts(config)
@@ -256,8 +258,9 @@ def _export_decoder_only_into(
         layout="onnxmt",
         files=describe_files(staging, graph_files + copied),
         graphs={"decoder": graph_spec(staging / DECODER_FILE, DECODER_FILE)},
-        # Rows of different lengths share a call (per-row positions); bit-exactness across batches is not proven.
-        model={**facts, "decoder_only": True, "rows_bit_exact": False},
+        # Rows of other prompt lengths and cache capacities beside a row change none of its bits, given the same
+        # chunks of its own prompt (tests/runtime/test_decoder_only.py): in-flight batching is exact.
+        model={**facts, "decoder_only": True, "rows_bit_exact": True},
         tokens=arch.tokens(source, config, generation_config),
         generation=arch.generation(generation_config, config),
         languages=languages,
