@@ -45,6 +45,14 @@ def test_onnxmt_export_writes_one_decoder_graph_and_inspect_shows_the_prompt(hy_
     assert "<｜hy_User｜>" in shown.output  # the chat template itself
     assert "do_sample=True" in shown.output
 
+    shown = runner.invoke(app, ["inspect", str(out), "--prompt", "Hi.", "--source", "en", "--target", "fr"])
+    assert shown.exit_code == 0, shown.output
+    english = "Translate the following segment into French, without additional explanation.\n\nHi."
+    assert f"<｜hy_begin▁of▁sentence｜><｜hy_User｜>{english}<｜hy_Assistant｜>" in shown.output
+    assert " ids: [" in shown.output
+    refused = runner.invoke(app, ["inspect", str(out), "--prompt", "Hi.", "--target", "xx"])
+    assert refused.exit_code == 2 and "valid: ar, bn" in refused.output
+
 
 def _logits(directory: Path) -> tuple[np.ndarray, np.ndarray]:
     graphs = DecoderOnlyGraphs(directory, read_manifest(directory), RuntimeOptions(threads=1, verify=False))

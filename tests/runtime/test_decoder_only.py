@@ -15,12 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from onnxmt.architectures.decoder_only import render_prompt
 from onnxmt.manifest import read_manifest
-from onnxmt.runtime.decoder_only import DecoderOnlyGraphs, right_padded
+from onnxmt.runtime.decoder_only import DecoderOnlyGraphs, Prompts, right_padded
 from onnxmt.runtime.options import RuntimeOptions
-from onnxmt.tokenization import JsonTokenizer
-from onnxmt.tokenization.chat import ChatTemplate
 
 pytest.importorskip("torch")
 
@@ -42,10 +39,8 @@ def _graphs(onnx_dir: Path) -> DecoderOnlyGraphs:
 
 def _prompts(onnx_dir: Path, source: str, target: str) -> list[list[int]]:
     """The three TEXTS as the family's prompts, rendered and tokenized torch-free."""
-    manifest = read_manifest(onnx_dir)
-    template, tokenizer = ChatTemplate.from_dir(onnx_dir), JsonTokenizer.from_dir(onnx_dir)
-    texts = [render_prompt(template, manifest.languages, t, source, target) for t in TEXTS]
-    return [tokenizer.prompt_ids(text) for text in texts]
+    prompts = Prompts(onnx_dir, read_manifest(onnx_dir))
+    return [prompts.ids(text, source, target) for text in TEXTS]
 
 
 def _hf(hf_dir: Path) -> Any:
@@ -219,3 +214,26 @@ def test_a_rows_logits_are_the_same_bits_alone_and_in_a_batch(request: pytest.Fi
         logits, chunked = graphs.extend(ids, np.array([ids.shape[1]]), chunked)
     whole, _ = graphs.prefill([row])
     assert not np.array_equal(logits[0], whole[0]) and np.abs(logits[0] - whole[0]).max() < TOLERANCE
+
+
+@pytest.mark.parametrize("family", ("hy_mt", "qwen3", "translategemma"))
+def test_a_batch_of_four_gives_generates_batched_tokens(request: pytest.FixtureRequest, family: str) -> None:
+    """transformers' batched generate() (prompts left-padded, as decoder-only batches are) and the graph's rows of
+    their own lengths (nothing padded) give the same tokens."""
+    import torch
+
+    hf_dir, onnx_dir = _dirs(request, family)
+    manifest = read_manifest(onnx_dir)
+    fourth = Prompts(onnx_dir, manifest).ids("A small fast model.", *PAIRS[family])
+    prompts = [*_prompts(onnx_dir, *PAIRS[family]), fourth]
+    width, pad = max(map(len, prompts)), manifest.tokens["pad"]
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        generated = _hf(hf_dir).generate(
+            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=16, top_k=None, top_p=None
+        )
+    expected = [row[width:].tolist() for row in generated]
+    assert all(len(row) == 16 for row in expected)  # no row stopped, so no padding after its output to strip
+    got = _greedy(_graphs(onnx_dir), prompts, manifest.generation, manifest.tokens["eos_ids"], 16)
+    assert got == expected

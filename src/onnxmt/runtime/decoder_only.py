@@ -16,7 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..architectures.decoder_only import render_prompt
 from ..manifest import Manifest, ModelDirError
+from ..tokenization import JsonTokenizer
+from ..tokenization.chat import ChatTemplate
 from .graphs import Cache, VocabOps, aligned, grown, load_session, next_capacity, release_load_memory
 from .options import RuntimeOptions
 
@@ -107,6 +110,22 @@ class DecoderOnlyGraphs:
         filled = int(cache.self_len.max(initial=0)) if cache.self_len is not None else capacity
         grow_to = max(aligned(needed), next_capacity(filled, cache.max_positions))
         return tuple(grown(b, filled, grow_to) for b in buffers)
+
+
+class Prompts:
+    """A translation request as the model's prompt: the family's messages (architectures/decoder_only.py) through
+    the directory's chat template, tokenized in one call without added special tokens."""
+
+    def __init__(self, directory: Path, manifest: Manifest) -> None:
+        self.languages = manifest.languages
+        self.template = ChatTemplate.from_dir(directory)
+        self.tokenizer = JsonTokenizer.from_dir(directory)
+
+    def text(self, text: str, source: str, target: str) -> str:
+        return render_prompt(self.template, self.languages, text, source, target)
+
+    def ids(self, text: str, source: str, target: str) -> list[int]:
+        return self.tokenizer.prompt_ids(self.text(text, source, target))
 
 
 def right_padded(prompts: Sequence[Sequence[int]], pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
