@@ -237,3 +237,37 @@ def test_a_batch_of_four_gives_generates_batched_tokens(request: pytest.FixtureR
     assert all(len(row) == 16 for row in expected)  # no row stopped, so no padding after its output to strip
     got = _greedy(_graphs(onnx_dir), prompts, manifest.generation, manifest.tokens["eos_ids"], 16)
     assert got == expected
+
+
+BLOCKER = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers", "onnx"):
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+from pathlib import Path
+import numpy as np
+from onnxmt.manifest import read_manifest
+from onnxmt.runtime.decoder_only import DecoderOnlyGraphs, Prompts
+from onnxmt.runtime.options import RuntimeOptions
+directory = Path(sys.argv[1])
+manifest = read_manifest(directory)
+ids = Prompts(directory, manifest).ids("Hello world.", "en", "zh")
+graphs = DecoderOnlyGraphs(directory, manifest, RuntimeOptions(threads=1))
+logits, cache = graphs.prefill([ids])
+logits, cache = graphs.step(logits.argmax(-1)[:, None], cache)
+print(logits.shape, int(cache.self_len[0]) == len(ids) + 1)
+"""
+
+
+def test_prompts_and_graph_run_without_torch_or_transformers(hy_mt_onnx_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", BLOCKER, str(hy_mt_onnx_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    vocab = read_manifest(hy_mt_onnx_dir).model["vocab_size"]
+    assert out.stdout.strip() == f"(1, {vocab}) True"
