@@ -228,6 +228,9 @@ class DecoderOnlySpec:
     bpe_vocab: int = 600
     sliding_window: int = 8  # Gemma: tiny, so that tests cross it
     max_position_embeddings: int = 1024
+    # The embedding's rows, as the real checkpoint's (HY-MT1.5-1.8B: 120818), past the tokenizer's; None: as many
+    # as the tokenizer needs (Gemma: rounded up past its image token).
+    vocab_size: int | None = None
     init_std: float = 0.1
     seed: int = 0
     config_overrides: dict[str, Any] = field(default_factory=dict)
@@ -245,6 +248,10 @@ def build_decoder_only(output_dir: str | Path, spec: DecoderOnlySpec) -> Path:
     if spec.family not in builders:
         raise ValueError(f"unknown family {spec.family!r}; valid: {', '.join(builders)}")
     ids = _write_tokenizer(out, spec)
+    if spec.vocab_size is not None:
+        if spec.vocab_size < ids["vocab_size"]:
+            raise ValueError(f"vocab_size {spec.vocab_size} is below the tokenizer's {ids['vocab_size']}")
+        ids["vocab_size"] = spec.vocab_size
     torch.manual_seed(spec.seed)
     model, generation = builders[spec.family](spec, ids)
     model.eval()
