@@ -290,10 +290,15 @@ def _pytorch_decoder_only(model: Any, prompts: np.ndarray) -> np.ndarray:
 def check_decoder_only(expected: np.ndarray, prompts: np.ndarray, directory: Path, manifest: Manifest) -> CheckReport:
     """The graph's logits against PyTorch's (`expected`): two prompts of lengths 9 and 5 prefilled in one call (each
     one's last position), then one step of both rows at once, row 1's compared (its position 5)."""
+    import onnxruntime as ort
+
     from ..runtime.decoder_only import DecoderOnlyGraphs
     from ..runtime.options import RuntimeOptions
 
-    graphs = DecoderOnlyGraphs(directory, manifest, RuntimeOptions(threads=1, verify=False))
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.disable_prepacking", "1")  # as check_against_pytorch, and for its reason
+    session = ort.InferenceSession(str(directory / DECODER_FILE), so, providers=["CPUExecutionProvider"])
+    graphs = DecoderOnlyGraphs(directory, manifest, RuntimeOptions(threads=1, verify=False), session)
     short = 5
     logits, cache = graphs.prefill([prompts[0].tolist(), prompts[1, :short].tolist()])
     prefill_diff = max(

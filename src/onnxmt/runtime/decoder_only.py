@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,15 +29,20 @@ class DecoderOnlyGraphs:
     """One ONNX Runtime session of a decoder-only model directory's `decoder` graph, its names read from the
     manifest."""
 
-    def __init__(self, directory: Path, manifest: Manifest, options: RuntimeOptions) -> None:
+    def __init__(
+        self, directory: Path, manifest: Manifest, options: RuntimeOptions, session: Any | None = None
+    ) -> None:
+        """`session`: the decoder graph's ONNX Runtime session, already open (export's check opens its own)."""
         spec = manifest.graphs["decoder"]
         self.ops = VocabOps(options)
         self.layers = int(manifest.model["num_layers"])
         self.kv_heads = int(manifest.model["num_kv_heads"])
         self.head_dim = int(manifest.model["head_dim"])
         self.vocab_size = int(manifest.model["vocab_size"])
-        self.decoder = load_session(directory / spec.file, options)
-        release_load_memory(directory)
+        if session is None:
+            session = load_session(directory / spec.file, options)
+            release_load_memory(directory)
+        self.decoder = session
         for role in ("input_ids", "input_length", "past_length"):
             if not spec.has_input(role):
                 raise ModelDirError(f"{spec.file}: not a decoder-only graph (no input {role!r})")
