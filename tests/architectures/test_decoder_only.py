@@ -106,3 +106,16 @@ def test_translategemma_table_is_read_from_its_template(translategemma_hf_dir: P
 
     table = get_architecture("gemma3").languages(translategemma_hf_dir, None)["names"]
     assert table == TRANSLATEGEMMA_LANGUAGES
+
+
+def test_facts_of_a_config_that_leaves_defaults_out() -> None:
+    """TranslateGemma-4B's config.json names only what differs from Gemma 3's defaults in its text_config; export
+    reads the sizes from the config transformers resolved (exporter: `model.config.to_dict()`)."""
+    transformers = pytest.importorskip("transformers")
+    text = {"hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34, "sliding_window": 1024}
+    resolved = transformers.Gemma3Config(text_config=text).to_dict()
+    facts = get_architecture("gemma3").facts(resolved)
+    assert (facts["num_heads"], facts["num_kv_heads"], facts["head_dim"]) == (8, 4, 256)
+    assert (facts["vocab_size"], facts["num_layers"], facts["d_model"]) == (262208, 34, 2560)
+    with pytest.raises(KeyError):
+        get_architecture("gemma3").facts({"model_type": "gemma3", "text_config": text})

@@ -235,7 +235,9 @@ def _export_decoder_only_into(
         raise ExportError("a decoder-only model is exported with the cache buffer only (no --cache-concat)")
     progress("loading the PyTorch model")
     model = arch.load(str(source))
-    facts = arch.facts(config)
+    # The config as transformers resolved it: TranslateGemma's config.json leaves Gemma 3's defaults out of its
+    # text_config (heads, head_dim, vocab_size).
+    facts = arch.facts(model.config.to_dict())
     traced = TensorFile(staging / TRACED_WEIGHTS_FILE)
     try:
         progress(f"exporting the decoder ({DECODER_FILE})")
