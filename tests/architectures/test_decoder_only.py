@@ -119,3 +119,34 @@ def test_facts_of_a_config_that_leaves_defaults_out() -> None:
     assert (facts["vocab_size"], facts["num_layers"], facts["d_model"]) == (262208, 34, 2560)
     with pytest.raises(KeyError):
         get_architecture("gemma3").facts({"model_type": "gemma3", "text_config": text})
+
+
+# A Gemma 3 chat model's template (its structure: BOS, turns of `<start_of_turn>{role}\n{content|trim}<end_of_turn>`,
+# the assistant called `model`), with no TranslateGemma language table.
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- for message in messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+)
+
+
+def test_a_gemma3_chat_model_gets_the_plain_instruction(gemma3_text_hf_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from onnxmt.architectures.decoder_only import render_prompt
+    from onnxmt.tokenization.chat import ChatTemplate
+
+    directory = tmp_path / "gemma3-chat"
+    shutil.copytree(gemma3_text_hf_dir, directory)
+    (directory / "chat_template.jinja").write_text(GEMMA3_CHAT_TEMPLATE, encoding="utf-8")
+    languages = get_architecture("gemma3_text").languages(directory, None)
+    assert languages["prompt"] == "instruction" and languages["names"]["de"] == "German"
+    messages, variables = prompt_messages(languages, "Hi.", "en", "de")
+    assert messages == [{"role": "user", "content": HY_MT_EN.format(target="German", text="Hi.")}] and not variables
+    expected = AutoTokenizer.from_pretrained(directory).apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    assert render_prompt(ChatTemplate.from_dir(directory), languages, "Hi.", "en", "de") == expected

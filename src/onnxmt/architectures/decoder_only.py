@@ -10,7 +10,8 @@ the family's translation request, replaces the encoder. Each family says here wh
 - TranslateGemma: its structured user content (`source_lang_code`, `target_lang_code`, `text`), which its template
   turns into its instruction; a client's code passed as given when the template's table knows it, else the nearest
   one it knows;
-- Qwen3: HY-MT's English sentence as the user turn (a directory's `instruction` may change it), thinking off.
+- Qwen3: HY-MT's English sentence as the user turn (a directory's `instruction` may change it), thinking off;
+- a Gemma 3 chat model whose template has no TranslateGemma table: that instruction as the user turn.
 
 Stop tokens are every eos id of the generation config (HY-MT: `<｜hy_place▁holder▁no▁2｜>`; Qwen3: `<|im_end|>`,
 `<|endoftext|>`; Gemma: `<eos>`, `<end_of_turn>`). The vendors' generation configs sample (do_sample with
@@ -59,9 +60,11 @@ PROMPT_RULES = {
     "as given when the template's table knows them, else the nearest it knows; generation prompt on",
     "qwen3": "the directory's instruction (default: HY-MT's English sentence) as the user turn; thinking off "
     "(enable_thinking=False); generation prompt on",
+    "instruction": "the directory's instruction (default: HY-MT's English sentence) as the user turn; generation "
+    "prompt on (a Gemma 3 chat model without TranslateGemma's language table)",
 }
 # TranslateGemma's template holds its language table as `{%- set languages = {...} -%}`.
-_GEMMA_TABLE = re.compile(r"set\s+languages\s*=\s*(\{.*?\})\s*-?%\}", re.S)
+_GEMMA_TABLE = re.compile(r"\{%-?\s*set\s+languages\s*=.*?-?%\}", re.S)
 
 
 class DecoderOnly(Architecture):
@@ -140,6 +143,10 @@ class DecoderOnly(Architecture):
         raise NotImplementedError
 
 
+def _english_names() -> dict[str, str]:
+    return {code: en for code, (en, _) in HY_MT_LANGUAGES.items()}
+
+
 @register("hunyuan_v1_dense")
 class HyMt(DecoderOnly):
     name = "hunyuan_v1_dense"
@@ -147,7 +154,7 @@ class HyMt(DecoderOnly):
 
     def language_table(self, source: Path) -> dict[str, Any]:
         return {
-            "names": {code: en for code, (en, _) in HY_MT_LANGUAGES.items()},
+            "names": _english_names(),
             "names_zh": {code: zh for code, (_, zh) in HY_MT_LANGUAGES.items()},
         }
 
@@ -158,7 +165,7 @@ class Qwen3(DecoderOnly):
     prompt = "qwen3"
 
     def language_table(self, source: Path) -> dict[str, Any]:
-        return {"names": {code: en for code, (en, _) in HY_MT_LANGUAGES.items()}, "instruction": HY_MT_EN}
+        return {"names": _english_names(), "instruction": HY_MT_EN}
 
 
 @register("gemma3", variants=())
@@ -167,11 +174,15 @@ class TranslateGemma(DecoderOnly):
     prompt = "translategemma"
 
     def language_table(self, source: Path) -> dict[str, Any]:
+        """The template's own table, evaluated by jinja2 (a jinja literal need not be JSON)."""
         import json
 
-        template = ChatTemplate.from_dir(source).source
-        match = _GEMMA_TABLE.search(template)
-        return {"names": json.loads(match.group(1)) if match else {}}
+        from ..tokenization.chat import compile_template
+
+        match = _GEMMA_TABLE.search(ChatTemplate.from_dir(source).source)
+        if match is None:  # a Gemma 3 chat model, not TranslateGemma: the plain instruction as the user turn
+            return {"prompt": "instruction", "names": _english_names(), "instruction": HY_MT_EN}
+        return {"names": json.loads(compile_template(match.group(0) + "{{ languages | tojson }}").render())}
 
 
 @register("gemma3_text")
@@ -196,10 +207,10 @@ def prompt_messages(languages: dict[str, Any], text: str, source: str, target: s
         else:
             user = HY_MT_EN.format(target=names[target], text=text)
         return [{"role": "user", "content": user}], {}
-    if family == "qwen3":
+    if family in ("qwen3", "instruction"):
         user = str(languages.get("instruction", HY_MT_EN)).format(target=names[target], text=text)
-        return [{"role": "user", "content": user}], {"enable_thinking": False}
-    raise ValueError(f"unknown prompt family {family!r}; valid: hy_mt, qwen3, translategemma")
+        return [{"role": "user", "content": user}], {"enable_thinking": False} if family == "qwen3" else {}
+    raise ValueError(f"unknown prompt family {family!r}; valid: {', '.join(PROMPT_RULES)}")
 
 
 def nearest_code(code: str, names: dict[str, str]) -> str:
