@@ -311,10 +311,12 @@ def _built_decoder_only(family: str) -> Any:
 
 
 hy_mt_hf_dir = _built_decoder_only("hy_mt")
+hy_mt_7b_hf_dir = _built_decoder_only("hy_mt_7b")
 qwen3_hf_dir = _built_decoder_only("qwen3")
 translategemma_hf_dir = _built_decoder_only("translategemma")
 gemma3_text_hf_dir = _built_decoder_only("gemma3_text")
 hy_mt_onnx_dir = _exported("hy_mt_hf_dir", "hy-mt-onnx", "`hy_mt_hf_dir` exported by onnxmt (fp32).")
+hy_mt_7b_onnx_dir = _exported("hy_mt_7b_hf_dir", "hy-mt-7b-onnx", "`hy_mt_7b_hf_dir` exported by onnxmt (fp32).")
 qwen3_onnx_dir = _exported("qwen3_hf_dir", "qwen3-onnx", "`qwen3_hf_dir` exported by onnxmt (fp32).")
 translategemma_onnx_dir = _exported(
     "translategemma_hf_dir", "translategemma-onnx", "`translategemma_hf_dir` exported by onnxmt (fp32)."

@@ -21,12 +21,18 @@ from onnxmt.runtime.options import RuntimeOptions
 
 pytest.importorskip("torch")
 
-FAMILIES = ("hy_mt", "qwen3", "translategemma", "gemma3_text")
+FAMILIES = ("hy_mt", "hy_mt_7b", "qwen3", "translategemma", "gemma3_text")
 # Measured 1.1e-06 to 2.4e-06 on the tiny models; an off-by-one position, a missed norm or a wrong rope base moves
 # logits by 1e-2 and more.
 TOLERANCE = 2e-5
 TEXTS = ("Hello world.", "The river was quiet in the morning, and the market was not open yet.", "Good?")
-PAIRS = {"hy_mt": ("en", "zh"), "qwen3": ("en", "fr"), "translategemma": ("en", "de"), "gemma3_text": ("en", "zh")}
+PAIRS = {
+    "hy_mt": ("en", "zh"),
+    "hy_mt_7b": ("zh", "en"),
+    "qwen3": ("en", "fr"),
+    "translategemma": ("en", "de"),
+    "gemma3_text": ("en", "zh"),
+}
 
 
 def _dirs(request: pytest.FixtureRequest, family: str) -> tuple[Path, Path]:

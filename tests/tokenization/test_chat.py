@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 
 PAIRS = {
     "hy_mt": [("en", "zh"), ("zh", "en"), ("en", "fr"), ("de", "zh-Hant"), ("ja", "yue")],
+    "hy_mt_7b": [("en", "zh"), ("fr", "en")],
     "qwen3": [("en", "zh"), ("en", "fr"), ("de", "ja")],
     "translategemma": [("en", "de"), ("en", "zh"), ("zh", "en"), ("pt", "fr"), ("de-AT", "zh_Hans")],
 }
@@ -57,7 +58,7 @@ def test_prompts_render_and_tokenize_as_transformers(request: pytest.FixtureRequ
             assert tokenizer.prompt_ids(rendered) == list(ids)
 
 
-@pytest.mark.parametrize("family", ["hy_mt", "translategemma"])
+@pytest.mark.parametrize("family", ["hy_mt", "hy_mt_7b", "translategemma"])
 def test_the_template_writes_bos_once(request: pytest.FixtureRequest, family: str) -> None:
     directory = _family_dir(request, family)
     template, tokenizer = ChatTemplate.from_dir(directory), JsonTokenizer.from_dir(directory)

@@ -66,6 +66,27 @@ HY_MT_CHAT_TEMPLATE = (
     "{%- endif %}\n"
 )
 
+# HY-MT1.5-7B and Hunyuan-MT-7B: another vocabulary and other turn tokens ("The 7B model uses a different vocabulary
+# than other models", HY-MT finetune.py): `<|startoftext|>[system<|extra_4|>]user<|extra_0|>` -> `answer<|eos|>`.
+HY7_BOS, HY7_USER_END, HY7_SYSTEM_END, HY7_EOS, HY7_PAD = (
+    "<|startoftext|>", "<|extra_0|>", "<|extra_4|>", "<|eos|>", "<|pad|>"
+)  # fmt: skip
+HY7_SPECIALS = (HY7_BOS, HY7_EOS, HY7_PAD, HY7_USER_END, HY7_SYSTEM_END)
+# Its template has no add_generation_prompt branch: the user turn's end is the assistant's start. Reconstructed from
+# the rendered format the vendor documents, as HY_MT_CHAT_TEMPLATE is.
+HY_MT_7B_CHAT_TEMPLATE = (
+    "{%- set ns = namespace(system='') -%}\n"
+    "{%- for message in messages -%}{%- if message['role'] == 'system' -%}"
+    "{%- set ns.system = message['content'] -%}{%- endif -%}{%- endfor -%}\n"
+    "{{- bos_token -}}\n"
+    "{%- if ns.system != '' -%}{{- ns.system + '" + HY7_SYSTEM_END + "' -}}{%- endif -%}\n"
+    "{%- for message in messages -%}\n"
+    "{%- if message['role'] == 'user' -%}{{- message['content'] + '" + HY7_USER_END + "' -}}\n"
+    "{%- elif message['role'] == 'assistant' -%}{{- message['content'] + eos_token -}}\n"
+    "{%- endif -%}\n"
+    "{%- endfor -%}\n"
+)
+
 # Qwen3's chat_template (Qwen/Qwen3-0.6B and its siblings), verbatim.
 QWEN3_CHAT_TEMPLATE = r"""{%- if tools %}
     {{- '<|im_start|>system\n' }}
@@ -216,7 +237,8 @@ GEMMA_IMAGE_SOFT_TOKEN = "<image_soft_token>"  # the last id, as in Gemma 3's vo
 
 @dataclass(frozen=True, kw_only=True)
 class DecoderOnlySpec:
-    """A tiny random decoder-only translator; `family`: "hy_mt", "qwen3", "translategemma" or "gemma3_text"."""
+    """A tiny random decoder-only translator; `family`: "hy_mt" (HY-MT1.5-1.8B), "hy_mt_7b" (HY-MT1.5-7B's
+    vocabulary and turn tokens), "qwen3", "translategemma" or "gemma3_text"."""
 
     family: str
     hidden_size: int = 64
@@ -244,7 +266,7 @@ def build_decoder_only(output_dir: str | Path, spec: DecoderOnlySpec) -> Path:
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    builders = {"hy_mt": _hy_mt, "qwen3": _qwen3, "translategemma": _gemma, "gemma3_text": _gemma}
+    builders = {"hy_mt": _hy_mt, "hy_mt_7b": _hy_mt, "qwen3": _qwen3, "translategemma": _gemma, "gemma3_text": _gemma}
     if spec.family not in builders:
         raise ValueError(f"unknown family {spec.family!r}; valid: {', '.join(builders)}")
     ids = _write_tokenizer(out, spec)
@@ -267,8 +289,11 @@ def build_decoder_only(output_dir: str | Path, spec: DecoderOnlySpec) -> Path:
 
 
 def _hy_mt(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, Any]]:
-    """HY-MT1.5-1.8B: config.json's fields with the sizes shrunk."""
+    """HY-MT1.5-1.8B (or -7B): config.json's fields with the sizes shrunk."""
     from transformers import HunYuanDenseV1Config, HunYuanDenseV1ForCausalLM
+
+    seven = spec.family == "hy_mt_7b"
+    bos, eos, pad = (HY7_BOS, HY7_EOS, HY7_PAD) if seven else (HY_BOS, HY_EOS, HY_PAD)
 
     config = HunYuanDenseV1Config(
         **_fields(
@@ -290,16 +315,17 @@ def _hy_mt(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
             rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
             attention_bias=False,
             mlp_bias=False,
-            bos_token_id=ids[HY_BOS],
-            eos_token_id=ids[HY_EOS],
-            pad_token_id=ids[HY_PAD],
+            bos_token_id=ids[bos],
+            eos_token_id=ids[eos],
+            pad_token_id=ids[pad],
             **spec.config_overrides,
         )
     )
     generation = {
-        "bos_token_id": ids[HY_BOS],
-        "eos_token_id": [ids[HY_EOS], ids[HY_EOD]],
-        "pad_token_id": ids[HY_PAD],
+        "bos_token_id": ids[bos],
+        # 1.8B: the end of the assistant turn and of the document; 7B: `stop_token_ids: [127960]` (<|eos|>).
+        "eos_token_id": [ids[eos]] if seven else [ids[HY_EOS], ids[HY_EOD]],
+        "pad_token_id": ids[pad],
         "do_sample": True,
         "top_k": 20,
         "top_p": 0.6,
@@ -430,6 +456,10 @@ def _write_tokenizer(out: Path, spec: DecoderOnlySpec) -> dict[str, int]:
         tokenizer.add_tokens(list(QWEN3_ADDED))
         roles = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
         template = QWEN3_CHAT_TEMPLATE
+    elif spec.family == "hy_mt_7b":
+        tokenizer = _byte_level_bpe(corpus, spec.bpe_vocab, HY7_SPECIALS)
+        roles = {"bos_token": HY7_BOS, "eos_token": HY7_EOS, "pad_token": HY7_PAD}
+        template = HY_MT_7B_CHAT_TEMPLATE
     else:
         tokenizer = _byte_level_bpe(corpus, spec.bpe_vocab, HY_SPECIALS)
         roles = {"bos_token": HY_BOS, "eos_token": HY_EOS, "pad_token": HY_PAD}
