@@ -277,3 +277,28 @@ def test_prompts_and_graph_run_without_torch_or_transformers(hy_mt_onnx_dir: Pat
     assert out.returncode == 0, out.stderr
     vocab = read_manifest(hy_mt_onnx_dir).model["vocab_size"]
     assert out.stdout.strip() == f"(1, {vocab}) True"
+
+
+@pytest.mark.parametrize(("family", "capped"), [("gemma3_text", True), ("translategemma", False)])
+def test_soft_capping_as_transformers_applies_it(tmp_path: Path, family: str, capped: bool) -> None:
+    """Gemma 3 ships without soft-capping (Gemma 2 had it). Where a config sets both caps, transformers 5 caps the
+    final logits of Gemma3ForCausalLM, not of the multimodal wrapper, and no Gemma 3 attention applies its cap: the
+    export does the same. The caps are strong, so that getting either wrong moves the logits far past the
+    tolerance."""
+    from onnxmt.export.exporter import ExportOptions, export
+    from onnxmt.testing.decoder_only import DecoderOnlySpec, build_decoder_only
+
+    caps = {"attn_logit_softcapping": 1.0, "final_logit_softcapping": 2.0}
+    hf_dir = build_decoder_only(tmp_path / "hf", DecoderOnlySpec(family=family, config_overrides=caps))
+    export(str(hf_dir), tmp_path / "onnx", ExportOptions(), progress=lambda _: None)
+    model = _hf(hf_dir)
+    assert model.config.get_text_config().final_logit_softcapping == 2.0
+    prompt = list(range(3, 40))
+    expected = _reference_logits(model, prompt)
+    assert (np.abs(expected).max() < 2.0) == capped
+    graphs = _graphs(tmp_path / "onnx")
+    logits, cache = graphs.prefill([prompt[:30]])
+    assert np.abs(logits[0] - expected[29]).max() < TOLERANCE
+    for i in range(30, len(prompt)):
+        logits, cache = graphs.step(np.array([[prompt[i]]]), cache)
+        assert np.abs(logits[0] - expected[i]).max() < TOLERANCE, i

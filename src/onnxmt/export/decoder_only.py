@@ -18,7 +18,8 @@ modeling_gemma3.py), written out rather than traced through transformers' Cache 
 - q/k norms per head: Qwen3 and Gemma 3 before the rotation, Hunyuan after it;
 - grouped-query attention without repeating the keys: a key head's query heads are stacked along the query axis;
 - Gemma 3: `(1 + w)` RMSNorm, four norms per layer, the embedding times sqrt(hidden) rounded to the weights' dtype,
-  `query_pre_attn_scalar ** -0.5` as the score scale, sliding-window layers, optional soft-capping;
+  `query_pre_attn_scalar ** -0.5` as the score scale, sliding-window layers, the final logits' soft-capping where
+  transformers applies it (Gemma3ForCausalLM only; no attention soft-capping);
 - RMSNorm's mean of squares as ReduceSum / width (export/t5.py `_rms_norm` says why), tied embeddings stored once.
 """
 
@@ -78,12 +79,14 @@ class DecoderOnlyExport(nn.Module):
             self.scaling = float(config.query_pre_attn_scalar) ** -0.5
             # transformers multiplies by sqrt(hidden) cast to the weights' dtype (bf16: 50.596 -> 50.5).
             self.embed_scale = float(torch.tensor(self.hidden**0.5).to(self.embed_tokens.weight.dtype))
-            self.attn_softcap = getattr(config, "attn_logit_softcapping", None)
-            self.final_softcap = getattr(config, "final_logit_softcapping", None)
+            # As transformers 5: Gemma3ForCausalLM caps the final logits, the multimodal wrapper does not, and no
+            # Gemma 3 attention passes `attn_logit_softcapping` on (a config field with no effect).
+            capped = model.config.model_type == "gemma3_text"
+            self.final_softcap = getattr(config, "final_logit_softcapping", None) if capped else None
         else:
             self.scaling = self.head_dim**-0.5
             self.embed_scale = 1.0
-            self.attn_softcap = self.final_softcap = None
+            self.final_softcap = None
         rotary = inner.rotary_emb
         kinds = sorted(set(self.layer_types)) if self.gemma else ["full_attention"]
         for kind in kinds:
@@ -180,8 +183,6 @@ class DecoderOnlyExport(nn.Module):
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # (rows, kv, new_len, hd)
         scores = torch.cat([torch.matmul(q, k.transpose(2, 3)), torch.matmul(q, past[0].transpose(2, 3))], dim=-1)
         scores = scores * self.scaling
-        if self.attn_softcap is not None:
-            scores = torch.tanh(scores / self.attn_softcap) * self.attn_softcap
         scores = scores.reshape(rows, kv_heads, groups, new_len, -1) + mask
         weights = F.softmax(scores, dim=-1).reshape(rows, kv_heads, groups * new_len, -1)
         attended = torch.matmul(weights[..., :new_len], v) + torch.matmul(weights[..., new_len:], past[1])

@@ -297,6 +297,7 @@ def _hy_mt(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
 
     config = HunYuanDenseV1Config(
         **_fields(
+            spec.config_overrides,
             vocab_size=ids["vocab_size"],
             hidden_size=spec.hidden_size,
             intermediate_size=spec.intermediate_size,
@@ -318,7 +319,6 @@ def _hy_mt(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
             bos_token_id=ids[bos],
             eos_token_id=ids[eos],
             pad_token_id=ids[pad],
-            **spec.config_overrides,
         )
     )
     generation = {
@@ -341,6 +341,7 @@ def _qwen3(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
 
     config = Qwen3Config(
         **_fields(
+            spec.config_overrides,
             vocab_size=ids["vocab_size"],
             hidden_size=spec.hidden_size,
             intermediate_size=spec.intermediate_size,
@@ -359,7 +360,6 @@ def _qwen3(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
             sliding_window=None,
             bos_token_id=ids["<|endoftext|>"],
             eos_token_id=ids["<|im_end|>"],
-            **spec.config_overrides,
         )
     )
     generation = {
@@ -380,6 +380,7 @@ def _gemma(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
 
     text = Gemma3TextConfig(
         **_fields(
+            spec.config_overrides,
         vocab_size=ids["vocab_size"],
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -403,7 +404,6 @@ def _gemma(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=2,
-        **spec.config_overrides,
         )
     )  # fmt: skip
     generation = {
@@ -434,10 +434,10 @@ def _gemma(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
     return Gemma3ForConditionalGeneration(config), generation
 
 
-def _fields(**fields: Any) -> dict[str, Any]:
+def _fields(overrides: dict[str, Any], **fields: Any) -> dict[str, Any]:
     """Config fields as the real config.json spells them (`rope_theta`, `rope_scaling`: keys transformers 5 still
-    reads but its config classes no longer declare)."""
-    return fields
+    reads but its config classes no longer declare), with the spec's `config_overrides` over them."""
+    return {**fields, **overrides}
 
 
 def _write_tokenizer(out: Path, spec: DecoderOnlySpec) -> dict[str, int]:
