@@ -302,3 +302,24 @@ def test_soft_capping_as_transformers_applies_it(tmp_path: Path, family: str, ca
     for i in range(30, len(prompt)):
         logits, cache = graphs.step(np.array([[prompt[i]]]), cache)
         assert np.abs(logits[0] - expected[i]).max() < TOLERANCE, i
+
+
+def test_qwen3_sliding_window_layers(tmp_path: Path) -> None:
+    """Qwen3 with `use_sliding_window` (off in the released configs): layers from max_window_layers on see a window
+    of keys, as transformers' masks give them."""
+    from onnxmt.export.exporter import ExportOptions, export
+    from onnxmt.testing.decoder_only import DecoderOnlySpec, build_decoder_only
+
+    window = {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1}
+    hf_dir = build_decoder_only(tmp_path / "hf", DecoderOnlySpec(family="qwen3", config_overrides=window))
+    export(str(hf_dir), tmp_path / "onnx", ExportOptions(), progress=lambda _: None)
+    model = _hf(hf_dir)
+    assert model.config.layer_types == ["full_attention", "sliding_attention"]
+    prompt = list(range(3, 40))
+    expected = _reference_logits(model, prompt)
+    graphs = _graphs(tmp_path / "onnx")
+    logits, cache = graphs.prefill([prompt[:30]])
+    assert np.abs(logits[0] - expected[29]).max() < TOLERANCE
+    for i in range(30, len(prompt)):
+        logits, cache = graphs.step(np.array([[prompt[i]]]), cache)
+        assert np.abs(logits[0] - expected[i]).max() < TOLERANCE, i

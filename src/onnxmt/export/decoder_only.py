@@ -105,9 +105,9 @@ class DecoderOnlyExport(nn.Module):
         hidden = hidden.reshape(-1, self.hidden)  # (rows * new_len, hidden)
         steps = torch.arange(new_len, device=input_ids.device)
         positions = past_length[:, None] + steps[None, :]  # (rows, new_len)
-        rope = {kind: self._rope(positions, kind) for kind in set(self.layer_types) if self.gemma} or {
-            "full_attention": self._rope(positions, "full_attention")
-        }
+        # Gemma 3's sliding and global layers have rotary tables of their own; the others one for every layer.
+        tables = {kind: kind if self.gemma else "full_attention" for kind in set(self.layer_types)}
+        rope = {kind: self._rope(positions, table) for kind, table in tables.items()}
         masks = {kind: self._mask(positions, past_length, past[0].shape[2], kind) for kind in set(self.layer_types)}
         outputs: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
