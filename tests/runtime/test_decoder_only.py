@@ -323,3 +323,18 @@ def test_qwen3_sliding_window_layers(tmp_path: Path) -> None:
     for i in range(30, len(prompt)):
         logits, cache = graphs.step(np.array([[prompt[i]]]), cache)
         assert np.abs(logits[0] - expected[i]).max() < TOLERANCE, i
+
+
+def test_the_fixtures_rotary_tables_are_the_families(hy_mt_hf_dir: Path, translategemma_hf_dir: Path) -> None:
+    """What the parity tests cover: Hunyuan's "dynamic" rope with alpha is a static NTK-alpha base
+    (1e4 * alpha ** (d / (d - 2))), Gemma 3's global layers divide the 1e6 base's frequencies by 8 (linear scaling)
+    and its sliding layers use base 1e4."""
+    hy = _hf(hy_mt_hf_dir).model.rotary_emb
+    d = hy.inv_freq.shape[0] * 2
+    assert hy.rope_type == "ntk_alpha"
+    base = 1e4 * 1000 ** (d / (d - 2))
+    np.testing.assert_allclose(hy.inv_freq.numpy(), 1.0 / base ** (np.arange(0, d, 2) / d), rtol=1e-5)
+    gemma = _hf(translategemma_hf_dir).model.language_model.rotary_emb
+    steps = np.arange(0, d, 2) / d
+    np.testing.assert_allclose(gemma.full_attention_inv_freq.numpy(), 1.0 / 1e6**steps / 8, rtol=1e-5)
+    np.testing.assert_allclose(gemma.sliding_attention_inv_freq.numpy(), 1.0 / 1e4**steps, rtol=1e-5)
