@@ -150,3 +150,21 @@ def test_a_gemma3_chat_model_gets_the_plain_instruction(gemma3_text_hf_dir: Path
         messages, tokenize=False, add_generation_prompt=True
     )
     assert render_prompt(ChatTemplate.from_dir(directory), languages, "Hi.", "en", "de") == expected
+
+
+def test_hy_mt_terminology_and_context_prompts() -> None:
+    glossary = [("river", "河"), ("market", "市场")]
+    (message,), _ = prompt_messages(HY, "The river market.", "en", "zh", glossary=glossary)
+    assert message["content"] == (
+        "参考下面的翻译：\nriver 翻译成 河\nmarket 翻译成 市场\n\n"
+        "将以下文本翻译为中文，注意只需要输出翻译后的结果，不要额外解释：\nThe river market."
+    )
+    (message,), _ = prompt_messages(HY, "It closed.", "en", "fr", context="The market opened at six.")
+    assert message["content"] == (
+        "The market opened at six.\n"
+        "参考上面的信息，把下面的文本翻译成法语，注意不需要翻译上文，也不要额外解释：\nIt closed."
+    )
+    with pytest.raises(ValueError, match="not both"):
+        prompt_messages(HY, "x", "en", "fr", glossary=glossary, context="c")
+    with pytest.raises(ValueError, match="HY-MT's only"):
+        prompt_messages({"prompt": "qwen3", "names": {"fr": "French"}}, "x", "en", "fr", context="c")

@@ -6,7 +6,7 @@ the family's translation request, replaces the encoder. Each family says here wh
 
 - HY-MT: the model card's user turn, no system message, the generation prompt on: the Chinese template with Chinese
   language names when the source or the target is Chinese (zh, zh-Hant), the English template with English names
-  otherwise;
+  otherwise; its terminology and context templates when a request carries a glossary or a context;
 - TranslateGemma: its structured user content (`source_lang_code`, `target_lang_code`, `text`), which its template
   turns into its instruction; a client's code passed as given when the template's table knows it, else the nearest
   one it knows;
@@ -23,6 +23,7 @@ applies over the prompt too, as transformers applies it.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,13 @@ HY_MT_LANGUAGES = {
 }  # fmt: skip
 HY_MT_ZH = "将以下文本翻译为{target}，注意只需要输出翻译后的结果，不要额外解释：\n\n{text}"
 HY_MT_EN = "Translate the following segment into {target}, without additional explanation.\n\n{text}"
+# The model card's terminology and context templates (Chinese only, Chinese language names); a glossary's pairs one
+# a line. The card's context block shows an empty line after the text, which may be the block's own: not written.
+HY_MT_TERMS = (
+    "参考下面的翻译：\n{terms}\n\n将以下文本翻译为{target}，注意只需要输出翻译后的结果，不要额外解释：\n{text}"
+)
+HY_MT_TERM = "{source} 翻译成 {target}"
+HY_MT_CONTEXT = "{context}\n参考上面的信息，把下面的文本翻译成{target}，注意不需要翻译上文，也不要额外解释：\n{text}"
 CHINESE = ("zh", "zh-Hant")
 # Each family's request, as `onnxmt inspect` states it.
 PROMPT_RULES = {
@@ -190,11 +198,24 @@ class Gemma3Text(TranslateGemma):
     name = "gemma3_text"
 
 
-def prompt_messages(languages: dict[str, Any], text: str, source: str, target: str) -> tuple[list[Any], dict[str, Any]]:
-    """The chat messages and template variables of a translation request, by the family's rule (module docstring).
+def prompt_messages(
+    languages: dict[str, Any],
+    text: str,
+    source: str,
+    target: str,
+    *,
+    glossary: Sequence[tuple[str, str]] = (),
+    context: str | None = None,
+) -> tuple[list[Any], dict[str, Any]]:
+    """The chat messages and template variables of a translation request, by the family's rule (module docstring);
+    HY-MT's terminology prompt for a `glossary` of (source term, target term), its context prompt for a `context`.
     ValueError naming the valid codes for a language the family's table does not have."""
     names: dict[str, str] = languages.get("names", {})
     family = languages.get("prompt")
+    if (glossary or context is not None) and family != "hy_mt":
+        raise ValueError("a glossary or a context prompt is HY-MT's only (its model card's templates)")
+    if glossary and context is not None:
+        raise ValueError("HY-MT's model card has a terminology prompt and a context prompt, not both at once")
     if family == "translategemma":
         src, tgt = (nearest_code(code, names) for code in (source, target))
         item = {"type": "text", "source_lang_code": src, "target_lang_code": tgt, "text": text}
@@ -202,8 +223,14 @@ def prompt_messages(languages: dict[str, Any], text: str, source: str, target: s
     if target not in names:
         raise ValueError(f"target language {target!r} is not supported; valid: {', '.join(sorted(names))}")
     if family == "hy_mt":
+        zh = languages["names_zh"][target]
+        if glossary:
+            terms = "\n".join(HY_MT_TERM.format(source=s, target=t) for s, t in glossary)
+            return [{"role": "user", "content": HY_MT_TERMS.format(terms=terms, target=zh, text=text)}], {}
+        if context is not None:
+            return [{"role": "user", "content": HY_MT_CONTEXT.format(context=context, target=zh, text=text)}], {}
         if source in CHINESE or target in CHINESE:
-            user = HY_MT_ZH.format(target=languages["names_zh"][target], text=text)
+            user = HY_MT_ZH.format(target=zh, text=text)
         else:
             user = HY_MT_EN.format(target=names[target], text=text)
         return [{"role": "user", "content": user}], {}
@@ -228,7 +255,10 @@ def nearest_code(code: str, names: dict[str, str]) -> str:
     raise ValueError(f"language {code!r} is not supported; valid: {', '.join(sorted(names))}")
 
 
-def render_prompt(template: ChatTemplate, languages: dict[str, Any], text: str, source: str, target: str) -> str:
-    """The prompt text a translation request becomes: the family's messages through the model's template."""
-    messages, variables = prompt_messages(languages, text, source, target)
+def render_prompt(
+    template: ChatTemplate, languages: dict[str, Any], text: str, source: str, target: str, **request: Any
+) -> str:
+    """The prompt text a translation request becomes: the family's messages (`request`: prompt_messages' glossary,
+    context) through the model's template."""
+    messages, variables = prompt_messages(languages, text, source, target, **request)
     return template.render(messages, add_generation_prompt=True, **variables)

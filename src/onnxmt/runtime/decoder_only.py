@@ -127,11 +127,12 @@ class Prompts:
         self.template = ChatTemplate.from_dir(directory)
         self.tokenizer = JsonTokenizer.from_dir(directory)
 
-    def text(self, text: str, source: str, target: str) -> str:
-        return render_prompt(self.template, self.languages, text, source, target)
+    def text(self, text: str, source: str, target: str, **request: Any) -> str:
+        """`request`: a glossary or context (architectures.decoder_only.prompt_messages)."""
+        return render_prompt(self.template, self.languages, text, source, target, **request)
 
-    def ids(self, text: str, source: str, target: str) -> list[int]:
-        return self.tokenizer.prompt_ids(self.text(text, source, target))
+    def ids(self, text: str, source: str, target: str, **request: Any) -> list[int]:
+        return self.tokenizer.prompt_ids(self.text(text, source, target, **request))
 
 
 def right_padded(prompts: Sequence[Sequence[int]], pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
