@@ -294,3 +294,33 @@ tiny_madlad_no_length_onnx_dir = _exported(
 tiny_mbart50_onnx_dir = _exported(
     "tiny_mbart50_hf_dir", "tiny-mbart50-onnx", "`tiny_mbart50_hf_dir` exported by onnxmt."
 )
+
+
+# Tiny random decoder-only translators (onnxmt/testing/decoder_only.py): HY-MT1.5-1.8B's, Qwen3-0.6B's and
+# TranslateGemma-4B's configs shrunk, real transformers classes, BPE tokenizers with the families' special tokens
+# and chat templates; and their onnxmt exports.
+def _built_decoder_only(family: str) -> Any:
+    @pytest.fixture(scope="session")
+    def fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        from onnxmt.testing.decoder_only import DecoderOnlySpec, build_decoder_only
+
+        return build_decoder_only(tmp_path_factory.mktemp(f"{family}-hf"), DecoderOnlySpec(family=family))
+
+    fixture.__doc__ = f"A tiny random {family} directory, as transformers saves it (testing/decoder_only.py)."
+    return fixture
+
+
+hy_mt_hf_dir = _built_decoder_only("hy_mt")
+hy_mt_7b_hf_dir = _built_decoder_only("hy_mt_7b")
+qwen3_hf_dir = _built_decoder_only("qwen3")
+translategemma_hf_dir = _built_decoder_only("translategemma")
+gemma3_text_hf_dir = _built_decoder_only("gemma3_text")
+hy_mt_onnx_dir = _exported("hy_mt_hf_dir", "hy-mt-onnx", "`hy_mt_hf_dir` exported by onnxmt (fp32).")
+hy_mt_7b_onnx_dir = _exported("hy_mt_7b_hf_dir", "hy-mt-7b-onnx", "`hy_mt_7b_hf_dir` exported by onnxmt (fp32).")
+qwen3_onnx_dir = _exported("qwen3_hf_dir", "qwen3-onnx", "`qwen3_hf_dir` exported by onnxmt (fp32).")
+translategemma_onnx_dir = _exported(
+    "translategemma_hf_dir", "translategemma-onnx", "`translategemma_hf_dir` exported by onnxmt (fp32)."
+)
+gemma3_text_onnx_dir = _exported(
+    "gemma3_text_hf_dir", "gemma3-text-onnx", "`gemma3_text_hf_dir` exported by onnxmt (fp32)."
+)

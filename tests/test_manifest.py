@@ -254,5 +254,6 @@ def test_an_unknown_tokenizer_kind_names_the_supported_ones(model_copy: Path) ->
     from onnxmt.runtime.translator import Translator
 
     _rewrite(model_copy, lambda d: d["tokenizer"].update(kind="bpe-of-my-own"))
-    with pytest.raises(ModelDirError, match="'bpe-of-my-own' is not supported; supported: m2m100, marian, tokenizers"):
+    kinds = "chat, m2m100, marian, tokenizers"
+    with pytest.raises(ModelDirError, match=f"'bpe-of-my-own' is not supported; supported: {kinds}"):
         Translator(model_copy)

@@ -22,6 +22,7 @@ _FIXED_ROLES = {
     "logits": "logits",
     "use_cache_branch": "use_cache_branch",
     "past_length": "past_length",
+    "input_length": "input_length",  # a decoder-only graph's own positions per row (export/decoder_only.py)
 }
 _ONNXMT_CACHE = re.compile(
     r"^(past_key|past_value|present_key|present_value|new_key|new_value|cross_key|cross_value)\.(\d+)$"

@@ -16,8 +16,9 @@ from tests.helpers import ROOT
 
 
 def test_unknown_architecture_lists_the_supported_ones() -> None:
-    assert supported() == ["m2m_100", "marian", "mbart", "mt5", "t5"]
-    with pytest.raises(ValueError, match="'fsmt' is not supported yet; supported: m2m_100, marian, mbart, mt5, t5"):
+    names = ["gemma3", "gemma3_text", "hunyuan_v1_dense", "m2m_100", "marian", "mbart", "mt5", "qwen3", "t5"]
+    assert supported() == names
+    with pytest.raises(ValueError, match=f"'fsmt' is not supported yet; supported: {', '.join(names)}"):
         get_architecture("fsmt")
 
 
@@ -25,9 +26,10 @@ def test_the_registry_and_the_schemes_import_without_torch() -> None:
     # The run side reads architectures (schemes, tokenizer kinds); their build hooks must stay unimported.
     code = (
         "import sys, onnxmt.architectures as a\n"
-        "[a.get_architecture(name) for name in ('marian', 'm2m_100', 'mbart', 't5', 'mt5')]\n"
+        "[a.get_architecture(name) for name in ('marian', 'm2m_100', 'mbart', 't5', 'mt5', 'qwen3', 'gemma3')]\n"
+        "import onnxmt.tokenization.chat, onnxmt.runtime.decoder_only\n"
         "hooks = ('torch', 'transformers', 'onnxmt.export.marian', 'onnxmt.export.m2m100', 'onnxmt.export.mbart',\n"
-        "         'onnxmt.export.t5')\n"
+        "         'onnxmt.export.t5', 'onnxmt.export.decoder_only')\n"
         "bad = [m for m in hooks if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -42,10 +44,11 @@ def test_each_family_names_a_known_scheme_and_tokenizer_kind(tmp_path) -> None:
         get_architecture("marian"),
         get_architecture("m2m_100"),
         get_architecture("m2m_100").for_source(tmp_path),
+        get_architecture("qwen3"),
     ):
         assert tokenizer_loader(arch.tokenizer_kind).__self__.tokenizer_kind == arch.tokenizer_kind  # type: ignore[attr-defined]
     assert get_architecture("m2m_100").for_source(tmp_path).tokenizer_kind == "tokenizers"  # NLLB
-    assert set(SCHEMES) == {"target_token_prefix", "language_tokens"}
+    assert set(SCHEMES) == {"target_token_prefix", "language_tokens", "chat_template"}
 
 
 def test_m2m100_language_codes_are_transformers_own() -> None:

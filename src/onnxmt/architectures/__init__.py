@@ -13,7 +13,7 @@ from .base import Architecture, get_architecture, optimum_architectures, registe
 from .schemes import SCHEMES, LanguageScheme, Prompt, scheme_for
 
 # Importing the families registers them.
-from . import m2m100, marian, mbart, t5  # noqa: F401  isort: skip
+from . import decoder_only, m2m100, marian, mbart, t5  # noqa: F401  isort: skip
 
 __all__ = [
     "SCHEMES",

@@ -109,6 +109,12 @@ class Architecture:
     def unk_id(self, source: Path) -> int | None:
         return None
 
+    kind = "encoder_decoder"  # or "decoder_only" (architectures/decoder_only.py): which graphs export writes
+
+    def deterministic(self, generation_config: dict[str, Any]) -> dict[str, Any]:
+        """The generation config export checks and follows: as it is, unless a family sets sampling aside."""
+        return generation_config
+
     def generation(self, generation_config: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         """The manifest's generation defaults: generation_config.json first, then config.json, as transformers."""
         from ..manifest import generation_defaults

@@ -84,7 +84,27 @@ class LanguageTokens(LanguageScheme):
         return Prompt(prefix=(src,), suffix=(eos,), forced_bos=forced)
 
 
-SCHEMES: dict[str, type[LanguageScheme]] = {s.name: s for s in (TargetTokenPrefix, LanguageTokens)}
+class ChatTemplatePrompt(LanguageScheme):
+    """Decoder-only translators: the whole prompt is the model's chat template around the family's request
+    (architectures/decoder_only.py `render_prompt`), not text and ids around the source's tokens."""
+
+    name = "chat_template"
+
+    def __init__(self, languages: dict[str, Any], token_id: TokenId) -> None:
+        self.section = languages
+        self._token_id = token_id
+
+    def prompt(self, source_lang: str | None, target_lang: str | None) -> Prompt:
+        raise ValueError("a decoder-only model's prompt is its chat template rendered around the text (render_prompt)")
+
+    def resolve_target(self, target_lang: str | None) -> str | None:
+        names = self.section.get("names", {})
+        if target_lang is not None and target_lang not in names:
+            raise ValueError(f"target language {target_lang!r} is not supported; valid: {', '.join(sorted(names))}")
+        return target_lang
+
+
+SCHEMES: dict[str, type[LanguageScheme]] = {s.name: s for s in (TargetTokenPrefix, LanguageTokens, ChatTemplatePrompt)}
 
 
 def scheme_for(languages: dict[str, Any], token_id: TokenId) -> LanguageScheme:

@@ -18,11 +18,17 @@ from .flags import flags, with_options
 @with_options(runtime=flags(RuntimeOptions, "variant"))
 def inspect(
     model_dir: Annotated[Path, typer.Argument(help="onnxmt, Optimum or Transformers.js model directory.")],
+    prompt: Annotated[
+        str | None,
+        typer.Option(help="Decoder-only models: print the prompt this text becomes (with --source, --target)."),
+    ] = None,
+    source: Annotated[str, typer.Option(help="--prompt's source language code.")] = "en",
+    target: Annotated[str, typer.Option(help="--prompt's target language code.")] = "zh",
     *,
     runtime: RuntimeOptions,
 ) -> None:
     """Show a model directory: manifest summary, each graph's quantization (read from the graph) and its inputs and
-    outputs."""
+    outputs; with --prompt, a decoder-only model's prompt for a text."""
     from ..runtime.graphinfo import read_graph
     from ..runtime.modeldir import load_manifest
 
@@ -32,10 +38,15 @@ def inspect(
     except (ModelDirError, ValueError, OSError) as e:
         fail(str(e))
     out = Console()
+    if prompt is not None:
+        _print_prompt_for(out, model_dir, manifest, prompt, source, target)
+        return
     summary = Table(title=f"{model_dir}", show_header=False)
     for key, value in _summary(manifest, found).items():
         summary.add_row(key, value)
     out.print(summary)
+    if manifest.model.get("decoder_only"):
+        _print_prompt(out, model_dir, manifest)
     for part, graph in manifest.graphs.items():
         table = Table(title=f"{part}: {graph.file}")
         for column in ("", "name", "role", "dtype", "shape"):
@@ -44,6 +55,44 @@ def inspect(
             for spec in specs:
                 table.add_row(kind, spec.name, spec.role, spec.dtype, "(" + ", ".join(map(str, spec.shape)) + ")")
         out.print(table)
+
+
+def _print_prompt_for(out: Console, model_dir: Path, manifest: Any, text: str, source: str, target: str) -> None:
+    """The prompt text and ids a translation request becomes (decoder-only models)."""
+    import jinja2
+
+    from ..runtime.decoder_only import Prompts
+
+    if not manifest.model.get("decoder_only"):
+        fail(f"{model_dir}: --prompt is for decoder-only models; this one is {manifest.architecture}")
+    try:
+        prompts = Prompts(model_dir, manifest)
+        rendered = prompts.text(text, source, target)
+    except (ValueError, jinja2.TemplateError) as e:  # an unknown language, or the template's own refusal
+        fail(str(e))
+    ids = prompts.tokenizer.prompt_ids(rendered)
+    out.print(rendered, markup=False, highlight=False, soft_wrap=True)
+    out.print(f"{len(ids)} ids: {ids}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_prompt(out: Console, model_dir: Path, manifest: Any) -> None:
+    """A decoder-only model's prompt: the family's request rule, its language table, the vendor's sampling settings
+    set aside, and the chat template itself."""
+    from ..architectures.decoder_only import PROMPT_RULES
+    from ..tokenization.chat import ChatTemplate
+
+    langs = manifest.languages
+    table = Table(title="prompt", show_header=False)
+    table.add_row("request", PROMPT_RULES.get(langs.get("prompt"), str(langs.get("prompt"))))
+    table.add_row("languages", ", ".join(f"{code}={name}" for code, name in sorted(langs.get("names", {}).items())))
+    if langs.get("names_zh"):
+        table.add_row("languages (zh)", ", ".join(f"{c}={n}" for c, n in sorted(langs["names_zh"].items())))
+    sampling = langs.get("vendor_sampling") or {}
+    table.add_row("vendor sampling (not used)", ", ".join(f"{k}={v}" for k, v in sampling.items()) or "(none)")
+    table.add_row("output length", "max_length counts the prompt's tokens too (transformers'); prefer max_new_tokens")
+    out.print(table)
+    out.print("chat template:", markup=False)
+    out.print(ChatTemplate.from_dir(model_dir).source, markup=False, highlight=False)
 
 
 def _decoder_form(manifest: Any) -> str:

@@ -210,7 +210,11 @@ def _initializer(name: str, constant: _Constant, out: TensorFile) -> Any:
     array = constant.array
     if array.nbytes < _INLINE_BYTES:
         return numpy_helper.from_array(_contiguous(array), name)
-    init = TensorProto(name=name, dims=list(array.shape), data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
+    data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+    init = TensorProto(name=name, dims=list(array.shape), data_type=data_type)
+    if data_type in (TensorProto.INT4, TensorProto.UINT4) and constant.written is None:
+        # numpy holds a 4-bit element a byte, ONNX two a byte (GatherBlockQuantized's int4 vocabulary table).
+        array = np.frombuffer(numpy_helper.from_array(_contiguous(array), name).raw_data, dtype=np.uint8)
     offset, length = constant.written or out.write(array, constant.source)
     point_to(init, out.path.name, offset, length)
     return init

@@ -122,7 +122,8 @@ def _export(
         needs = ", ".join(arch.tokenizer_files)
         raise ExportError(f"{source / missing[0]}: missing; a {arch.name} model directory needs {needs}")
     # Refuse generation settings onnxmt cannot honour before any work is done (ModelDirError names them).
-    check_generation_config(_read_json(source / "generation_config.json"), str(source / "generation_config.json"))
+    generation_config = arch.deterministic(_read_json(source / "generation_config.json"))
+    check_generation_config(generation_config, str(source / "generation_config.json"))
     with staged(output, progress) as staging:
         manifest, report = _export_into(staging, source, config, arch, model, revision, options, progress, store)
     progress(f"wrote {output}")
@@ -162,6 +163,8 @@ def _export_into(
     progress: Progress,
     store: bool,
 ) -> tuple[Manifest, CheckReport | None]:
+    if arch.kind == "decoder_only":
+        return _export_decoder_only_into(staging, source, config, arch, model_id, revision, options, progress, store)
     progress("loading the PyTorch model")
     model = arch.load(str(source))
     facts = arch.facts(config)
@@ -180,19 +183,7 @@ def _export_into(
     # The PyTorch model goes before the weights are stored and ONNX Runtime loads them: never both resident.
     del model
     gc.collect()
-    if store:
-        progress(f"writing {WEIGHTS_FILE}")
-        stored = store_weights([staging / ENCODER_FILE, staging / DECODER_FILE], WEIGHTS_FILE, progress=progress)
-        graph_files = [ENCODER_FILE, DECODER_FILE] + ([WEIGHTS_FILE] if stored else [])
-    else:  # the traced file becomes weights.bin as it is (store_weights runs on the quantized graphs instead)
-        graphs = [staging / ENCODER_FILE, staging / DECODER_FILE]
-        kept = (staging / TRACED_WEIGHTS_FILE).stat().st_size > 0
-        if kept:
-            rename_weights_file(graphs, TRACED_WEIGHTS_FILE, WEIGHTS_FILE)
-        graph_files = [ENCODER_FILE, DECODER_FILE] + ([WEIGHTS_FILE] if kept else [])
-    # The traced weights were copied into WEIGHTS_FILE (or into the graphs, for a small model).
-    for leftover in set(os.listdir(staging)) - set(graph_files):
-        (staging / leftover).unlink()
+    graph_files = _store_graphs(staging, [ENCODER_FILE, DECODER_FILE], store, progress)
     copied = _copy_side_files(source, staging, arch) + arch.write_tokenizer(source, staging)
     manifest = _build_manifest(staging, source, config, arch, facts, graph_files + copied, model_id, revision, options)
     report = None
@@ -205,6 +196,122 @@ def _export_into(
         manifest = _with_provenance(manifest, check=report.__dict__)
     manifest.save(staging)
     return manifest, report
+
+
+def _store_graphs(staging: Path, names: list[str], store: bool, progress: Progress) -> list[str]:
+    """The traced weights into WEIGHTS_FILE (`store`), or the traced file renamed to it as it is (store_weights runs
+    on the quantized graphs instead); every other file in `staging` removed. The graph files and the weights'."""
+    graphs = [staging / name for name in names]
+    if store:
+        progress(f"writing {WEIGHTS_FILE}")
+        kept = store_weights(graphs, WEIGHTS_FILE, progress=progress)
+    else:
+        kept = (staging / TRACED_WEIGHTS_FILE).stat().st_size > 0
+        if kept:
+            rename_weights_file(graphs, TRACED_WEIGHTS_FILE, WEIGHTS_FILE)
+    graph_files = names + ([WEIGHTS_FILE] if kept else [])
+    # The traced weights were copied into WEIGHTS_FILE (or into the graphs, for a small model).
+    for leftover in set(os.listdir(staging)) - set(graph_files):
+        (staging / leftover).unlink()
+    return graph_files
+
+
+def _export_decoder_only_into(
+    staging: Path,
+    source: Path,
+    config: dict[str, Any],
+    arch: Architecture,
+    model_id: str,
+    revision: str | None,
+    options: ExportOptions,
+    progress: Progress,
+    store: bool,
+) -> tuple[Manifest, CheckReport | None]:
+    """A decoder-only model's one graph (export/decoder_only.py), its files and manifest, checked against PyTorch
+    on two prompts of different lengths and one step."""
+    from .graphs import export_decoder_only
+
+    if not options.buffered_cache:
+        raise ExportError("a decoder-only model is exported with the cache buffer only (no --cache-concat)")
+    progress("loading the PyTorch model")
+    model = arch.load(str(source))
+    # The config as transformers resolved it: TranslateGemma's config.json leaves Gemma 3's defaults out of its
+    # text_config (heads, head_dim, vocab_size).
+    facts = arch.facts(model.config.to_dict())
+    traced = TensorFile(staging / TRACED_WEIGHTS_FILE)
+    try:
+        progress(f"exporting the decoder ({DECODER_FILE})")
+        export_decoder_only(arch.decoder(model, True), staging / DECODER_FILE, facts, options.opset, traced, progress)
+    finally:
+        traced.close()
+    prompts = np.random.default_rng(0).integers(3, facts["vocab_size"] - 1, size=(2, 9)).astype(np.int64)
+    expected = _pytorch_decoder_only(model, prompts) if options.check else None
+    del model
+    gc.collect()
+    graph_files = _store_graphs(staging, [DECODER_FILE], store, progress)
+    copied = _copy_side_files(source, staging, arch)
+    generation_config = _read_json(source / "generation_config.json")
+    try:
+        languages = arch.languages(source, options.default_target)
+    except ValueError as e:
+        raise ExportError(str(e)) from e
+    manifest = Manifest(
+        architecture=arch.name,
+        layout="onnxmt",
+        files=describe_files(staging, graph_files + copied),
+        graphs={"decoder": graph_spec(staging / DECODER_FILE, DECODER_FILE)},
+        # Rows of other prompt lengths and cache capacities beside a row change none of its bits, given the same
+        # chunks of its own prompt (tests/runtime/test_decoder_only.py): in-flight batching is exact.
+        model={**facts, "decoder_only": True, "rows_bit_exact": True},
+        tokens=arch.tokens(source, config, generation_config),
+        generation=arch.generation(generation_config, config),
+        languages=languages,
+        tokenizer=arch.tokenizer_section(source, graph_files + copied, facts),
+        provenance=_provenance(model_id, revision, options.opset),
+    )
+    report = None
+    if options.check:
+        progress("checking the ONNX graph against PyTorch")
+        assert expected is not None
+        report = check_decoder_only(expected, prompts, staging, manifest)
+        if report.worst > CHECK_TOLERANCE:
+            raise ExportError(f"exported graph disagrees with PyTorch: {report} (tolerance {CHECK_TOLERANCE})")
+        manifest = _with_provenance(manifest, check=report.__dict__)
+    manifest.save(staging)
+    return manifest, report
+
+
+def _pytorch_decoder_only(model: Any, prompts: np.ndarray) -> np.ndarray:
+    """PyTorch's logits at every position of each prompt, each run alone: (rows, length, vocab)."""
+    import torch
+
+    with torch.no_grad():
+        return np.stack([model(input_ids=torch.from_numpy(p[None])).logits[0].float().numpy() for p in prompts])
+
+
+def check_decoder_only(expected: np.ndarray, prompts: np.ndarray, directory: Path, manifest: Manifest) -> CheckReport:
+    """The graph's logits against PyTorch's (`expected`): two prompts of lengths 9 and 5 prefilled in one call (each
+    one's last position), then one step of both rows at once, row 1's compared (its position 5)."""
+    import onnxruntime as ort
+
+    from ..runtime.decoder_only import DecoderOnlyGraphs
+    from ..runtime.options import RuntimeOptions
+
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.disable_prepacking", "1")  # as check_against_pytorch, and for its reason
+    session = ort.InferenceSession(str(directory / DECODER_FILE), so, providers=["CPUExecutionProvider"])
+    graphs = DecoderOnlyGraphs(directory, manifest, RuntimeOptions(threads=1, verify=False), session)
+    short = 5
+    logits, cache = graphs.prefill([prompts[0].tolist(), prompts[1, :short].tolist()])
+    prefill_diff = max(
+        float(np.abs(logits[0] - expected[0, -1]).max()), float(np.abs(logits[1] - expected[1, short - 1]).max())
+    )
+    step, _ = graphs.step(np.array([[prompts[0, -1]], [prompts[1, short]]], dtype=np.int64), cache)
+    return CheckReport(
+        encoder_max_abs_diff=0.0,
+        first_step_logits_max_abs_diff=prefill_diff,
+        cached_step_logits_max_abs_diff=float(np.abs(step[1] - expected[1, short]).max()),
+    )
 
 
 def write_tokenizer_json(tokenizer_class: Any, source: Path, staging: Path, family: str, needs: tuple[str, ...]) -> str:

@@ -92,11 +92,45 @@ def export_decoder(
     fix_static_dims(path, facts)
 
 
-def fix_static_dims(path: Path, facts: dict[str, Any]) -> None:
+def export_decoder_only(
+    module: Any,
+    path: Path,
+    facts: dict[str, Any],
+    opset: int,
+    out: TensorFile,
+    progress: Callable[[str], None] = lambda _: None,
+) -> None:
+    """Trace a decoder-only model's graph (export/decoder_only.py) into `path`, its large tensors in `out`."""
+    import torch
+
+    layers, kv_heads, head_dim = facts["num_layers"], facts["num_kv_heads"], facts["head_dim"]
+    # Three rows of different prompt and cache lengths, a buffer with spare capacity: the trace sees them differ.
+    rows, new_len, capacity = 3, 4, 8
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0], [11, 0, 0, 0]], dtype=torch.int64)
+    input_length = torch.tensor([new_len, 2, 1], dtype=torch.int64)
+    past_length = torch.tensor([0, 3, 5], dtype=torch.int64)
+    past = [torch.randn(rows, kv_heads, capacity, head_dim) for _ in range(2 * layers)]
+    inputs = ["input_ids", "input_length", "past_length", *cache_names("past", layers)]
+    outputs = ["logits", *cache_names("new", layers)]
+    axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "rows", 1: "new_len"},
+        "input_length": {0: "rows"},
+        "past_length": {0: "rows"},
+        "logits": {0: "rows"},
+    }
+    axes.update({name: {0: "rows", 2: "capacity"} for name in cache_names("past", layers)})
+    axes.update({name: {0: "rows", 2: "new_len"} for name in cache_names("new", layers)})
+    _export(module, (ids, input_length, past_length, *past), path, inputs, outputs, axes, opset)
+    bind_weights(path, _weights(module), out, progress)
+    fix_static_dims(path, {**facts, "num_heads": kv_heads}, new_positions=None)
+
+
+def fix_static_dims(path: Path, facts: dict[str, Any], new_positions: int | None = 1) -> None:
     """Write heads, head_dim, d_model and vocab as numbers in the graph's inputs and outputs.
 
     The tracer names every dimension it cannot prove constant (`Transposecross_key.0_dim_1`); the manifest and
-    `onnxmt inspect` should show what the runtime can rely on.
+    `onnxmt inspect` should show what the runtime can rely on. `new_positions`: the positions of a `new_*` output
+    (one new token per row for an encoder-decoder's step; None: as many as the call's, a decoder-only prefill).
     """
     import onnx
 
@@ -106,7 +140,7 @@ def fix_static_dims(path: Path, facts: dict[str, Any]) -> None:
         dims = value.type.tensor_type.shape.dim
         role = role_of(value.name)
         if role.startswith("new_"):  # one new token's key or value per row
-            fixed = {**known, 2: 1}
+            fixed = {**known, 2: new_positions} if new_positions is not None else known
         elif role.startswith(("past_key", "past_value", "present_", "cross_")):
             fixed = known
         elif role == "encoder_hidden_states":
@@ -115,6 +149,9 @@ def fix_static_dims(path: Path, facts: dict[str, Any]) -> None:
             fixed = {1: facts["vocab_size"]}
         else:
             continue
+        if len(dims) == 0:  # shape inference left a rank unknown (a decoder-only graph's new K/V): name each axis
+            for axis_name in ("rows", "heads", "new_len", "head_dim")[: max(fixed) + 1]:
+                dims.add().dim_param = axis_name
         for axis, size in fixed.items():
             dims[axis].Clear()
             dims[axis].dim_value = size

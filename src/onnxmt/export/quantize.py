@@ -147,7 +147,9 @@ def _check_request(source: Path, output: Path, options: QuantizeOptions) -> Mani
 
 
 def _graph_files(manifest: Manifest, parts: str) -> list[str]:
-    keys = ["encoder", "decoder"] if parts == "all" else [parts]
+    keys = [k for k in ("encoder", "decoder") if k in manifest.graphs] if parts == "all" else [parts]
+    if parts not in ("all", *manifest.graphs):
+        raise QuantizeError(f"this model has no {parts} graph; it has {', '.join(manifest.graphs)}")
     return [manifest.graphs[key].file for key in keys]
 
 
@@ -158,7 +160,7 @@ def _quantize_into(
     (groups.py), and the quantized ones written out as they are made: the peak is one group's weights."""
     import onnx
 
-    all_graphs = [manifest.graphs[key].file for key in ("encoder", "decoder")]
+    all_graphs = [manifest.graphs[key].file for key in ("encoder", "decoder") if key in manifest.graphs]
     external = _external_locations(source, all_graphs)  # weights.bin (shared_weights.bin in older exports)
     locations = {name: source / name for name in external}
     models = {name: onnx.load(str(source / name), load_external_data=False) for name in all_graphs}

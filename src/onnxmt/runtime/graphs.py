@@ -309,6 +309,11 @@ def open_graphs(
     directory: Path, manifest: Manifest, options: RuntimeOptions, sessions: dict[str, Any] | None = None
 ) -> Graphs:
     """The graphs of a model directory; `sessions` are ones `load_manifest` already opened with these options."""
+    if manifest.model.get("decoder_only"):
+        raise ModelDirError(
+            f"{directory}: a decoder-only model ({manifest.architecture}); onnxmt.runtime.decoder_only runs its graph, "
+            "the encoder-decoder decoding loop does not"
+        )
     if manifest.layout == "onnxmt":
         return OnnxmtGraphs(directory, manifest, options)
     return OptimumGraphs(directory, manifest, options, sessions)

@@ -62,6 +62,11 @@ class JsonTokenizer(Truncating):
             raise ValueError(f"target token {target_token!r} given, but this model takes no target token in its text")
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def prompt_ids(self, text: str) -> list[int]:
+        """The ids of a rendered chat prompt: no special ids added (the template wrote them) and not truncated, as
+        transformers' `apply_chat_template(tokenize=True)` encodes it."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(text) for text in texts]
 

@@ -1,0 +1,144 @@
+"""The graph of a decoder-only translator (HY-MT, Qwen3, TranslateGemma) behind the interface the decoding loop
+drives: `prefill(prompts)` runs the prompts into a fresh cache and returns each row's last-position logits;
+`step(tokens, cache)` runs one token per row, as `Graphs.step` does for an encoder-decoder; `extend(ids, lengths,
+cache)` is both (a chunk of a prompt, or prompts joining a running cache).
+
+The cache is graphs.Cache with no cross-attention: per layer a key and a value buffer (rows, kv_heads, capacity,
+head_dim) that this module grows and writes, and each row's own length (`self_len`), so rows of different lengths
+share one call (the graph takes one position per row: export/decoder_only.py). Its `mask` is empty, (rows, 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..architectures.decoder_only import render_prompt
+from ..manifest import Manifest, ModelDirError
+from ..tokenization import JsonTokenizer
+from ..tokenization.chat import ChatTemplate
+from .graphs import Cache, VocabOps, aligned, grown, load_session, next_capacity, release_load_memory
+from .options import RuntimeOptions
+
+
+class DecoderOnlyGraphs:
+    """One ONNX Runtime session of a decoder-only model directory's `decoder` graph, its names read from the
+    manifest."""
+
+    def __init__(
+        self, directory: Path, manifest: Manifest, options: RuntimeOptions, session: Any | None = None
+    ) -> None:
+        """`session`: the decoder graph's ONNX Runtime session, already open (export's check opens its own)."""
+        spec = manifest.graphs["decoder"]
+        self.ops = VocabOps(options)
+        self.layers = int(manifest.model["num_layers"])
+        self.kv_heads = int(manifest.model["num_kv_heads"])
+        self.head_dim = int(manifest.model["head_dim"])
+        self.vocab_size = int(manifest.model["vocab_size"])
+        if session is None:
+            session = load_session(directory / spec.file, options)
+            release_load_memory(directory)
+        self.decoder = session
+        for role in ("input_ids", "input_length", "past_length"):
+            if not spec.has_input(role):
+                raise ModelDirError(f"{spec.file}: not a decoder-only graph (no input {role!r})")
+        self.ids_name = spec.input_name("input_ids")
+        self.input_length_name = spec.input_name("input_length")
+        self.past_length_name = spec.input_name("past_length")
+        roles = [f"{kv}.{i}" for i in range(self.layers) for kv in ("key", "value")]
+        self.past_names = [spec.input_name(f"past_{r}") for r in roles]
+        self.out_names = [spec.output_name("logits")] + [spec.output_name(f"new_{r}") for r in roles]
+
+    def empty_cache(self, rows: int, max_positions: int | None = None) -> Cache:
+        """A cache of `rows` empty rows; `max_positions`: the most positions a row will hold (prompt and output),
+        past which a buffer is never grown; None if not known."""
+        shape = (rows, self.kv_heads, 0, self.head_dim)
+        return Cache(
+            mask=np.zeros((rows, 0), dtype=np.int64),
+            self_kv=tuple(np.zeros(shape, dtype=np.float32) for _ in range(2 * self.layers)),
+            cross_kv=None,
+            self_len=np.zeros(rows, dtype=np.int64),
+            max_positions=max_positions,
+        )
+
+    def prefill(self, prompts: Sequence[Sequence[int]], max_positions: int | None = None) -> tuple[np.ndarray, Cache]:
+        """Each prompt's ids into a fresh cache, one row each: ((rows, vocab) logits at each prompt's last position,
+        the cache)."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("prefill needs at least one prompt, each of at least one token")
+        ids, lengths = right_padded(prompts)
+        return self.extend(ids, lengths, self.empty_cache(len(prompts), max_positions))
+
+    def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
+        """One token per row, `tokens` (rows, 1): ((rows, vocab) logits, the grown cache). As `Graphs.step`: the
+        cache passed in keeps its positions, the one returned shares its buffers."""
+        if tokens.ndim != 2 or tokens.shape[1] != 1:
+            raise ValueError(f"step takes one token per row, (rows, 1); got {tokens.shape}")
+        return self.extend(tokens, np.ones(len(tokens), dtype=np.int64), cache)
+
+    def extend(self, ids: np.ndarray, lengths: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
+        """Row r's first `lengths[r]` ids of `ids` (rows, new_len), right-padded, appended to its cache at its own
+        length: ((rows, vocab) logits at each row's last new position, the cache). Every length at least 1."""
+        assert cache.self_len is not None
+        if ids.shape[0] != len(cache.self_len) or len(lengths) != ids.shape[0]:
+            raise ValueError(f"{ids.shape[0]} rows of ids, {len(lengths)} lengths, {len(cache.self_len)} cache rows")
+        if (lengths < 1).any() or (lengths > ids.shape[1]).any():
+            raise ValueError("each row's length must be between 1 and the width of its ids")
+        start = cache.self_len
+        buffers = self._room(cache, int((start + lengths).max()))
+        feed = {
+            self.ids_name: np.ascontiguousarray(ids, dtype=np.int64),
+            self.input_length_name: np.asarray(lengths, dtype=np.int64),
+            self.past_length_name: start,
+        }
+        feed.update(zip(self.past_names, buffers, strict=True))
+        logits, *new = self.decoder.run(self.out_names, feed)
+        if ids.shape[1] == 1:  # a step: each row's one new key or value at its own length
+            rows = np.arange(len(start))
+            for buffer, kv in zip(buffers, new, strict=True):
+                buffer[rows, :, start] = kv[:, :, 0]
+        else:
+            for r, (at, n) in enumerate(zip(start.tolist(), lengths.tolist(), strict=True)):
+                for buffer, kv in zip(buffers, new, strict=True):
+                    buffer[r, :, at : at + n] = kv[r, :, :n]
+        return logits, replace(cache, self_kv=buffers, self_len=start + lengths)
+
+    def _room(self, cache: Cache, needed: int) -> tuple[np.ndarray, ...]:
+        """The cache's buffers, grown (copied) when a row needs more than their capacity, to whole KEY_BLOCKs."""
+        buffers = cache.self_kv
+        capacity = buffers[0].shape[2]
+        if needed <= capacity:
+            return buffers
+        filled = int(cache.self_len.max(initial=0)) if cache.self_len is not None else capacity
+        grow_to = max(aligned(needed), next_capacity(filled, cache.max_positions))
+        return tuple(grown(b, filled, grow_to) for b in buffers)
+
+
+class Prompts:
+    """A translation request as the model's prompt: the family's messages (architectures/decoder_only.py) through
+    the directory's chat template, tokenized in one call without added special tokens."""
+
+    def __init__(self, directory: Path, manifest: Manifest) -> None:
+        self.languages = manifest.languages
+        self.template = ChatTemplate.from_dir(directory)
+        self.tokenizer = JsonTokenizer.from_dir(directory)
+
+    def text(self, text: str, source: str, target: str, **request: Any) -> str:
+        """`request`: a glossary or context (architectures.decoder_only.prompt_messages)."""
+        return render_prompt(self.template, self.languages, text, source, target, **request)
+
+    def ids(self, text: str, source: str, target: str, **request: Any) -> list[int]:
+        return self.tokenizer.prompt_ids(self.text(text, source, target, **request))
+
+
+def right_padded(prompts: Sequence[Sequence[int]], pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Prompts as one (rows, longest) int64 matrix padded on the right with `pad`, and their lengths."""
+    lengths = np.array([len(p) for p in prompts], dtype=np.int64)
+    ids = np.full((len(prompts), int(lengths.max())), pad, dtype=np.int64)
+    for r, prompt in enumerate(prompts):
+        ids[r, : len(prompt)] = prompt
+    return ids, lengths
