@@ -21,8 +21,10 @@ from ..architectures.decoder_only import render_prompt
 from ..manifest import Manifest, ModelDirError
 from ..tokenization import JsonTokenizer
 from ..tokenization.chat import ChatTemplate
-from .graphs import Cache, VocabOps, aligned, grown, load_session, next_capacity, release_load_memory
+from .cache import Cache, aligned, grown, next_capacity
 from .options import RuntimeOptions
+from .sessions import load_session, release_load_memory
+from .vocab import VocabOps
 
 
 class DecoderOnlyGraphs:

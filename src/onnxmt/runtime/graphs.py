@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..manifest import GraphSpec, Manifest
+from ..manifest import GraphSpec, Manifest, ModelDirError
 from .cache import Cache, grown, next_capacity, whole_blocks
 from .options import RuntimeOptions
 from .sessions import load_session, release_load_memory
