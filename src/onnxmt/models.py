@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from .extras import missing_extra
 from .layout import diagnose, find_variants, is_complete
 from .manifest import MANIFEST_NAME, ModelDirError
 
@@ -48,9 +49,8 @@ def resolve_model_dir(model: str | None, progress: Callable[[str], None] = print
     try:
         from .export.exporter import ExportOptions, export
     except ImportError as e:
-        raise ImportError(
-            f"{model!r} is not exported yet and exporting needs torch: pip install 'onnxmt[export]' "
-            "(or pass --model DIR with an exported directory)"
+        raise missing_extra(
+            f"{model!r} is not exported yet (or pass an exported directory); exporting", "export", e
         ) from e
     progress(f"first use of {model}: exporting it to {cached} (once)")
     export(model, cached, ExportOptions(default_target=DEFAULT_TARGETS.get(model), force=True), progress=progress)

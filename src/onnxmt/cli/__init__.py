@@ -3,10 +3,14 @@ dataclass that declares it (`flags.py`). Build-side commands import torch lazily
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from .. import __version__
 from .eval import evaluate
 from .export import export
+from .help import Command, Group
 from .inspect import inspect
 from .quantize import quantize
 from .serve import serve
@@ -19,19 +23,40 @@ __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="onnxmt",
+    cls=Group,
     help="HuggingFace translation models on ONNX Runtime, without torch: export, prove, shrink, translate, serve.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
 )
-for command in (export, inspect, translate):
-    app.command()(command)
-app.command(name="translate-corpus")(translate_corpus)
-for command in (serve, validate, quantize):
-    app.command()(command)
-app.command(name="eval")(evaluate)
-app.command()(tune)
+for name, command in (
+    ("export", export),
+    ("inspect", inspect),
+    ("translate", translate),
+    ("translate-corpus", translate_corpus),
+    ("serve", serve),
+    ("validate", validate),
+    ("quantize", quantize),
+    ("eval", evaluate),
+    ("tune", tune),
+):
+    app.command(name=name, cls=Command)(command)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"onnxmt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-V", callback=_version, is_eager=True, help="Show the version and exit."),
+    ] = False,
+) -> None:
+    """HuggingFace translation models on ONNX Runtime, without torch: export, prove, shrink, translate, serve."""
 
 
 def main() -> None:
-    app()
+    app(prog_name="onnxmt")
