@@ -63,3 +63,17 @@ def test_a_missing_extra_is_one_line_with_the_command_that_installs_it(
     assert message.endswith(f"[{extra}]'")
     assert f"pip install '{ROOT}[" in message or f"pip install -e '{ROOT}[" in message
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("model", ["./nosuchdir", "../no/such", "nosuchdir", "a/b/c", ".hidden/x"])
+def test_a_path_is_a_path_never_a_hub_id(model: str, tmp_path: Path) -> None:
+    done = run_cli("translate", "-m", model, "hi", cwd=tmp_path, env={"ONNXMT_CACHE": str(tmp_path / "cache")})
+    assert one_line_error(done) == f"model directory not found: {model}"
+    assert "first use" not in done.stderr and not (tmp_path / "cache").exists()
+
+
+def test_the_hub_error_says_offline_and_points_to_the_tiny_model(tmp_path: Path) -> None:
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "ONNXMT_CACHE": str(tmp_path / "cache")}
+    message = one_line_error(run_cli("translate", "-m", "Helsinki-NLP/opus-mt-xx-yy", "hi", env=env, cwd=tmp_path))
+    assert message.startswith("HF_HUB_OFFLINE is set and 'Helsinki-NLP/opus-mt-xx-yy' is not in the hub's cache")
+    assert "unreachable" not in message and "'Without the hub'" in message

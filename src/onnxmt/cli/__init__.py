@@ -3,11 +3,14 @@ dataclass that declares it (`flags.py`). Build-side commands import torch lazily
 
 from __future__ import annotations
 
+import warnings
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from .. import __version__
+from .common import err
 from .eval import evaluate
 from .export import export
 from .help import Command, Group
@@ -58,5 +61,11 @@ def _root(
     """HuggingFace translation models on ONNX Runtime, without torch: export, prove, shrink, translate, serve."""
 
 
+def _show_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+    """A warning as one line on stderr, without the source path and line Python prints by default."""
+    err.print(f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False, soft_wrap=True)
+
+
 def main() -> None:
+    warnings.showwarning = _show_warning
     app(prog_name="onnxmt")

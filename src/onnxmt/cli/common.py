@@ -53,7 +53,7 @@ TargetLangOption = Annotated[
         "(see /languages of onnxmt serve)."
     ),
 ]
-REPORT_HELP = "Report path without suffix: writes REPORT.md and REPORT.json."
+REPORT_HELP = "Also write the report to REPORT.md and REPORT.json (a path without suffix)."
 
 
 def write_report(report: Path, markdown: str, json: str) -> None:

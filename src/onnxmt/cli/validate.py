@@ -41,7 +41,7 @@ def validate(
     input_file: Annotated[
         Path | None, typer.Option("--input", "-i", help="Sentences, one per line (default: a built-in set).")
     ] = None,
-    report: Annotated[Path, typer.Option(help=REPORT_HELP)] = Path("onnxmt-validate"),
+    report: Annotated[Path | None, typer.Option(help=REPORT_HELP)] = None,
     min_identical: Annotated[
         float, typer.Option(help="Exit 1 when the greedy or beam token-identical rate is below this.")
     ] = 1.0,
@@ -72,7 +72,8 @@ def validate(
         fail(str(missing_extra("onnxmt validate", "export", e)))
     except (ModelDirError, ValueError, OSError) as e:
         fail(str(e))
-    write_report(report, result.to_markdown(), result.to_json())
+    if report is not None:
+        write_report(report, result.to_markdown(), result.to_json())
     Console().print(result.to_markdown(), markup=False, highlight=False, soft_wrap=True)
     if result.identical_rate < min_identical:
         err.print(
