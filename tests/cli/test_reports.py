@@ -70,3 +70,13 @@ def test_validate_is_quiet_fast_and_writes_nothing_unasked(
     assert "site-packages" not in done.stderr and ".py:" not in done.stderr
     assert re.search(r"^warning: input of \d+ tokens truncated", done.stderr, re.M), done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_export_shows_its_own_progress_only(tiny_hf_dir: Path, tmp_path: Path) -> None:
+    """transformers' weight-loading bars do not run beside export's own status line."""
+    importorskip("torch")
+    done = run_cli("export", str(tiny_hf_dir), str(tmp_path / "out"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Loading weights" not in done.stderr and "it/s" not in done.stderr, done.stderr
+    assert f"wrote {tmp_path / 'out'}" in " ".join(done.stderr.split())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
