@@ -67,8 +67,11 @@ def _download(repo_id: str, revision: str | None) -> tuple[Path, str | None]:
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """No weight-loading progress bar, and no notice that max_new_tokens overrides the config's max_length."""
-    from transformers.utils import logging
-
+    try:
+        from transformers.utils import logging
+    except ImportError:  # what needs transformers inside says which extra installs it
+        yield
+        return
     verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()
     logging.disable_progress_bar()
