@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from .extras import missing_extra
 from .layout import diagnose, find_variants, is_complete
 from .manifest import MANIFEST_NAME, ModelDirError
 
@@ -32,15 +33,31 @@ def is_model_dir(path: Path) -> bool:
     return (path / MANIFEST_NAME).is_file() or any(is_complete(parts) for parts in find_variants(path).values())
 
 
-def resolve_model_dir(model: str | None, progress: Callable[[str], None] = print) -> Path:
-    """A model directory for `model` (a directory or a hub id), exporting a hub model on first use."""
-    model = model or os.environ.get("ONNXMT_MODEL") or DEFAULT_MODEL
+def looks_like_path(model: str) -> bool:
+    """`./x`, `../x`, `/x`, `~/x`, `x/y/z`, `C:\\x`: a path the user typed, never a hub id (an `org/name` whose
+    parts do not start with a dot)."""
+    return (
+        model.startswith((".", "/", "~", "\\"))
+        or "\\" in model
+        or Path(model).is_absolute()
+        or not _HUB_ID.match(model)
+        or any(part.startswith(".") for part in model.split("/"))
+    )
+
+
+def resolve_model_dir(model: str | Path | None, progress: Callable[[str], None] = print) -> Path:
+    """A model directory for `model`, the same way for the CLI's `--model` and `Translator(model)`: a directory
+    as it is (ModelDirError saying what is missing when it is not a model directory), a path that does not exist
+    as not found, a hub id from onnxmt's cache or exported there on first use (which needs the export extra)."""
+    model = str(model) if model else os.environ.get("ONNXMT_MODEL") or DEFAULT_MODEL
     path = Path(model).expanduser()
     if is_model_dir(path):
         return path
     if path.is_dir():
         raise ModelDirError(diagnose(path))  # what it holds and what is missing: never a guess at what it is
-    if path.exists() or not _HUB_ID.match(model):
+    if path.exists():
+        raise ModelDirError(f"{model} is a file; give a model directory (or a hub id such as {DEFAULT_MODEL})")
+    if looks_like_path(model):
         raise ModelDirError(f"model directory not found: {model}")
     cached = cache_dir() / "models" / model.replace("/", "--")
     if is_model_dir(cached):
@@ -48,9 +65,8 @@ def resolve_model_dir(model: str | None, progress: Callable[[str], None] = print
     try:
         from .export.exporter import ExportOptions, export
     except ImportError as e:
-        raise ImportError(
-            f"{model!r} is not exported yet and exporting needs torch: pip install 'onnxmt[export]' "
-            "(or pass --model DIR with an exported directory)"
+        raise missing_extra(
+            f"{model} is not exported yet (or give an exported directory); exporting it", "export", e
         ) from e
     progress(f"first use of {model}: exporting it to {cached} (once)")
     export(model, cached, ExportOptions(default_target=DEFAULT_TARGETS.get(model), force=True), progress=progress)

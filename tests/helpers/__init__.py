@@ -1,6 +1,7 @@
 """Code the tests share that is not a fixture: skips that CI turns into failures (skips.py), the parity sentences
-(sentences.py), transformers' side of the parity tests (hf.py), `onnxmt serve` processes (server.py), Word files and
-zips (office.py), the headless browser (browser.py), the npm client (node.py) and the Optimum venv (optimum_env.py).
+(sentences.py), transformers' side of the parity tests (hf.py), `onnxmt serve` processes (server.py), the `onnxmt`
+command as a user runs it (cli.py), Word files and zips (office.py), the headless browser (browser.py), the npm
+client (node.py) and the Optimum venv (optimum_env.py).
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..extras import missing_extra
+
 _REGISTRY: dict[str, type[Architecture]] = {}
 # The manifest's tokenizer.kind -> the family (or variant) whose tokenizer that is.
 _TOKENIZER_KINDS: dict[str, type[Architecture]] = {}
@@ -143,7 +145,7 @@ class Architecture:
         try:
             return importlib.import_module(self.build_hooks)
         except ImportError as e:
-            raise ImportError(f"exporting a {self.name} model needs torch: pip install onnxmt[export] ({e})") from e
+            raise missing_extra(f"exporting a {self.name} model", "export", e) from e
 
     def load(self, path: str) -> Any:
         return self._hooks().load(path)

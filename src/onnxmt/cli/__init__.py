@@ -3,10 +3,17 @@ dataclass that declares it (`flags.py`). Build-side commands import torch lazily
 
 from __future__ import annotations
 
-import typer
+import warnings
+from typing import Annotated
 
+import typer
+from rich.markup import escape
+
+from .. import __version__
+from .common import err
 from .eval import evaluate
 from .export import export
+from .help import Command, Group
 from .inspect import inspect
 from .keys import keys
 from .quantize import quantize
@@ -20,20 +27,47 @@ __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="onnxmt",
+    cls=Group,
     help="HuggingFace translation models on ONNX Runtime, without torch: export, prove, shrink, translate, serve.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
 )
-for command in (export, inspect, translate):
-    app.command()(command)
-app.command(name="translate-corpus")(translate_corpus)
-for command in (serve, validate, quantize):
-    app.command()(command)
-app.command(name="eval")(evaluate)
-app.command()(tune)
+for name, command in (
+    ("export", export),
+    ("inspect", inspect),
+    ("translate", translate),
+    ("translate-corpus", translate_corpus),
+    ("serve", serve),
+    ("validate", validate),
+    ("quantize", quantize),
+    ("eval", evaluate),
+    ("tune", tune),
+):
+    app.command(name=name, cls=Command)(command)
 app.add_typer(keys, name="keys")
 
 
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"onnxmt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-V", callback=_version, is_eager=True, help="Show the version and exit."),
+    ] = False,
+) -> None:
+    """HuggingFace translation models on ONNX Runtime, without torch: export, prove, shrink, translate, serve."""
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> None:
+    """A warning as one line on stderr, without the source path and line Python prints by default."""
+    err.print(f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False, soft_wrap=True)
+
+
 def main() -> None:
-    app()
+    warnings.showwarning = _show_warning
+    app(prog_name="onnxmt")

@@ -22,8 +22,9 @@ def say(status: Any, message: str) -> None:
 
 
 def fail(message: str) -> NoReturn:
-    """A user error: `Error: ...` on stderr and exit code 2, no traceback."""
-    err.print(f"[red]Error:[/red] {escape(message)}", highlight=False)
+    """A user error: `Error: ...` on stderr, one line however long (the terminal wraps it, so it can be copied
+    whole), and exit code 2, no traceback."""
+    err.print(f"[red]Error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
@@ -52,7 +53,7 @@ TargetLangOption = Annotated[
         "(see /languages of onnxmt serve)."
     ),
 ]
-REPORT_HELP = "Report path without suffix: writes REPORT.md and REPORT.json."
+REPORT_HELP = "Also write the report to REPORT.md and REPORT.json (a path without suffix)."
 
 
 def write_report(report: Path, markdown: str, json: str) -> None:

@@ -43,7 +43,7 @@ def evaluate(
     reference: Annotated[
         str | None, typer.Option(help="Add a row for this PyTorch model (hub id or directory; needs onnxmt\\[export]).")
     ] = None,
-    report: Annotated[Path, typer.Option(help=REPORT_HELP)] = Path("onnxmt-eval"),
+    report: Annotated[Path | None, typer.Option(help=REPORT_HELP)] = None,
     source_lang: SourceLangOption = None,
     target_lang: TargetLangOption = None,
     *,
@@ -70,19 +70,49 @@ def evaluate(
             result = run_eval(model_dirs, src, ref, options, reference, advance)
     except (ModelDirError, ValueError, ImportError, OSError, RuntimeError) as e:
         fail(str(e))
-    Console().print(_table(result))
-    write_report(report, result.to_markdown(), result.to_json())
+    out = Console()
+    out.print(_table(result, out.width))
+    if _notes(result):
+        out.print(_notes(result), markup=False, highlight=False)
+    if report is not None:
+        write_report(report, result.to_markdown(), result.to_json())
 
 
-def _table(result: Any) -> Table:
+def _table(result: Any, width: int) -> Table:
+    """Models as rows when they fit the terminal's width, else as columns (a metric per row)."""
     from ..eval import COLUMNS
 
-    table = Table(title=f"{result.sentences} sentences, BLEU tokenize={result.tokenize}")
-    batch_size = result.options.decoding.batch_size
-    for column in COLUMNS:
-        table.add_column(
-            column.replace("batch N", f"batch {batch_size}"), justify="left" if column == "model" else "right"
-        )
-    for row in result.rows:
-        table.add_row(*row.cells())
+    header = [c.replace("batch N", f"batch {result.options.decoding.batch_size}") for c in COLUMNS]
+    rows = [row.cells() for row in result.rows]
+    if not any(row.batch_invariance for row in result.rows):
+        header, rows = header[:-1], [cells[:-1] for cells in rows]
+    title = f"{result.sentences} sentences, BLEU tokenize={result.tokenize}"
+    needed = sum(max(len(h), *(len(r[i]) for r in rows)) + 3 for i, h in enumerate(header)) + 1
+    if needed <= width:
+        table = Table(title=title)
+        for i, column in enumerate(header):
+            table.add_column(column, justify="left" if i == 0 else "right")
+        for cells in rows:
+            table.add_row(*cells)
+        return table
+    table = Table(title=title)
+    table.add_column("")
+    for name in _short_names([cells[0] for cells in rows]):
+        table.add_column(name, justify="right", overflow="fold")
+    for i, metric in enumerate(header[1:], 1):
+        table.add_row(metric, *(cells[i] for cells in rows))
     return table
+
+
+def _short_names(models: list[str]) -> list[str]:
+    """Each model's directory name, when that tells them apart."""
+    names = [Path(model).name or model for model in models]
+    return names if len(set(names)) == len(names) else models
+
+
+def _notes(result: Any) -> str:
+    from ..eval import BATCHED_NOTE
+
+    if any(row.batch_invariance for row in result.rows):
+        return BATCHED_NOTE.format(sample=min(result.options.invariance.batch_sample, result.sentences))
+    return ""

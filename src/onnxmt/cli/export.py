@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ..export.exporter import ExportOptions
+from ..extras import missing_extra
 from .common import err, fail, say
 from .flags import flags, with_options
 
@@ -24,11 +25,11 @@ def export(
     try:
         from ..export.exporter import export as run_export
     except ImportError as e:
-        fail(f"export needs torch and transformers: pip install 'onnxmt[export]' ({e})")
+        fail(str(missing_extra("onnxmt export", "export", e)))
     with err.status("exporting") as status:
         try:
             _, report = run_export(model, output_dir, options, progress=lambda msg: say(status, msg))
-        except (ValueError, OSError) as e:
+        except (ValueError, ImportError, OSError) as e:
             fail(str(e))
     if report is not None:
         err.print(

@@ -25,18 +25,31 @@ Command = Callable[..., None]
 class Flags:
     """The fields of the options dataclass `cls` a command takes as flags: `names`, a field of a composed dataclass
     written "decoding.beams". `helps`: the command's own help for a field it gives another meaning. `partial`: the
-    command completes the dataclass itself, so it gets a dict of the values instead."""
+    command completes the dataclass itself, so it gets a dict of the values instead. `panel`: the `--help` panel
+    of the flags (None: "Options"), `panels`: a panel title -> the fields it shows instead."""
 
     cls: type
     names: tuple[str, ...]
     helps: Mapping[str, str] = field(default_factory=dict)
     partial: bool = False
+    panel: str | None = None
+    panels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def panel_of(self, name: str) -> str | None:
+        return next((title for title, names in self.panels.items() if name in names), self.panel)
 
 
-def flags(cls: type, *names: str, helps: Mapping[str, str] | None = None, partial: bool = False) -> Flags:
+def flags(
+    cls: type,
+    *names: str,
+    helps: Mapping[str, str] | None = None,
+    partial: bool = False,
+    panel: str | None = None,
+    panels: Mapping[str, tuple[str, ...]] | None = None,
+) -> Flags:
     """`Flags` of `names`, or of every field declared with `option` when none are given."""
     every = tuple(f.name for f in dataclasses.fields(cls) if described(f))
-    return Flags(cls, names or every, helps or {}, partial)
+    return Flags(cls, names or every, helps or {}, partial, panel, panels or {})
 
 
 @dataclass(frozen=True)
@@ -92,7 +105,9 @@ def _flag(spec: Flags, name: str, env: bool) -> _Flag:
     hint = typing.get_type_hints(owner)[path[-1]]
     kind, cli_default, parse = _cli_type(hint, value, option)
     envvar = f"ONNXMT_{path[-1].upper()}" if env or option.env else None
-    info = typer.Option(*option.flags, help=spec.helps.get(name, option.help), envvar=envvar)
+    info = typer.Option(
+        *option.flags, help=spec.helps.get(name, option.help), envvar=envvar, rich_help_panel=spec.panel_of(name)
+    )
     parameter = inspect.Parameter(
         path[-1], inspect.Parameter.KEYWORD_ONLY, default=cli_default, annotation=Annotated[kind, info]
     )

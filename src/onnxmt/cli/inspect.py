@@ -42,19 +42,33 @@ def inspect(
         _print_prompt_for(out, model_dir, manifest, prompt, source, target)
         return
     summary = Table(title=f"{model_dir}", show_header=False)
+    summary.add_column(no_wrap=True)
+    summary.add_column()
     for key, value in _summary(manifest, found).items():
         summary.add_row(key, value)
     out.print(summary)
     if manifest.model.get("decoder_only"):
         _print_prompt(out, model_dir, manifest)
     for part, graph in manifest.graphs.items():
-        table = Table(title=f"{part}: {graph.file}")
-        for column in ("", "name", "role", "dtype", "shape"):
-            table.add_column(column)
-        for kind, specs in (("in", graph.inputs), ("out", graph.outputs)):
-            for spec in specs:
-                table.add_row(kind, spec.name, spec.role, spec.dtype, "(" + ", ".join(map(str, spec.shape)) + ")")
-        out.print(table)
+        out.print(_graph_table(part, graph))
+
+
+def _graph_table(part: str, graph: Any) -> Table:
+    """A graph's inputs and outputs: names whole (they are what the manifest and ONNX Runtime call them), the role
+    only where it is not the name (Optimum's graphs), the shape wrapped when the terminal is narrow."""
+    specs = [(kind, spec) for kind, group in (("in", graph.inputs), ("out", graph.outputs)) for spec in group]
+    roles = any(spec.role != spec.name for _, spec in specs)
+    table = Table(title=f"{part}: {graph.file}")
+    table.add_column("")
+    table.add_column("name", no_wrap=True)
+    if roles:
+        table.add_column("role", no_wrap=True)
+    table.add_column("dtype", no_wrap=True)
+    table.add_column("shape")
+    for kind, spec in specs:
+        shape = "(" + ", ".join(map(str, spec.shape)) + ")"
+        table.add_row(kind, spec.name, *([spec.role] if roles else []), spec.dtype, shape)
+    return table
 
 
 def _print_prompt_for(out: Console, model_dir: Path, manifest: Any, text: str, source: str, target: str) -> None:

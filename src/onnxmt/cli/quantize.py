@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..export.quantize import QuantizeOptions
+from ..extras import missing_extra
 from ..manifest import ModelDirError
 from .common import err, fail, say, size
 from .flags import flags, with_options
@@ -26,11 +27,13 @@ def quantize(
     try:
         from ..export.quantize import quantize as run_quantize
     except ImportError as e:
-        fail(f"quantize needs onnx: pip install 'onnxmt[export]' ({e})")
+        fail(str(missing_extra("onnxmt quantize", "export", e)))
     with err.status("quantizing") as status:
         try:
             manifest, results = run_quantize(model_dir, output_dir, options, progress=lambda m: say(status, m))
-        except (ModelDirError, ValueError, ImportError, OSError) as e:
+        except ImportError as e:
+            fail(str(missing_extra("onnxmt quantize", "export", e)))
+        except (ModelDirError, ValueError, OSError) as e:
             fail(str(e))
     method = manifest.quantization["method"] if manifest.quantization else ""
     Console().print(_table(f"{model_dir} -> {output_dir} ({method})", results))

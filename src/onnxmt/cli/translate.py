@@ -79,15 +79,60 @@ def _read_lines(texts: list[str], input_file: Path | None) -> tuple[list[str] | 
     if texts and input_file is not None:
         fail("give texts as arguments or --input FILE, not both")
     if texts:
-        return texts, len(texts)
+        return _check_arguments(texts), len(texts)
     if input_file is not None:
-        if not input_file.is_file():
-            fail(f"input file not found: {input_file}")
-        lines = input_file.read_text(encoding="utf-8").splitlines()
+        lines = _read_text(input_file).splitlines()
         return lines, len(lines)
     if sys.stdin.isatty():
         fail("no text: give TEXT arguments, --input FILE, or pipe lines on stdin")
-    return (line.rstrip("\n") for line in sys.stdin), None
+    return _stdin_lines(), None
+
+
+def _check_input(input_file: Path) -> None:
+    if input_file.is_dir():
+        fail(f"{input_file} is a directory; --input takes a file")
+    if not input_file.is_file():
+        fail(f"input file not found: {input_file}")
+
+
+def _read_text(input_file: Path) -> str:
+    """The text of a plain-text or text-based document file; a one-line error naming it when it is not text."""
+    _check_input(input_file)
+    data = input_file.read_bytes()
+    if b"\0" in data:
+        fail(f"{input_file} is not a text file (it holds binary data); onnxmt translates UTF-8 text, {_KINDS}")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        fail(f"{input_file}: {_not_utf8(data, e)}")
+
+
+def _stdin_lines() -> Iterator[str]:
+    """stdin line by line as it arrives; ValueError (one line, exit 2) at the first line that is not UTF-8."""
+    for number, raw in enumerate(sys.stdin.buffer, 1):
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"stdin, line {number}: not UTF-8 text (byte 0x{raw[e.start]:02x})") from None
+        yield line.rstrip("\r\n") if line.endswith("\r\n") else line.rstrip("\n")
+
+
+def _check_arguments(texts: list[str]) -> list[str]:
+    """Arguments the shell passed as bytes that are not UTF-8 reach Python as lone surrogates."""
+    for number, text in enumerate(texts, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            fail(f"text argument {number} is not UTF-8 text")
+    return texts
+
+
+_KINDS = "line by line, or .srt, .vtt, .html, .md and .docx documents"
+
+
+def _not_utf8(data: bytes, error: UnicodeDecodeError) -> str:
+    line = data.count(b"\n", 0, error.start) + 1
+    return f"not UTF-8 text (byte 0x{data[error.start]:02x} on line {line}); convert it first, e.g. iconv -t UTF-8"
 
 
 def _check_document(texts: list[str], input_file: Path | None, output_file: Path | None, format: str | None) -> str:
@@ -103,14 +148,20 @@ def _check_document(texts: list[str], input_file: Path | None, output_file: Path
     if kind == "docx" and (input_file is None or output_file is None):
         fail("a .docx document needs --input FILE and --output FILE")
     if input_file is not None:
-        if not input_file.is_file():
-            fail(f"input file not found: {input_file}")
+        if kind == "docx":
+            _check_input(input_file)
+        else:
+            _read_text(input_file)  # a file that is not text fails here, named
         return ""
     if texts:
-        return "\n".join(texts)
+        return "\n".join(_check_arguments(texts))
     if sys.stdin.isatty():
         fail("no text: give TEXT arguments, --input FILE, or pipe the document on stdin")
-    return sys.stdin.read()
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        fail(f"stdin: {_not_utf8(data, e)}")
 
 
 def _translate_document(
@@ -136,7 +187,7 @@ def _translate_document(
             translate_file(translator, input_file, output_file, format, progress, **pair)
             return
         kind = format_of(input_file or "", format)
-        text = input_file.read_text(encoding="utf-8-sig") if input_file is not None else source
+        text = _read_text(input_file) if input_file is not None else source
         translated = translate_string(translator, text, kind, progress if input_file else None, **pair)
     if output_file is not None:
         output_file.write_text(translated, encoding="utf-8")

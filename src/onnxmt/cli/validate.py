@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from ..export.validate import ValidateOptions
+from ..extras import missing_extra
 from ..manifest import ModelDirError
 from .common import REPORT_HELP, SourceLangOption, TargetLangOption, err, fail, write_report
 from .flags import flags, with_options
@@ -40,7 +41,7 @@ def validate(
     input_file: Annotated[
         Path | None, typer.Option("--input", "-i", help="Sentences, one per line (default: a built-in set).")
     ] = None,
-    report: Annotated[Path, typer.Option(help=REPORT_HELP)] = Path("onnxmt-validate"),
+    report: Annotated[Path | None, typer.Option(help=REPORT_HELP)] = None,
     min_identical: Annotated[
         float, typer.Option(help="Exit 1 when the greedy or beam token-identical rate is below this.")
     ] = 1.0,
@@ -58,7 +59,7 @@ def validate(
         from ..export.validate import read_corpus
         from ..export.validate import validate as run_validate
     except ImportError as e:
-        fail(f"validate needs torch and transformers: pip install 'onnxmt[export]' ({e})")
+        fail(str(missing_extra("onnxmt validate", "export", e)))
     if input_file is not None and not input_file.is_file():
         fail(f"input file not found: {input_file}")
     options = replace(options, source_lang=source_lang, target_lang=target_lang)
@@ -67,9 +68,12 @@ def validate(
         with Progress(console=err, transient=True) as progress:
             task = progress.add_task("validating", total=3 * len(texts))
             result = run_validate(model_dir, reference, texts, options, lambda n: progress.advance(task, n))
-    except (ModelDirError, ValueError, ImportError, OSError) as e:
+    except ImportError as e:
+        fail(str(missing_extra("onnxmt validate", "export", e)))
+    except (ModelDirError, ValueError, OSError) as e:
         fail(str(e))
-    write_report(report, result.to_markdown(), result.to_json())
+    if report is not None:
+        write_report(report, result.to_markdown(), result.to_json())
     Console().print(result.to_markdown(), markup=False, highlight=False, soft_wrap=True)
     if result.identical_rate < min_identical:
         err.print(

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..extras import missing_extra
 from .inline import cut, place
 from .limits import DEFAULT_LIMITS, DocumentLimits, DocumentTooLarge
 
@@ -26,7 +27,7 @@ def _docx() -> Any:
     try:
         import docx
     except ImportError as e:
-        raise ImportError("translating .docx files needs python-docx: pip install onnxmt[documents]") from e
+        raise missing_extra("translating .docx files", "documents", e) from e
     return docx
 
 

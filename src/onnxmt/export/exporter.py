@@ -30,7 +30,7 @@ from ..manifest import (
 from ..options import option
 from .binding import TensorFile
 from .graphs import cache_names, export_decoder, export_encoder, graph_spec
-from .hub import resolve_model
+from .hub import quiet_transformers, resolve_model
 from .staging import occupied, staged
 from .weights import rename_weights_file, store_weights
 
@@ -166,7 +166,8 @@ def _export_into(
     if arch.kind == "decoder_only":
         return _export_decoder_only_into(staging, source, config, arch, model_id, revision, options, progress, store)
     progress("loading the PyTorch model")
-    model = arch.load(str(source))
+    with quiet_transformers():  # our progress line, not transformers' weight-loading bars beside it
+        model = arch.load(str(source))
     facts = arch.facts(config)
     traced = TensorFile(staging / TRACED_WEIGHTS_FILE)
     try:

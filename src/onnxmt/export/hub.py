@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # What an export needs from a hub repository; skips other frameworks' weights (tf_model.h5, flax, rust).
@@ -28,6 +30,10 @@ def resolve_model(model: str, revision: str | None = None) -> tuple[Path, str | 
     return _download(model, revision)
 
 
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true")
+
+
 def _download(repo_id: str, revision: str | None) -> tuple[Path, str | None]:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
@@ -47,8 +53,31 @@ def _download(repo_id: str, revision: str | None) -> tuple[Path, str | None]:
     except GatedRepoError as e:
         raise ModelNotFoundError(f"{repo_id!r} is gated: accept its licence on the hub and set HF_TOKEN") from e
     except (LocalEntryNotFoundError, OSError) as e:
+        if _offline():
+            why = f"HF_HUB_OFFLINE is set and {repo_id!r} is not in the hub's cache"
+        else:
+            why = f"cannot download {repo_id!r}: the hub at {endpoint} is unreachable ({e.__class__.__name__})"
         raise ModelNotFoundError(
-            f"cannot download {repo_id!r}: the hub at {endpoint} is unreachable ({e.__class__.__name__}). "
-            "Use a local model directory (onnxmt export ./path/to/model OUT) or a mirror (HF_ENDPOINT=...)."
+            f"{why}. Use a local model directory (onnxmt export ./path/to/model OUT), a mirror (HF_ENDPOINT=...), "
+            "or try onnxmt on a tiny random model first (README, 'Without the hub')."
         ) from e
     return Path(path), Path(path).name
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """No weight-loading progress bar, and no notice that max_new_tokens overrides the config's max_length."""
+    try:
+        from transformers.utils import logging
+    except ImportError:  # what needs transformers inside says which extra installs it
+        yield
+        return
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()

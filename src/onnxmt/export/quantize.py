@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ..extras import missing_extra
 from ..manifest import WEIGHTS_FILE, Manifest, describe_files, read_manifest, verify_files
 from ..options import option
 from .binding import TensorFile, Tensors
@@ -621,10 +622,7 @@ def _int4_quantizer() -> Any:
     try:
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
     except ImportError as e:
-        raise ImportError(
-            f"--int4 needs onnxruntime's MatMulNBitsQuantizer (onnxruntime >= 1.17) and what it imports "
-            f"(onnx_ir, ml_dtypes): pip install 'onnxmt[export]' ({e})"
-        ) from e
+        raise missing_extra("--int4 (onnxruntime's MatMulNBitsQuantizer, onnxruntime >= 1.17)", "export", e) from e
     return MatMulNBitsQuantizer
 
 

@@ -17,8 +17,7 @@ import gc
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from ..runtime.modeldir import load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.tokenizer import load_tokenizer
 from ..runtime.translator import Translator
+from .hub import quiet_transformers
 
 # A reference margin under this is a floating-point tie: fp32 exports differ from PyTorch by ~1e-5 in the logits.
 TIE_MARGIN = 1e-3
@@ -206,20 +206,9 @@ def read_corpus(path: Path | None) -> list[str]:
     return texts
 
 
-@contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """No weight-loading progress bar, and no notice that max_new_tokens overrides the config's max_length."""
-    from transformers.utils import logging
-
-    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(verbosity)
-        if bars:
-            logging.enable_progress_bar()
+# Below this many parameters the reference runs on one torch thread unless --threads says otherwise (the test
+# models; opus-mt has 77M).
+SMALL_MODEL_PARAMETERS = 10_000_000
 
 
 class _Reference:
@@ -238,11 +227,13 @@ class _Reference:
         # Truncated at the model's positions, as onnxmt's tokenizer does (opus-mt names no model_max_length; T5's
         # config has no max_position_embeddings): the manifest's figure, on both sides.
         self.max_positions = max_positions
-        if threads:
-            torch.set_num_threads(threads)
-        with _quiet_transformers():
+        with quiet_transformers():
             self.model = get_architecture(config.get("model_type")).load(str(source))
             self.tokenizer = AutoTokenizer.from_pretrained(str(source))
+        if not threads and sum(p.numel() for p in self.model.parameters()) < SMALL_MODEL_PARAMETERS:
+            threads = 1  # a small model's ops are too short to share: torch's threads only wait for each other
+        if threads:
+            torch.set_num_threads(threads)
 
     def encode(self, texts: Sequence[str], prompt: Prompt, source: str | None) -> Any:
         """The HF tokenizer's ids under the same language prompt: its text prefix, its source language (the
@@ -256,7 +247,7 @@ class _Reference:
     def generate(self, encoded: Any, prompt: Prompt, **kwargs: Any) -> list[list[int]]:
         if prompt.forced_bos is not None:
             kwargs["forced_bos_token_id"] = prompt.forced_bos
-        with self.torch.no_grad(), _quiet_transformers():
+        with self.torch.no_grad(), quiet_transformers():
             out = self.model.generate(**encoded, **kwargs)
         config = self.model.generation_config
         pad = config.pad_token_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,7 @@ import numpy as np
 
 from ..architectures import LanguageScheme, Prompt, scheme_for
 from ..manifest import Manifest, ModelDirError, verify_files
+from ..models import resolve_model_dir
 from .cache import Cache
 from .cancel import CancelToken
 from .capabilities import Capabilities
@@ -82,7 +84,7 @@ class Translator:
         runtime: RuntimeOptions = RuntimeOptions(),
         decoding: DecodeOptions = DecodeOptions(),
     ) -> None:
-        self.directory = Path(model_dir)
+        self.directory = resolve_model_dir(model_dir, progress=logging.getLogger("onnxmt").info)
         sessions: dict[str, Any] = {}  # graphs opened to read an Optimum directory, reused to run it
         # Sizes are checked here; the sha256 of every file (300 MB in fp32: ~0.3 s) is computed on a thread while
         # ONNX Runtime builds the sessions, and a mismatch is raised before this constructor returns.

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..documents.translate import translate_lines
+from ..extras import missing_extra
 from ..options import check, option
 from ..runtime.options import DecodeOptions, RuntimeOptions
 
@@ -37,10 +38,11 @@ WINDOW_BLOCKS = 64  # staged blocks held in Ray's object store at a time
 
 def _import_ray() -> Any:
     try:
+        import pyarrow  # noqa: F401  (reads and writes the corpus)
         import ray
         import ray.data
     except ImportError as e:
-        raise ImportError("corpus translation runs on Ray: pip install 'onnxmt[ray]'") from e
+        raise missing_extra("corpus translation", "ray", e) from e
     return ray
 
 
@@ -262,6 +264,7 @@ def translate_corpus(
     from ..runtime.modeldir import load_manifest
 
     load_manifest(job.model_dir, verify=False)  # a bad model directory fails here, before Ray starts
+    ray = _import_ray()  # and a missing extra, before any work
     started = time.monotonic()
     counts = stage(job)
     parts = job.work / "parts"
@@ -271,7 +274,6 @@ def translate_corpus(
     total = sum(counts)
     rows_done = sum(counts[b] for b in done)
     progress(rows_done, total)
-    ray = _import_ray()
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..extras import missing_extra
 from ..options import check, option, split_list
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..serve.options import ServeOptions
@@ -78,7 +79,7 @@ def _import_serve() -> Any:
     try:
         from ray import serve
     except ImportError as e:
-        raise ImportError("the service on Ray Serve needs Ray: pip install 'onnxmt[ray]'") from e
+        raise missing_extra("the service on Ray Serve", "ray", e) from e
     return serve
 
 

@@ -170,6 +170,11 @@ async def page(request: Request) -> HTMLResponse:
     return HTMLResponse(html, headers={"Content-Security-Policy": csp_for(html)})
 
 
+async def favicon(request: Request) -> Response:
+    """The page's icon (browsers ask for /favicon.ico whatever the page says): public, like /docs' assets."""
+    return Response(_favicon(), media_type="image/x-icon", headers={"Cache-Control": "public, max-age=86400"})
+
+
 async def openapi(request: Request) -> JSONResponse:
     await _authorize(request)
     return JSONResponse(request.app.openapi())
@@ -207,6 +212,11 @@ DOCS_HTML = """<!doctype html>
 @cache
 def _page_html() -> str:
     return (files("onnxmt.serve") / "static" / "index.html").read_text(encoding="utf-8")
+
+
+@cache
+def _favicon() -> bytes:
+    return (files("onnxmt.serve") / "static" / "favicon.ico").read_bytes()
 
 
 @cache
@@ -257,6 +267,7 @@ ROUTES: list[BaseRoute] = [
     APIRoute("/ready", ready, methods=["GET"], responses=errors(503)),
     APIRoute("/metrics", metrics, methods=["GET"], response_class=Response, responses=errors(403)),
     APIRoute("/", page, methods=["GET"], response_class=HTMLResponse, include_in_schema=False),
+    Route("/favicon.ico", favicon, methods=["GET"]),
     APIRoute("/openapi.json", openapi, methods=["GET"], include_in_schema=False),
     APIRoute("/docs", docs, methods=["GET"], response_class=HTMLResponse, include_in_schema=False),
     Route("/docs/{name}", docs_asset, methods=["GET"]),

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..extras import missing_extra
 from ..languages import ModelLanguages, match, parse
 
 # Candidates at most in a /detect answer, and the least confidence (in %) worth listing.
@@ -41,7 +42,7 @@ class Detector:
         try:
             from py3langid.langid import MODEL_FILE, LanguageIdentifier
         except ImportError as e:
-            raise ImportError("language detection needs py3langid: pip install onnxmt[serve]") from e
+            raise missing_extra("language detection", "serve", e) from e
         self.models = [languages] if isinstance(languages, ModelLanguages) else list(languages)
         self._identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
         known = set(self._identifier.nb_classes)

@@ -1,0 +1,5 @@
+"""`python -m onnxmt`, as the `onnxmt` command."""
+
+from .cli import main
+
+main()
