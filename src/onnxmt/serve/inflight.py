@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -93,6 +94,19 @@ class _Entry:
 
 
 @dataclass
+class _Call:
+    """An encoder call waiting for the encoder thread."""
+
+    texts: list[tuple[_Entry, int]]
+    future: Future[int]
+
+    @property
+    def priority(self) -> tuple[int, float]:
+        """The smallest request's size among its texts, then the oldest arrival."""
+        return min((len(e.request.costs), e.job.arrived) for e, _ in self.texts)
+
+
+@dataclass
 class _Join:
     """Texts of one request admitted in a round, for the inference thread."""
 
@@ -123,7 +137,11 @@ class InflightBatcher(Batcher):
         self._entries: dict[int, _Entry] = {}  # id(job) -> its entry, while it waits or runs
         self._batches: dict[int, RunningBatch] = {}  # beam width -> its running batch
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-encoder")
-        self._encoding: Future[int] | None = None  # the encoder thread's call in progress
+        # Encoder calls not yet started: the encoder thread takes the one of the smallest request first, so that a
+        # short request's call does not wait behind a big request's queued calls.
+        self._calls: list[_Call] = []
+        self._calls_lock = threading.Lock()
+        self._open_calls: set[Future[int]] = set()  # queued or running
         self._encoder_calls: list[int] = []  # texts per encoder call, since the last stats
         self._interrupt = False  # set on the event loop: the scheduler has a change to make, or texts are encoded
         self._deferred: list[_Join] = []  # texts admitted whose encoder call had not ended when the round started
@@ -180,9 +198,13 @@ class InflightBatcher(Batcher):
             entry.job.token.cancel()
         self._stopping = True
         self._encoder.shutdown(wait=False, cancel_futures=True)
-        if self._encoding is not None:  # a call in progress: the model is not let go before it ends
+        with self._calls_lock:
+            for call in self._calls:
+                call.future.cancel()
+            self._calls.clear()
+        for future in list(self._open_calls):  # a call in progress: the model is not let go before it ends
             with contextlib.suppress(BaseException):
-                await asyncio.wrap_future(self._encoding)
+                await asyncio.wrap_future(future)
         await super().stop()
         for entry in list(self._entries.values()):
             if not entry.job.future.done():
@@ -265,7 +287,7 @@ class InflightBatcher(Batcher):
         per text); beside the decoder's steps the encoder's work partly fills what the decoder leaves of the
         cores."""
         needed = [(e, t) for e, t in admitted if t not in e.caches and t not in e.encoding]
-        busy = self._encoding is not None and not self._encoding.done()
+        busy = bool(self._open_calls)
         if self._stopping or (not needed and busy):
             return
         held = sum(len(e.caches) + len(e.encoding) for e in self._entries.values())  # encoded ahead, or being
@@ -284,12 +306,16 @@ class InflightBatcher(Batcher):
             self._submit(texts[start : start + size])
 
     def _submit(self, texts: list[tuple[_Entry, int]]) -> None:
-        """One encoder call for `texts`, on the encoder thread."""
+        """One encoder call for `texts`, queued for the encoder thread (`_run_call`)."""
         loop = asyncio.get_running_loop()
-        work = self._encoder.submit(self._encode_texts, texts)
+        call = _Call(texts, Future())
+        work = call.future
         for entry, text in texts:
             entry.encoding[text] = work
-        self._encoding = work
+        self._open_calls.add(work)
+        with self._calls_lock:
+            self._calls.append(call)
+        self._encoder.submit(self._run_call)
 
         def encoded(_: Future[int]) -> None:  # on the encoder thread
             with contextlib.suppress(RuntimeError):  # the loop closed: the service has stopped
@@ -297,9 +323,24 @@ class InflightBatcher(Batcher):
 
         work.add_done_callback(encoded)
 
+    def _run_call(self) -> None:
+        """On the encoder thread: the queued call of the smallest request (then the oldest), one per submission."""
+        with self._calls_lock:
+            if not self._calls:
+                return
+            call = min(self._calls, key=lambda c: c.priority)
+            self._calls.remove(call)
+        if not call.future.set_running_or_notify_cancel():
+            return
+        try:
+            call.future.set_result(self._encode_texts(call.texts))
+        except Exception as e:
+            call.future.set_exception(e)
+
     def _encoded(self, work: Future[int], texts: list[tuple[_Entry, int]]) -> None:
         """On the event loop, once an encoder call is done: counted, and the next waiting texts sent. A failed call
         is logged; its texts are encoded as they join."""
+        self._open_calls.discard(work)
         for entry, text in texts:
             if entry.encoding.get(text) is work:
                 del entry.encoding[text]
