@@ -29,8 +29,27 @@ def test_a_request_takes_the_free_places_one_text_at_a_time() -> None:
     assert not s.schedule(0.0)  # full: nothing changes
 
 
-def test_a_one_text_request_beside_a_big_one_takes_a_place_from_it_at_once() -> None:
-    s = Scheduler(BatchLimits(max_texts=32))
+def test_a_one_text_request_beside_a_big_one_takes_a_reserved_place_at_once() -> None:
+    s = Scheduler(BatchLimits(max_texts=32))  # a reserve of 32 / 8 = 4 places
+    big = request(64)
+    s.add(big)
+    s.schedule(0.0)
+    smalls = [request(1, arrived=0.5 + i) for i in range(5)]
+    for small in smalls:
+        s.add(small)
+    decision = s.schedule(5.0)
+    assert decision.admit == [(small, 0) for small in smalls]
+    assert decision.preempt == [(big, 31)]  # four in the reserve (no work lost), the fifth in a place of big's
+    assert s.texts == 36
+    for small in smalls[:4]:
+        s.finished(small, 0)
+    assert not s.schedule(6.0)  # 32 running: big has texts running, so no reserved place
+    s.finished(smalls[4], 0)
+    assert s.schedule(6.0).admit == [(big, 31)]
+
+
+def test_with_the_reserve_taken_a_one_text_request_takes_a_place_from_a_big_one() -> None:
+    s = Scheduler(BatchLimits(max_texts=32, reserve=0))
     big = request(64)
     s.add(big)
     s.schedule(0.0)
@@ -47,7 +66,7 @@ def test_a_one_text_request_beside_a_big_one_takes_a_place_from_it_at_once() -> 
 
 
 def test_nobody_is_preempted_at_or_below_their_share() -> None:
-    s = Scheduler(BatchLimits(max_texts=4))
+    s = Scheduler(BatchLimits(max_texts=4, reserve=0))
     ones = [request(1, arrived=i) for i in range(4)]
     for r in ones:
         s.add(r)
@@ -60,7 +79,7 @@ def test_nobody_is_preempted_at_or_below_their_share() -> None:
 
 
 def test_two_big_requests_share_the_places_as_texts_finish() -> None:
-    s = Scheduler(BatchLimits(max_texts=8))
+    s = Scheduler(BatchLimits(max_texts=8, reserve=0))
     a, b = request(16, arrived=0.0), request(16, arrived=1.0)
     s.add(a)
     s.schedule(0.0)
@@ -74,7 +93,7 @@ def test_two_big_requests_share_the_places_as_texts_finish() -> None:
 
 
 def test_a_request_that_does_not_fit_does_not_block_later_ones_that_do() -> None:
-    s = Scheduler(BatchLimits(max_texts=8, max_cost=100, max_skip_age=2.0))
+    s = Scheduler(BatchLimits(max_texts=8, max_cost=100, max_skip_age=2.0, reserve=0))
     running = request(1, cost=60)
     s.add(running)
     s.schedule(0.0)
@@ -87,7 +106,7 @@ def test_a_request_that_does_not_fit_does_not_block_later_ones_that_do() -> None
 
 
 def test_a_request_that_waited_max_skip_age_is_not_passed() -> None:
-    s = Scheduler(BatchLimits(max_texts=8, max_cost=100, max_skip_age=2.0))
+    s = Scheduler(BatchLimits(max_texts=8, max_cost=100, max_skip_age=2.0, reserve=0))
     running = request(1, cost=60)
     s.add(running)
     s.schedule(0.0)
@@ -102,7 +121,7 @@ def test_a_request_that_waited_max_skip_age_is_not_passed() -> None:
 
 
 def test_a_stream_is_never_preempted() -> None:
-    s = Scheduler(BatchLimits(max_texts=4))
+    s = Scheduler(BatchLimits(max_texts=4, reserve=0))
     stream = request(8, preemptible=False)
     s.add(stream)
     s.schedule(0.0)
@@ -111,7 +130,7 @@ def test_a_stream_is_never_preempted() -> None:
 
 
 def test_a_dry_run_changes_nothing() -> None:
-    s = Scheduler(BatchLimits(max_texts=4))
+    s = Scheduler(BatchLimits(max_texts=4, reserve=0))
     big = request(8)
     s.add(big)
     s.schedule(0.0)
@@ -147,7 +166,7 @@ def test_the_budgets_are_never_exceeded_under_random_load(seed: int) -> None:
             total += len(r.costs)
         decision = s.schedule(now)
         running = [(r, t) for r in s.requests for t in r.running]
-        assert len(running) == s.texts <= limits.max_texts
+        assert len(running) == s.texts <= limits.max_texts + limits.reserved
         assert s.cost == sum(r.costs[t] for r, t in running)
         assert s.cost <= limits.max_cost or s.texts == 1  # a text alone always fits
         assert all(r.preemptible for r, _ in decision.preempt)

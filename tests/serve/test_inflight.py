@@ -162,9 +162,9 @@ def test_requests_waiting_for_a_place_are_encoded_together(tiny_onnx_dir: Path, 
 
 @contextlib.asynccontextmanager
 async def _two_places(translator: Translator) -> AsyncIterator[InflightBatcher]:
-    """An in-flight batcher of `translator` with room for two texts, on an inference thread of its own."""
+    """An in-flight batcher of `translator` with room for two texts (none reserved), on an inference thread."""
     executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
-    batcher = InflightBatcher(translator, executor, limits=BatchLimits(max_texts=2), max_queue=16)
+    batcher = InflightBatcher(translator, executor, limits=BatchLimits(max_texts=2, reserve=0), max_queue=16)
     batcher.start()
     try:
         yield batcher
@@ -314,19 +314,20 @@ def test_a_failed_encoder_call_fails_no_request(
     assert answers == _alone(translator, texts[:2], **LONG) + _alone(translator, texts[2:])
 
 
-def test_a_one_text_request_beside_a_big_one_takes_a_place_at_once(tiny_onnx_dir: Path) -> None:
-    """Four places, a request of 12 texts running (forced to 60 tokens): a one-text request sent meanwhile takes a
-    place from it at the next step (the big request's text admitted last waits again), and is answered long before
-    the big one. Every answer is the library's, the preempted text's included."""
+@pytest.mark.parametrize("reserve", [0, 1])
+def test_a_one_text_request_beside_a_big_one_takes_a_place_at_once(tiny_onnx_dir: Path, reserve: int) -> None:
+    """Four places, a request of 12 texts running (forced to 60 tokens): a one-text request sent meanwhile takes the
+    reserved place past them at the next step, or with no reserve a place of the big request's (its text admitted
+    last waits again), and is answered long before the big one. Every answer is the library's, a preempted text's
+    included."""
     translator = Translator(tiny_onnx_dir)
     big_texts, small_text = TEXTS[:12], TEXTS[20]
     stats: list[inflight.StepStats] = []
 
     async def run() -> tuple[list[Any], list[Any], float, float]:
         executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
-        batcher = InflightBatcher(
-            translator, executor, limits=BatchLimits(max_texts=4), max_queue=16, on_step=stats.append
-        )
+        limits = BatchLimits(max_texts=4, reserve=reserve)
+        batcher = InflightBatcher(translator, executor, limits=limits, max_queue=16, on_step=stats.append)
         batcher.start()
         try:
             big = asyncio.ensure_future(batcher.translate(translator.prepare(big_texts, beams=1, **LONG), None))
@@ -344,17 +345,18 @@ def test_a_one_text_request_beside_a_big_one_takes_a_place_at_once(tiny_onnx_dir
 
     big, small, small_done, big_done = asyncio.run(run())
     assert small_done < big_done
-    assert sum(s.preempted for s in stats) >= 1
-    assert max(s.running_rows for s in stats) <= 4  # the text budget held (one row a text)
+    preempted = sum(s.preempted for s in stats)
+    assert preempted == 0 if reserve else preempted >= 1
+    assert max(s.running_rows for s in stats) <= 4 + reserve  # the text budget held (one row a text)
     assert [t.text for t in small] == _alone(translator, [small_text], beams=1, max_new_tokens=4)
     assert [t.text for t in big] == [t.text for t in translator.translate(big_texts, beams=1, **LONG)]
 
 
 def test_a_greedy_request_behind_queued_beam_requests_is_not_held_up_by_them(tiny_onnx_dir: Path) -> None:
     """Four places, three 4-text beam-4 requests (60 tokens): the first runs, two wait with no place; a one-text
-    greedy request sent then takes a place from the running one (the waiting ones do not come first: it has
-    nothing running, as they have), runs in the greedy batch that takes turns with the beam batch by request, and
-    is answered before any beam request."""
+    greedy request sent then takes the reserved place (the waiting ones cannot: they come first only among
+    requests with nothing running, and do not fit), runs in the greedy batch that takes turns with the beam batch by
+    request, and is answered before any beam request."""
     translator = Translator(tiny_onnx_dir)
     beam = {"beams": 4, **LONG}
     order: list[str] = []

@@ -34,6 +34,7 @@ PANELS = {
         "max_beams",
         "max_request_cost",
         "max_batch_cost",
+        "reserved_texts",
         "max_skip_ms",
         "max_cache_mb",
     ),

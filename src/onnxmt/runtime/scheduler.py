@@ -13,10 +13,12 @@ Fairness is a property of admission:
   free, and a one-text request that arrives meanwhile takes the next one.
 - A waiting request whose next text does not fit does not block later ones that do, unless it has waited
   `max_skip_age` seconds: then nothing is admitted past it until it fits (no starvation of big texts).
-- A waiting request with nothing running, which does not fit, takes a place from the request with the most texts
-  running, if that one holds more than its share (running texts over the requests running or waiting): its text
-  admitted last (the least progress: the least work lost) leaves and waits again at the front of its request. Its
-  translation is computed again from the start, and is the same (a row's results do not depend on its batch).
+- A waiting request with nothing running may take one of a few places kept past `max_texts` (`reserve`): a
+  one-text request beside a 64-text one starts at the next step, and nobody's work is lost. When those are taken
+  too, it takes a place from the request with the most texts running, if that one holds more than its share
+  (running texts over the requests running or waiting): its text admitted last (the least progress: the least work
+  lost) leaves and waits again at the front of its request. Its translation is computed again from the start, and
+  is the same (a row's results do not depend on its batch).
 - Beam widths run in separate batches (one decoder call holds one width) and share the time by request: each
   width's step time is charged to it divided by the requests it runs, and the width charged least steps next.
 """
@@ -31,15 +33,21 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class BatchLimits:
     """What may run at once: texts, and tokens x beams (None: no budget); how long a waiting request may be
-    passed by later ones that fit before it."""
+    passed by later ones that fit before it; `reserve`: places past `max_texts` kept for requests with nothing
+    running (None: an eighth of `max_texts`, at least 1)."""
 
     max_texts: int
     max_cost: int | None = None
     max_skip_age: float = 2.0
+    reserve: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_texts < 1:
             raise ValueError(f"max_texts must be at least 1, got {self.max_texts}")
+
+    @property
+    def reserved(self) -> int:
+        return max(1, self.max_texts // 8) if self.reserve is None else self.reserve
 
 
 @dataclass(eq=False)
@@ -97,14 +105,19 @@ class Scheduler:
         """Texts waiting."""
         return sum(len(r.waiting) for r in self.requests)
 
-    def fits(self, request: Request, text: int, texts: int | None = None, cost: int | None = None) -> bool:
-        """Whether `request`'s `text` fits beside `texts` texts of `cost` running (default: those running now). A
-        text alone always fits: the budgets bound a batch, not what one text may cost (the request limits do)."""
+    def fits(
+        self, request: Request, text: int, texts: int | None = None, cost: int | None = None, running: int = 0
+    ) -> bool:
+        """Whether `request`'s `text` fits beside `texts` texts of `cost` running (default: those running now), the
+        request having `running` of them. A request with nothing running may take one of the `reserve` places past
+        `max_texts`. A text alone always fits: the budgets bound a batch, not what one text may cost (the request
+        limits do)."""
         texts = self.texts if texts is None else texts
         cost = self.cost if cost is None else cost
         if texts == 0:
             return True
-        if texts + 1 > self.limits.max_texts:
+        places = self.limits.max_texts + (self.limits.reserved if running == 0 else 0)
+        if texts + 1 > places:
             return False
         budget = self.limits.max_cost
         return budget is None or cost + request.costs[text] <= budget
@@ -124,7 +137,7 @@ class Scheduler:
                 break
             request = min(candidates, key=lambda r: (count[id(r)], r.arrived))
             text = waiting[id(request)][0]
-            if self.fits(request, text, texts, cost):
+            if self.fits(request, text, texts, cost, count[id(request)]):
                 waiting[id(request)].popleft()
                 if (request, text) in decision.preempt:  # it never left
                     decision.preempt.remove((request, text))
@@ -170,7 +183,7 @@ class Scheduler:
         active = sum(1 for r in self.requests if count[id(r)] or r.waiting)
         if count[id(victim)] < 2 or count[id(victim)] * active <= texts:
             return None
-        if not self.fits(request, text, texts - 1, cost - victim.costs[held[id(victim)][-1]]):
+        if not self.fits(request, text, texts - 1, cost - victim.costs[held[id(victim)][-1]], count[id(request)]):
             return None
         return victim
 

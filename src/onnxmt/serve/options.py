@@ -51,6 +51,14 @@ class ServeOptions:
     )
     # Admission is fair (runtime/scheduler.py): a waiting request that does not fit yet is passed by later ones
     # that do, for at most this long, so that a big request cannot be starved by a stream of small ones.
+    # A one-text request beside a 64-text one starts at the next step, without taking a running text's place (whose
+    # work would be lost): it takes one of these.
+    reserved_texts: int | None = option(
+        None,
+        help="In flight: places past --max-batch-size kept for requests with nothing running (default: an eighth of "
+        "--max-batch-size, at least 1).",
+        min=0,
+    )
     max_skip_ms: float = option(
         2000.0,
         help="In flight: how long a request with nothing running may be passed by later ones that fit before it; "

@@ -215,8 +215,9 @@ class Service:
         assert self._executor is not None and entry.translator is not None
         on_queue = self.metrics.queue_depth.labels(entry.name).set
         if entry.translator.capabilities.in_flight:
+            o = self.options
             limits = BatchLimits(
-                self.options.max_batch_size, self.cost_limits(entry.manifest).batch, self.options.max_skip_ms / 1000
+                o.max_batch_size, self.cost_limits(entry.manifest).batch, o.max_skip_ms / 1000, o.reserved_texts
             )
             return InflightBatcher(
                 entry.translator,
