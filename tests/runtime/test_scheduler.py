@@ -211,3 +211,13 @@ def test_a_width_that_starts_has_no_credit_saved() -> None:
         picks.append(width)
         s.stepped(width, 0.05, 1)
     assert picks.count(1) == 5  # alternates from the start, instead of greedy steps only for 5 s of saved credit
+
+
+def test_a_full_batch_of_one_text_requests_takes_no_reserved_place() -> None:
+    """The reserve is for a request beside one that holds more than its share, not a larger batch under a flood of
+    one-text requests (their encoding is pooled while they wait)."""
+    s = Scheduler(BatchLimits(max_texts=8, reserve=2))
+    for i in range(12):
+        s.add(request(1, arrived=float(i)))
+    assert len(s.schedule(12.0).admit) == 8
+    assert s.texts == 8

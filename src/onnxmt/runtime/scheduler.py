@@ -13,9 +13,9 @@ Fairness is a property of admission:
   free, and a one-text request that arrives meanwhile takes the next one.
 - A waiting request whose next text does not fit does not block later ones that do, unless it has waited
   `max_skip_age` seconds: then nothing is admitted past it until it fits (no starvation of big texts).
-- A waiting request with nothing running may take one of a few places kept past `max_texts` (`reserve`): a
-  one-text request beside a 64-text one starts at the next step, and nobody's work is lost. When those are taken
-  too, it takes a place from the request with the most texts running, if that one holds more than its share
+- A waiting request with nothing running may take one of a few places kept past `max_texts` (`reserve`) while a
+  request holds more than its share: a one-text request beside a 64-text one starts at the next step, and nobody's
+  work is lost. When those are taken too, it takes a place from the request with the most texts running, if that one holds more than its share
   (running texts over the requests running or waiting): its text admitted last (the least progress: the least work
   lost) leaves and waits again at the front of its request. Its translation is computed again from the start, and
   is the same (a row's results do not depend on its batch).
@@ -106,17 +106,16 @@ class Scheduler:
         return sum(len(r.waiting) for r in self.requests)
 
     def fits(
-        self, request: Request, text: int, texts: int | None = None, cost: int | None = None, running: int = 0
+        self, request: Request, text: int, texts: int | None = None, cost: int | None = None, reserve: bool = False
     ) -> bool:
-        """Whether `request`'s `text` fits beside `texts` texts of `cost` running (default: those running now), the
-        request having `running` of them. A request with nothing running may take one of the `reserve` places past
-        `max_texts`. A text alone always fits: the budgets bound a batch, not what one text may cost (the request
-        limits do)."""
+        """Whether `request`'s `text` fits beside `texts` texts of `cost` running (default: those running now), in
+        the `reserve` places past `max_texts` too if it may take one. A text alone always fits: the budgets bound a
+        batch, not what one text may cost (the request limits do)."""
         texts = self.texts if texts is None else texts
         cost = self.cost if cost is None else cost
         if texts == 0:
             return True
-        places = self.limits.max_texts + (self.limits.reserved if running == 0 else 0)
+        places = self.limits.max_texts + (self.limits.reserved if reserve else 0)
         if texts + 1 > places:
             return False
         budget = self.limits.max_cost
@@ -137,7 +136,7 @@ class Scheduler:
                 break
             request = min(candidates, key=lambda r: (count[id(r)], r.arrived))
             text = waiting[id(request)][0]
-            if self.fits(request, text, texts, cost, count[id(request)]):
+            if self.fits(request, text, texts, cost, self._may_reserve(request, count, texts)):
                 waiting[id(request)].popleft()
                 if (request, text) in decision.preempt:  # it never left
                     decision.preempt.remove((request, text))
@@ -168,6 +167,15 @@ class Scheduler:
             self.texts, self.cost = texts, cost
         return decision
 
+    def _may_reserve(self, request: Request, count: dict[int, int], texts: int) -> bool:
+        """Whether `request` may take a reserved place: it has nothing running, and a request holds more than its
+        share (the texts running over the requests running or waiting). Not when every request holds one text (a
+        full batch of one-text requests): there the reserve would only make the batch larger."""
+        if count[id(request)]:
+            return False
+        active = sum(1 for r in self.requests if count[id(r)] or r.waiting)
+        return any(n >= 2 and n * active > texts for n in count.values())
+
     def _victim(
         self, request: Request, text: int, count: dict[int, int], held: dict[int, list[int]], texts: int, cost: int
     ) -> Request | None:
@@ -183,7 +191,8 @@ class Scheduler:
         active = sum(1 for r in self.requests if count[id(r)] or r.waiting)
         if count[id(victim)] < 2 or count[id(victim)] * active <= texts:
             return None
-        if not self.fits(request, text, texts - 1, cost - victim.costs[held[id(victim)][-1]], count[id(request)]):
+        freed = cost - victim.costs[held[id(victim)][-1]]
+        if not self.fits(request, text, texts - 1, freed, self._may_reserve(request, count, texts)):
             return None
         return victim
 
