@@ -301,9 +301,8 @@ class InflightBatcher(Batcher):
         if not needed and (not upcoming or len(upcoming) < room or 2 * len(upcoming) < self.limits.max_texts):
             return  # waiting texts alone are pooled until they fill the room ahead, if that is half a call
         texts = needed + upcoming
-        size = max(8, self.limits.max_texts // 2)  # a call the texts that arrive after it wait for stays short
-        for start in range(0, len(texts), size):
-            self._submit(texts[start : start + size])
+        for start in range(0, len(texts), self.limits.max_texts):  # calls of at most a batch of texts
+            self._submit(texts[start : start + self.limits.max_texts])
 
     def _submit(self, texts: list[tuple[_Entry, int]]) -> None:
         """One encoder call for `texts`, queued for the encoder thread (`_run_call`)."""
