@@ -15,10 +15,10 @@ Fairness is a property of admission:
   `max_skip_age` seconds: then nothing is admitted past it until it fits (no starvation of big texts).
 - A waiting request with nothing running may take one of a few places kept past `max_texts` (`reserve`) while a
   request holds more than its share: a one-text request beside a 64-text one starts at the next step, and nobody's
-  work is lost. When those are taken too, it takes a place from the request with the most texts running, if that one holds more than its share
-  (running texts over the requests running or waiting): its text admitted last (the least progress: the least work
-  lost) leaves and waits again at the front of its request. Its translation is computed again from the start, and
-  is the same (a row's results do not depend on its batch).
+  work is lost. When those are taken too, it takes a place from the request with the most texts running, if that
+  one holds more than its share (running texts over the requests running or waiting): its text admitted last (the
+  least progress: the least work lost) leaves and waits again at the front of its request. Its translation is
+  computed again from the start, and is the same (a row's results do not depend on its batch).
 - Beam widths run in separate batches (one decoder call holds one width) and share the time by request: each
   width's step time is charged to it divided by the requests it runs, and the width charged least steps next.
 """

@@ -176,9 +176,10 @@ class InflightBatcher(Batcher):
         if decision:
             self._interrupt = True  # the inference thread ends its round: the scheduler has a change to make
         fitting = [(self._entries[id(job)], t) for r, t in decision.admit if r is request]
-        if fitting and self.scheduler.texts:
-            # It joins at the next step: sent alone now, so that its call runs while the running rows step and its
-            # join does not hold up their next step. (Into an idle batch, the loop admits and encodes at once.)
+        if fitting and self.scheduler.texts and not self._open_calls:
+            # It joins at the next step: sent alone now, if the encoder is idle, so that its call runs while the
+            # running rows step. (Into an idle batch, the loop admits and encodes at once; while the encoder is busy,
+            # it is encoded with the texts admitted or waiting beside it.)
             self._encode(fitting, ahead=False)
         else:
             self._encode([])
