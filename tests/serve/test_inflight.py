@@ -52,6 +52,9 @@ def test_a_short_request_is_answered_while_long_ones_run(tiny_onnx_dir: Path, tm
                     break
                 await asyncio.sleep(0.005)
             assert not done_at, "the long requests finished before the short one was sent: nothing was tested"
+            # What runs is visible, not only what waits.
+            assert metric_sample(metrics, "onnxmt_running_requests", model="model") >= 1
+            assert metric_sample(metrics, "onnxmt_running_rows", model="model") >= 8
             short = await client.post("/translate", json=short_body)
             short_done = time.monotonic()
             return await asyncio.gather(*longs), short, short_done, done_at
@@ -67,6 +70,8 @@ def test_a_short_request_is_answered_while_long_ones_run(tiny_onnx_dir: Path, tm
     assert short.json()["translatedText"] == translator.translate(["Hello world."], beams=1, max_new_tokens=3)[0].text
     expected = [t.text for t in translator.translate(TEXTS[:8], beams=1, max_new_tokens=60)]
     assert all(r.json()["translatedText"] == expected for r in longs)
+    assert metric_sample(metrics, "onnxmt_running_rows", model="model") == 0  # all done
+    assert metric_sample(metrics, "onnxmt_running_requests", model="model") == 0
     # The requests shared decoder calls: some steps carried more than one request's rows.
     assert metric_sample(metrics, "onnxmt_step_requests_bucket", le="1.0", model="model") < metric_sample(
         metrics, "onnxmt_step_requests_count", model="model"
