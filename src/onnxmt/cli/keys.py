@@ -11,11 +11,14 @@ from rich.console import Console
 from rich.table import Table
 
 from .common import fail
+from .help import Command, Group
 
 if TYPE_CHECKING:
     from ..serve.limits import KeyStore
 
-keys = typer.Typer(help="API keys of `onnxmt serve --key-db`, with limits of their own.", no_args_is_help=True)
+keys = typer.Typer(
+    cls=Group, help="API keys of `onnxmt serve --key-db`, with limits of their own.", no_args_is_help=True
+)
 
 DbOption = Annotated[
     str,
@@ -32,7 +35,7 @@ def _store(path: str) -> KeyStore:
         fail(f"cannot open the key database {path}: {e}")
 
 
-@keys.command("add")
+@keys.command("add", cls=Command)
 def add(
     key_db: DbOption,
     key: Annotated[str | None, typer.Argument(help="The key (default: a new random one, printed).")] = None,
@@ -58,7 +61,7 @@ def add(
     print(key)
 
 
-@keys.command("remove")
+@keys.command("remove", cls=Command)
 def remove(key_db: DbOption, key: Annotated[str, typer.Argument(help="The key to remove.")]) -> None:
     """Remove a key."""
     store = _store(key_db)
@@ -69,7 +72,7 @@ def remove(key_db: DbOption, key: Annotated[str, typer.Argument(help="The key to
         store.close()
 
 
-@keys.command("list")
+@keys.command("list", cls=Command)
 def list_keys(key_db: DbOption) -> None:
     """The keys and their limits (blank: the server's)."""
     store = _store(key_db)

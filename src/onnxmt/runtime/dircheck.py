@@ -32,6 +32,7 @@ MODEL_BOUNDS = {
     "num_layers": (1, 1024),
     "encoder_layers": (0, 1024),
     "num_heads": (1, 1024),
+    "num_kv_heads": (1, 1024),
     "head_dim": (1, 4096),
     "d_model": (1, 65536),
     "vocab_size": (1, 1 << 24),
@@ -66,7 +67,7 @@ def check_graph(directory: Path, name: str) -> GraphContents:
     path = directory / name
     try:
         contents = read_graph(path)
-    except (ValueError, IndexError) as e:  # not a protobuf, or one cut short
+    except (ValueError, IndexError, TypeError) as e:  # not a protobuf, one cut short, or one with bytes flipped
         raise ModelDirError(f"{name}: not a readable ONNX graph ({e.__class__.__name__})") from e
     root = model_root(directory)
     for external in contents.external:
@@ -143,7 +144,7 @@ def check_sizes(manifest: Manifest, where: str) -> None:
             match = _CACHE_ROLE.match(tensor.role)
             if match is not None and match.group(1) != "cross":
                 layers.add(int(match.group(3)))
-            for key, dim in _sizes_of(tensor.role, part, tensor.shape).items():
+            for key, dim in _sizes_of(tensor.role, part, tensor.shape, "num_kv_heads" in model).items():
                 if isinstance(dim, int) and key in model and dim != model[key]:
                     raise ModelDirError(
                         f"{where}: model.{key} = {model[key]} does not match {graph.file}'s {tensor.name[:80]} "
@@ -156,11 +157,12 @@ def check_sizes(manifest: Manifest, where: str) -> None:
         )
 
 
-def _sizes_of(role: str, part: str, shape: list[int | str]) -> dict[str, int | str]:
-    """The manifest sizes a tensor's dims give: an attention cache's heads and head size, the logits' vocabulary,
-    the encoder output's hidden size."""
+def _sizes_of(role: str, part: str, shape: list[int | str], grouped: bool = False) -> dict[str, int | str]:
+    """The manifest sizes a tensor's dims give: an attention cache's heads (its key/value heads where the model
+    groups its queries, `grouped`: decoder-only models) and head size, the logits' vocabulary, the encoder output's
+    hidden size."""
     if _CACHE_ROLE.match(role) and len(shape) == 4:
-        return {"num_heads": shape[1], "head_dim": shape[3]}
+        return {"num_kv_heads" if grouped else "num_heads": shape[1], "head_dim": shape[3]}
     if role == "logits" and shape:
         return {"vocab_size": shape[-1]}
     if role == "encoder_hidden_states" and part == "encoder" and shape:

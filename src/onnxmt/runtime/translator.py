@@ -15,7 +15,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..architectures import LanguageScheme, Prompt, scheme_for
-from ..manifest import Manifest, ModelDirError, verify_files
+from ..manifest import Manifest, ModelDirError, read_manifest, verify_files
 from ..models import resolve_model_dir
 from .cache import Cache
 from .cancel import CancelToken
@@ -88,7 +88,12 @@ class Translator:
         sessions: dict[str, Any] = {}  # graphs opened to read an Optimum directory, reused to run it
         # Sizes are checked here; the sha256 of every file (300 MB in fp32: ~0.3 s) is computed on a thread while
         # ONNX Runtime builds the sessions, and a mismatch is raised before this constructor returns.
-        self.manifest: Manifest = load_manifest(self.directory, verify=False, sessions=sessions, options=runtime)
+        try:
+            self.manifest: Manifest = load_manifest(self.directory, verify=False, sessions=sessions, options=runtime)
+        except ModelDirError:
+            if runtime.verify:
+                _corrupted_file(self.directory)  # a corrupted file explains the failure better than what it broke
+            raise
         with ThreadPoolExecutor(max_workers=1) as pool:
             hashes = pool.submit(verify_files, self.directory, self.manifest) if runtime.verify else None
             try:
@@ -388,6 +393,15 @@ class Translator:
         """A text's hypotheses from the decoding loop as a `Translation`: the best, the others its alternatives."""
         first, *rest = (Translation(self.detokenize(h.tokens), h.tokens, h.score) for h in hypotheses)
         return Translation(first.text, first.token_ids, first.score, tuple(rest), hypotheses[0].cancelled)
+
+
+def _corrupted_file(directory: Path) -> None:
+    """ModelDirError naming a file whose sha256 is not its manifest's, if one is (and the manifest reads)."""
+    try:
+        manifest = read_manifest(directory)
+    except Exception:
+        return
+    verify_files(directory, manifest)
 
 
 def _per_text(value: str | Sequence[str | None] | None, n: int, name: str) -> list[str | None]:
