@@ -162,7 +162,7 @@ def test_requests_waiting_for_a_place_are_encoded_together(tiny_onnx_dir: Path, 
     expected = [translator.translate([t], beams=1, max_new_tokens=40)[0].text for t in texts]
     assert [r.json()["translatedText"] for r in answers] == expected
     assert metric_sample(metrics, "onnxmt_encoder_texts_sum", model="model") == len(texts)
-    assert metric_sample(metrics, "onnxmt_encoder_texts_count", model="model") < len(texts) / 2
+    assert metric_sample(metrics, "onnxmt_encoder_texts_count", model="model") <= len(texts) / 2  # 2+ texts a call
 
 
 @contextlib.asynccontextmanager
@@ -244,10 +244,10 @@ def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_step
 def test_a_request_that_fits_the_running_batch_is_encoded_as_it_arrives(
     tiny_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two places, one running: of two requests arriving, the first fits, so the encoder thread encodes it as it
-    arrives, alone (the step it joins at waits for its call), while the running one's steps go on, not after it is
-    admitted (its join would hold up that step); it joins encoded. The other, with no place, is not in that call.
-    Each text is encoded once and every answer is the library's."""
+    """Two places, one running, the encoder idle: of two requests arriving, the first fits, so the encoder thread
+    encodes it as it arrives, alone, while the running one's steps go on, not after it is admitted; it joins
+    encoded. The other, with no place, is not in that call. Each text is encoded once and every answer is the
+    library's."""
     translator = Translator(tiny_onnx_dir)
     texts = TEXTS[50:53]
     encoding_at_admission: list[bool] = []  # per admitted request: was its encoder call started before?
@@ -271,8 +271,8 @@ def test_a_request_that_fits_the_running_batch_is_encoded_as_it_arrives(
         async with _two_places(translator) as batcher:
             first = _send(batcher, translator, texts[:1], **LONG)
             deadline = time.monotonic() + 30
-            while batcher.scheduler.texts < 1 and time.monotonic() < deadline:
-                await asyncio.sleep(0.001)
+            while (batcher.scheduler.texts < 1 or batcher._open_calls) and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)  # running, and the encoder idle
             second = _send(batcher, translator, texts[1:])
             done = await asyncio.wait_for(asyncio.gather(*first, *second), 60)
             return [d[0].text for d in done]
