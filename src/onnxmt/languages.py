@@ -190,9 +190,13 @@ class ModelLanguages:
         self.source_tokens: dict[str, str] = dict(source_tokens) if isinstance(source_tokens, dict) else {}
         self.default_target: str | None = default if isinstance(default, str) else None
         self.default_source: str | None = default_source if isinstance(default_source, str) else None
+        # A decoder-only translator (scheme chat_template) translates between the languages its prompt can name, any
+        # to any: the keys of its `names` table (architectures/decoder_only.py).
+        names = languages.get("names") if languages.get("scheme") == "chat_template" else None
+        self.named: list[str] = sorted(names) if isinstance(names, dict) else []
         # A multi-target model translates into its tokens' languages; its `target` ("zho") only summarises them.
-        targets = sorted(self.tokens) or ([self.target] if self.target else [])
-        self.sources: list[str] = sorted(self.source_tokens) or ([self.source] if self.source else [])
+        targets = self.named or sorted(self.tokens) or ([self.target] if self.target else [])
+        self.sources: list[str] = self.named or sorted(self.source_tokens) or ([self.source] if self.source else [])
         self.public: dict[str, str] = public_codes([c for c in (*self.sources, *targets) if c])
         # ISO 639-1 codes first, as LibreTranslate lists them.
         self.targets: list[str] = sorted(targets, key=lambda c: listing_order(self.public[c]))
@@ -221,6 +225,13 @@ class ModelLanguages:
     def resolve_source(self, code: str | None) -> str | None:
         """The model's source code for `code`; None for `auto`, no code, or a model that names no source. A model
         with source-language tokens gives its default source (if any) for `auto` or no code."""
+        if self.named:
+            if code is None or not code.strip() or code.strip().lower() == AUTO:
+                return None
+            found = match(code, self.sources)
+            if found is None:
+                raise unknown("source", code, [AUTO, self.valid_sources()])
+            return found
         if self.source_tokens:
             if code is None or not code.strip() or code.strip().lower() == AUTO:
                 return self.default_source
@@ -238,8 +249,8 @@ class ModelLanguages:
         """The language token's key (`cmn_Hans`) for `code`, to pass as `target_lang`; None for a single-target
         model (or no code and no default target)."""
         if code is None or not code.strip():
-            return self.default_target if self.tokens else None
-        if not self.tokens:
+            return self.default_target if self.tokens or self.named else None
+        if not self.tokens and not self.named:
             if self.target is None or match(code, [self.target]) is not None:
                 return None  # the model's only language, or a model that does not say which it is
             raise ValueError(

@@ -201,7 +201,7 @@ class Gemma3Text(TranslateGemma):
 def prompt_messages(
     languages: dict[str, Any],
     text: str,
-    source: str,
+    source: str | None,
     target: str,
     *,
     glossary: Sequence[tuple[str, str]] = (),
@@ -217,7 +217,9 @@ def prompt_messages(
     if glossary and context is not None:
         raise ValueError("HY-MT's model card has a terminology prompt and a context prompt, not both at once")
     if family == "translategemma":
-        src, tgt = (nearest_code(code, names) for code in (source, target))
+        if source is None:
+            raise ValueError(f"TranslateGemma needs a source language; valid: {', '.join(sorted(names))}")
+        src, tgt = nearest_code(source, names), nearest_code(target, names)
         item = {"type": "text", "source_lang_code": src, "target_lang_code": tgt, "text": text}
         return [{"role": "user", "content": [item]}], {}
     if target not in names:
@@ -256,7 +258,7 @@ def nearest_code(code: str, names: dict[str, str]) -> str:
 
 
 def render_prompt(
-    template: ChatTemplate, languages: dict[str, Any], text: str, source: str, target: str, **request: Any
+    template: ChatTemplate, languages: dict[str, Any], text: str, source: str | None, target: str, **request: Any
 ) -> str:
     """The prompt text a translation request becomes: the family's messages (`request`: prompt_messages' glossary,
     context) through the model's template."""

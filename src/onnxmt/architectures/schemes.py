@@ -31,6 +31,9 @@ class Prompt:
     prefix: tuple[int, ...] = ()  # ids before the source tokens
     suffix: tuple[int, ...] | None = None  # ids after them; None: the tokenizer's default (eos)
     forced_bos: int | None = None  # the first generated token, forced
+    # A decoder-only model's request: (source code or None, target code), rendered around the text through the
+    # model's chat template (runtime/decoder_only.py `Prompts`) instead of the fields above.
+    chat: tuple[str | None, str] | None = None
 
 
 class LanguageScheme:
@@ -91,17 +94,22 @@ class ChatTemplatePrompt(LanguageScheme):
     name = "chat_template"
 
     def __init__(self, languages: dict[str, Any], token_id: TokenId) -> None:
-        self.section = languages
-        self._token_id = token_id
+        super().__init__(languages, token_id)
+        self.needs_source = languages.get("prompt") == "translategemma"
 
     def prompt(self, source_lang: str | None, target_lang: str | None) -> Prompt:
-        raise ValueError("a decoder-only model's prompt is its chat template rendered around the text (render_prompt)")
-
-    def resolve_target(self, target_lang: str | None) -> str | None:
-        names = self.section.get("names", {})
-        if target_lang is not None and target_lang not in names:
-            raise ValueError(f"target language {target_lang!r} is not supported; valid: {', '.join(sorted(names))}")
-        return target_lang
+        """The language pair as the family's table names it (a client's `zh-TW` is `zh-Hant`, `pb` is `pt-BR`:
+        onnxmt.languages); the text is rendered around it later. TranslateGemma's template takes the source
+        language, so it needs one; the other families only tell a Chinese source apart (none: not Chinese)."""
+        source = self.languages.resolve_source(source_lang)
+        target = self.languages.resolve_target(target_lang)
+        if target is None:
+            raise ValueError(
+                f"this model needs a target language; valid: {self.languages.valid(self.languages.targets)}"
+            )
+        if source is None and self.needs_source:
+            raise ValueError(f"this model needs a source language; valid: {self.languages.valid_sources()}")
+        return Prompt(chat=(source, target))
 
 
 SCHEMES: dict[str, type[LanguageScheme]] = {s.name: s for s in (TargetTokenPrefix, LanguageTokens, ChatTemplatePrompt)}

@@ -22,24 +22,34 @@ from ..manifest import Manifest, ModelDirError
 from ..tokenization import JsonTokenizer
 from ..tokenization.chat import ChatTemplate
 from .cache import Cache, aligned, grown, next_capacity
+from .graphs import Graphs
 from .options import RuntimeOptions
 from .sessions import load_session, release_load_memory
-from .vocab import VocabOps
+
+# Prompt positions a prefill call takes per row: a prompt is cut into chunks at these fixed boundaries, whatever
+# runs beside it, so that its cache is the same bits alone and in any batch (the chunks' boundaries change the
+# last bits: tests/runtime/test_decoder_only.py). On CPU a chunk of this size is already a large matrix product.
+PREFILL_CHUNK = 256
 
 
-class DecoderOnlyGraphs:
+class DecoderOnlyGraphs(Graphs):
     """One ONNX Runtime session of a decoder-only model directory's `decoder` graph, its names read from the
-    manifest."""
+    manifest. To the running batch (runtime/running.py) it is an encoder-decoder's graphs without cross-attention:
+    `prefill_each` stands for the encoder (a text's prompt but its last token into its own cache), and `step`
+    steps every row at its own length."""
+
+    per_row = True
+    per_sentence = True
+    decoder_only = True
 
     def __init__(
         self, directory: Path, manifest: Manifest, options: RuntimeOptions, session: Any | None = None
     ) -> None:
         """`session`: the decoder graph's ONNX Runtime session, already open (export's check opens its own)."""
+        super().__init__(manifest, options)
         spec = manifest.graphs["decoder"]
-        self.ops = VocabOps(options)
-        self.layers = int(manifest.model["num_layers"])
         self.kv_heads = int(manifest.model["num_kv_heads"])
-        self.head_dim = int(manifest.model["head_dim"])
+        self.heads = self.kv_heads  # the cache's heads (grouped-query attention: fewer than the queries')
         self.vocab_size = int(manifest.model["vocab_size"])
         if session is None:
             session = load_session(directory / spec.file, options)
@@ -62,10 +72,36 @@ class DecoderOnlyGraphs:
         return Cache(
             mask=np.zeros((rows, 0), dtype=np.int64),
             self_kv=tuple(np.zeros(shape, dtype=np.float32) for _ in range(2 * self.layers)),
-            cross_kv=None,
+            cross_kv=(),
+            per_sentence=True,
             self_len=np.zeros(rows, dtype=np.int64),
             max_positions=max_positions,
         )
+
+    def prefill_each(self, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK) -> list[Cache]:
+        """Each prompt's own cache (one row, its length; an empty prompt's is empty), the prompts run together in
+        calls of at most `chunk` positions per row, cut at fixed boundaries (PREFILL_CHUNK says why)."""
+        out: list[Cache] = [self.empty_cache(1) for _ in prompts]
+        active = [i for i, p in enumerate(prompts) if len(p)]
+        if not active:
+            return out
+        cache = self.empty_cache(len(active), max(len(prompts[i]) for i in active))
+        start = 0
+        while active:
+            ids, lengths = right_padded([prompts[i][start : start + chunk] for i in active])
+            _, cache = self.extend(ids, lengths, cache)
+            start += chunk
+            done = [len(prompts[i]) <= start for i in active]
+            for row, i in enumerate(active):
+                if done[row]:
+                    n = len(prompts[i])
+                    kv = tuple(b[row : row + 1, :, :n].copy() for b in cache.self_kv)
+                    out[i] = replace(self.empty_cache(1), self_kv=kv, self_len=np.array([n], dtype=np.int64))
+            if all(done):
+                break
+            cache = cache.select(np.flatnonzero(~np.array(done)))
+            active = [i for i, d in zip(active, done, strict=True) if not d]
+        return out
 
     def prefill(self, prompts: Sequence[Sequence[int]], max_positions: int | None = None) -> tuple[np.ndarray, Cache]:
         """Each prompt's ids into a fresh cache, one row each: ((rows, vocab) logits at each prompt's last position,
@@ -124,16 +160,16 @@ class Prompts:
     """A translation request as the model's prompt: the family's messages (architectures/decoder_only.py) through
     the directory's chat template, tokenized in one call without added special tokens."""
 
-    def __init__(self, directory: Path, manifest: Manifest) -> None:
+    def __init__(self, directory: Path, manifest: Manifest, tokenizer: JsonTokenizer | None = None) -> None:
         self.languages = manifest.languages
         self.template = ChatTemplate.from_dir(directory)
-        self.tokenizer = JsonTokenizer.from_dir(directory)
+        self.tokenizer = tokenizer or JsonTokenizer.from_dir(directory)
 
-    def text(self, text: str, source: str, target: str, **request: Any) -> str:
+    def text(self, text: str, source: str | None, target: str, **request: Any) -> str:
         """`request`: a glossary or context (architectures.decoder_only.prompt_messages)."""
         return render_prompt(self.template, self.languages, text, source, target, **request)
 
-    def ids(self, text: str, source: str, target: str, **request: Any) -> list[int]:
+    def ids(self, text: str, source: str | None, target: str, **request: Any) -> list[int]:
         return self.tokenizer.prompt_ids(self.text(text, source, target, **request))
 
 

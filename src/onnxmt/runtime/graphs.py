@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..manifest import GraphSpec, Manifest, ModelDirError
+from ..manifest import GraphSpec, Manifest
 from .cache import Cache, grown, next_capacity, whole_blocks
 from .options import RuntimeOptions
 from .sessions import load_session, release_load_memory
@@ -33,6 +33,7 @@ class Graphs:
     encoder: Any  # the encoder's ONNX Runtime session
     per_row = False  # the decoder takes one cache length per row (format 4)
     per_sentence = False  # one cross-attention K/V per sentence, broadcast over its beams
+    decoder_only = False  # no encoder: a prompt prefilled into the decoder's cache (runtime/decoder_only.py)
 
     def __init__(self, manifest: Manifest, options: RuntimeOptions) -> None:
         self.ops = VocabOps(options)
@@ -310,10 +311,9 @@ def open_graphs(
 ) -> Graphs:
     """The graphs of a model directory; `sessions` are ones `load_manifest` already opened with these options."""
     if manifest.model.get("decoder_only"):
-        raise ModelDirError(
-            f"{directory}: a decoder-only model ({manifest.architecture}); onnxmt.runtime.decoder_only runs its graph, "
-            "the encoder-decoder decoding loop does not"
-        )
+        from .decoder_only import DecoderOnlyGraphs
+
+        return DecoderOnlyGraphs(directory, manifest, options, (sessions or {}).get("decoder"))
     if manifest.layout == "onnxmt":
         return OnnxmtGraphs(directory, manifest, options)
     return OptimumGraphs(directory, manifest, options, sessions)

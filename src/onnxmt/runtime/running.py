@@ -147,9 +147,13 @@ def encode_texts(graphs: Graphs, pad: int, ids: Sequence[Sequence[int]]) -> list
     """Texts' encoder caches from one encoder call over all of them (`Graphs.encode_each` groups them by length),
     each text's its own (one row, cut to its length; views into the call's outputs). A text's is what encoding it
     alone gives (exact in fp32 and per-row int8). Requests that wait for a place are encoded together this way
-    before they join: one by one, under load, the encoder would run once per text."""
+    before they join: one by one, under load, the encoder would run once per text. A decoder-only model's
+    "encoding" is its prompt but the last token prefilled into the text's own cache (the last is its first step's
+    input: search.Rows)."""
     if not ids:
         return []
+    if graphs.decoder_only:
+        return graphs.prefill_each([text[:-1] for text in ids])  # type: ignore[attr-defined]
     input_ids, mask = pad_batch(ids, pad)
     return [
         Cache(mask=mask[i : i + 1, : len(text)], self_kv=(), cross_kv=cross, per_sentence=True)
@@ -214,7 +218,8 @@ class RunningBatch:
         for join in _merged(self._joining):
             settings = join.settings
             forced = forced_bos_rows(list(join.forced_bos) or [None] * len(join.ids), settings)
-            cohort = new_rows(join.keys, settings, join.cancelled, forced)
+            prompts = join.ids if self.graphs.decoder_only else None
+            cohort = new_rows(join.keys, settings, join.cancelled, forced, prompts)
             last = self.cohorts[-1] if self.cohorts else None
             if last is not None and last.merges(cohort):
                 last.merge(cohort)  # its rows are the last ones: the slots append this cohort's after them

@@ -241,11 +241,15 @@ def build_processors(
     s: Settings,
     log_softmax_inplace: Callable[[np.ndarray], np.ndarray] | None = None,
     forced_bos: np.ndarray | None = None,
+    offset: int = 0,
 ) -> list[LogitsProcessor]:
     """The processors `s` asks for, in the order transformers' `_get_logits_processor` applies them. Renormalising
     needs `log_softmax_inplace` (it overwrites its argument); greedy search leaves it out (it cannot change an
     argmax, and greedy scores are already log-probabilities of the processed logits). `forced_bos`: the first step's
-    rows' first tokens (`ForcedBos`), in place of `s.forced_bos` (the language scheme's forced target language)."""
+    rows' first tokens (`ForcedBos`), in place of `s.forced_bos` (the language scheme's forced target language).
+    `offset`: prompt tokens the histories hold before the start token (a decoder-only prompt, `Rows.prompts`):
+    the lengths the processors compare with (min and max length, the first free position) move by as much, as
+    transformers counts a decoder-only prompt in its lengths."""
     forced: int | np.ndarray | None = s.forced_bos if forced_bos is None else forced_bos
     processors: list[LogitsProcessor] = []
     if s.repetition_penalty != 1.0:
@@ -257,16 +261,18 @@ def build_processors(
     if words:
         processors.append(BadWords(tuple(w[0] for w in words if len(w) == 1), tuple(w for w in words if len(w) > 1)))
     if s.min_length > 0:
-        processors.append(MinLength(s.min_length, s.eos_ids))
+        processors.append(MinLength(s.min_length + offset, s.eos_ids))
     if forced is not None:
+        if offset:
+            raise ValueError("a decoder-only prompt forces no first token")
         processors.append(ForcedBos(forced))
     if s.forced_eos is not None:
-        processors.append(ForcedEos(s.max_length, s.forced_eos))
+        processors.append(ForcedEos(s.max_length + offset, s.forced_eos))
     if s.suppress:
         processors.append(SuppressTokens(s.suppress))
     if s.begin_suppress:
         # The first free position: after the decoder start token, and after the forced token when there is one.
-        processors.append(SuppressTokens(s.begin_suppress, at_length=1 if forced is None else 2))
+        processors.append(SuppressTokens(s.begin_suppress, at_length=offset + (1 if forced is None else 2)))
     if s.renormalize and log_softmax_inplace is not None:
         processors.append(Renormalize(log_softmax_inplace))
     return processors
@@ -452,7 +458,13 @@ class Rows:
     """Texts of one setting in the running batch (greedy: one setting; beam search: one but the length limits),
     each at its own length. `keys` name them to the caller; `cancelled` polls which of the texts admitted are no
     longer wanted ((n,) bool); `forced`: each text's forced first token, where texts have their own. Their logits
-    processors are the settings' but the renormalisation, which the batch does once for all its rows."""
+    processors are the settings' but the renormalisation, which the batch does once for all its rows.
+
+    `prompts`: a decoder-only model's texts, each its whole prompt. A text's last prompt token is its start token
+    (the encoder-decoders' decoder start: the first step feeds it, its cache holding the rest of the prompt), so
+    lengths, limits, length penalties and hypotheses count as for an encoder-decoder, from the start token, as
+    transformers counts from its `decoder_prompt_len`; the processors see the prompt before it in their histories
+    (the repetition penalty applies over the prompt, as transformers applies it)."""
 
     polls: list[tuple[Callable[[], np.ndarray], int]]  # each text's request poll, and its place in it
 
@@ -462,13 +474,38 @@ class Rows:
         settings: Settings,
         cancelled: Callable[[], np.ndarray],
         forced: np.ndarray | None = None,
+        prompts: Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.keys = list(keys)
         self.s = settings
         self.forced = forced
         self.keep = max(2, 1 + len(settings.eos_ids)) * settings.num_beams  # beam search: continuations per row
         self.polls = [(cancelled, i) for i in range(len(self.keys))]
+        # Each text's prompt before its start token; its start token.
+        self.prefixes: list[np.ndarray] | None = None
+        self.starts: np.ndarray | None = None
+        if prompts is not None:
+            if len(prompts) != len(self.keys) or any(len(p) == 0 for p in prompts):
+                raise ValueError("one prompt of at least one token per text")
+            self.prefixes = [np.asarray(p[:-1], dtype=np.int64) for p in prompts]
+            self.starts = np.array([p[-1] for p in prompts], dtype=np.int64)
         self._start()
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """(texts,) prompt tokens before each text's start token (0 without prompts)."""
+        if self.prefixes is None:
+            return np.zeros(len(self.keys), dtype=np.int64)
+        return np.array([len(p) for p in self.prefixes], dtype=np.int64)
+
+    def histories(self, history: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """`history` (rows, length) of the texts `start:stop` (all with one prompt length, `beams` rows each) with
+        their prompts before it, as the processors see them."""
+        if self.prefixes is None:
+            return history
+        beams = len(history) // (stop - start)
+        prefix = np.repeat(np.stack(self.prefixes[start:stop]), beams, axis=0)
+        return np.concatenate([prefix, history], axis=1)
 
     def _start(self) -> None:
         """The search state of the texts admitted."""
@@ -499,17 +536,25 @@ class Rows:
         raise NotImplementedError
 
     def _appended(self, other: Rows) -> None:
-        """`other`'s texts' keys, polls and forced tokens after this cohort's (each cohort merges its own arrays)."""
+        """`other`'s texts' keys, polls, forced tokens and prompts after this cohort's (each cohort merges its own
+        arrays)."""
         self.keys += other.keys
         self.polls += other.polls
         if self.forced is not None and other.forced is not None:
             self.forced = np.concatenate([self.forced, other.forced])
+        if self.prefixes is not None and other.prefixes is not None:
+            self.prefixes += other.prefixes
 
     def _kept(self, texts: np.ndarray) -> None:
-        """Only the texts `texts` (indices) keep their keys, polls and forced tokens, in that order."""
+        """Only the texts `texts` (indices) keep their keys, polls, forced tokens and prompts, in that order."""
         self.keys = [self.keys[i] for i in texts.tolist()]
         self.polls = [self.polls[i] for i in texts.tolist()]
         self.forced = None if self.forced is None else self.forced[texts]
+        self.prefixes = None if self.prefixes is None else [self.prefixes[i] for i in texts.tolist()]
+
+    def _mergeable(self, other: Rows) -> bool:
+        """What every kind of cohort needs to merge `other`: forced tokens and prompts in both or neither."""
+        return (other.forced is None) == (self.forced is None) and (other.prefixes is None) == (self.prefixes is None)
 
     def _cancelled(self) -> np.ndarray:
         """(texts,) bool: each request's poll called once, each text's flag taken from its request's answer."""
@@ -530,10 +575,11 @@ class GreedyRows(Rows):
     def _start(self) -> None:
         n, s = len(self.keys), self.s
         self.sequences = np.full((n, s.max_length), s.pad, dtype=np.int64)  # (n, max_length)
-        self.sequences[:, 0] = s.decoder_start
+        self.sequences[:, 0] = s.decoder_start if self.starts is None else self.starts
         self.lengths = np.ones(n, dtype=np.int64)  # tokens so far, the decoder start counted
         self.totals = np.zeros(n, dtype=np.float32)
         self.processors = build_processors(s, None, self.forced)
+        self._built: dict[int, list[LogitsProcessor]] = {0: self.processors}  # per prompt offset
 
     @property
     def rows(self) -> int:
@@ -543,7 +589,7 @@ class GreedyRows(Rows):
         return self.sequences[np.arange(len(self.keys)), self.lengths - 1][:, None]
 
     def merges(self, other: Rows) -> bool:
-        return isinstance(other, GreedyRows) and other.s == self.s and (other.forced is None) == (self.forced is None)
+        return isinstance(other, GreedyRows) and other.s == self.s and self._mergeable(other)
 
     def merge(self, other: Rows) -> None:
         assert isinstance(other, GreedyRows)
@@ -553,13 +599,21 @@ class GreedyRows(Rows):
         self.totals = np.concatenate([self.totals, other.totals])
 
     def process(self, logits: np.ndarray) -> None:
-        """The processors on each run of texts of one length, with that run's history (and its forced tokens)."""
-        for start, stop in _runs(self.lengths):
-            length = int(self.lengths[start])
-            processors = self.processors
+        """The processors on each run of texts of one length (and prompt length), with that run's history (and its
+        forced tokens)."""
+        if not self.processors:
+            return
+        offsets = self.offsets
+        for start, stop in _runs(self.lengths, offsets):
+            length, offset = int(self.lengths[start]), int(offsets[start])
             if length == 1 and self.forced is not None:
                 processors = build_processors(self.s, None, self.forced[start:stop])
-            _apply(processors, self.sequences[start:stop, :length], logits[start:stop])
+            else:
+                if offset not in self._built:
+                    self._built[offset] = build_processors(self.s, None, self.forced, offset)
+                processors = self._built[offset]
+            history = self.histories(self.sequences[start:stop, :length], start, stop)
+            _apply(processors, history, logits[start:stop])
 
     def advance(self, chosen: np.ndarray, log_probs: np.ndarray, step: Step) -> Advance:
         """A greedy step for this cohort's rows: the tokens they chose from their processed logits and
@@ -615,9 +669,12 @@ class BeamRows(Rows):
     def _start(self) -> None:
         n = len(self.keys)
         self.state = initial_beams(n, self.s)  # as wide as the longest limit
+        if self.starts is not None:
+            self.state.running[:, :, 0] = self.starts[:, None]
+            self.state.finished[:, :, 0] = self.starts[:, None]
         self.lengths = np.ones(n, dtype=np.int64)  # tokens so far, the decoder start counted
         self.limits = np.full(n, self.s.max_length, dtype=np.int64)  # each sentence's max_length
-        self._built: dict[int, list[LogitsProcessor]] = {}  # processors per limit, past the first step
+        self._built: dict[tuple[int, int], list[LogitsProcessor]] = {}  # per limit and prompt offset, past step 1
 
     @property
     def rows(self) -> int:
@@ -631,7 +688,7 @@ class BeamRows(Rows):
         return (
             isinstance(other, BeamRows)
             and replace(other.s, max_length=0) == replace(self.s, max_length=0)
-            and (other.forced is None) == (self.forced is None)
+            and self._mergeable(other)
         )
 
     def merge(self, other: Rows) -> None:
@@ -648,22 +705,29 @@ class BeamRows(Rows):
         """The processors on each run of sentences of one length and limit, with that run's history (and forced
         tokens): what they would see alone."""
         beams = self.s.num_beams
-        for start, stop in _runs(self.lengths, self.limits):
-            length, limit = int(self.lengths[start]), int(self.limits[start])
+        offsets = self.offsets
+        for start, stop in _runs(self.lengths, self.limits, offsets):
+            length, limit, offset = int(self.lengths[start]), int(self.limits[start]), int(offsets[start])
+            processors = self._processors(length, limit, offset, start, stop, beams)
+            if not processors:
+                continue
             history = self.state.running[start:stop, :beams, :length].reshape((stop - start) * beams, length)
-            _apply(self._processors(length, limit, start, stop, beams), history, scores[start * beams : stop * beams])
+            _apply(processors, self.histories(history, start, stop), scores[start * beams : stop * beams])
 
-    def _processors(self, length: int, limit: int, start: int, stop: int, beams: int) -> list[LogitsProcessor]:
+    def _processors(
+        self, length: int, limit: int, offset: int, start: int, stop: int, beams: int
+    ) -> list[LogitsProcessor]:
         """The processors of the sentences `start:stop` (renormalisation left to the batch): their own forced
-        first tokens at their first step; past it, those of their limit (a forced token is only ever applied at
-        the first step, but whether one is forced decides which step `begin_suppress_tokens` applies to)."""
+        first tokens at their first step; past it, those of their limit and prompt length (a forced token is only
+        ever applied at the first step, but whether one is forced decides which step `begin_suppress_tokens`
+        applies to)."""
         if length == 1 and self.forced is not None:
             own = np.repeat(self.forced[start:stop], beams)
             return build_processors(replace(self.s, max_length=limit), None, own)
-        if limit not in self._built:
+        if (limit, offset) not in self._built:
             some = None if self.forced is None else self.forced[start : start + 1]
-            self._built[limit] = build_processors(replace(self.s, max_length=limit), None, some)
-        return self._built[limit]
+            self._built[limit, offset] = build_processors(replace(self.s, max_length=limit), None, some, offset)
+        return self._built[limit, offset]
 
     def advance(self, values: np.ndarray, tokens: np.ndarray, vocab: int, step: Step) -> Advance:
         """A beam-search step for this cohort's sentences, each at its own length and limit: each row's best
@@ -805,8 +869,15 @@ def _beam_step(
     ]
 
 
-def new_rows(keys: Sequence[object], settings: Settings, cancelled: Cancelled, forced: np.ndarray | None) -> Rows:
-    """The search state of texts starting together: greedy or beam rows, as `settings` says."""
+def new_rows(
+    keys: Sequence[object],
+    settings: Settings,
+    cancelled: Cancelled,
+    forced: np.ndarray | None,
+    prompts: Sequence[Sequence[int]] | None = None,
+) -> Rows:
+    """The search state of texts starting together: greedy or beam rows, as `settings` says; `prompts`: a
+    decoder-only model's (`Rows`)."""
     if settings.num_beams > 1:
-        return BeamRows(keys, settings, cancelled, forced)
-    return GreedyRows(keys, settings, cancelled, forced)
+        return BeamRows(keys, settings, cancelled, forced, prompts)
+    return GreedyRows(keys, settings, cancelled, forced, prompts)

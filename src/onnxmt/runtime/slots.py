@@ -59,27 +59,35 @@ class CacheSlots:
 
     def add(self, texts: Sequence[Cache], beams: int = 1, max_positions: int | None = None) -> None:
         """Append encoded texts (`running.encode_texts`: one row each, cut to its own width), each a sentence with
-        `beams` decoder rows that have decoded nothing yet and will step at most `max_positions` positions. Each
+        `beams` decoder rows that have decoded nothing yet (or hold a decoder-only prompt: the text's `self_len`
+        positions of its `self_kv`) and will step at most `max_positions` positions more. Each
         text's source is written straight into the buffers; what lies past its width, and in its rows' positions,
         is masked (stale values are never read)."""
         rows, sentences = len(texts) * beams, len(texts)
+        # A decoder-only text comes with its prompt in its own cache (`self_len` positions), copied to its rows.
+        held = np.array([0 if t.self_len is None else int(t.self_len[0]) for t in texts], dtype=np.int64)
         cap_rows, cap_sentences, cap_width, cap_positions = self.capacity
         self._reshape(
             rows=_more(cap_rows, self.rows + rows),
             sentences=_more(cap_sentences, self.sentences + sentences),
             width=max(cap_width, *(aligned(text.mask.shape[1]) for text in texts)),  # see cache.KEY_BLOCK
-            positions=max(cap_positions, 1),
+            positions=max(cap_positions, 1, aligned(int(held.max()))),
         )
-        for s, text in enumerate(texts, start=self.sentences):
+        for j, (s, text) in enumerate(enumerate(texts, start=self.sentences)):
             assert text.cross_kv is not None
             width = text.mask.shape[1]
             for buffer, part in zip(self.cross, text.cross_kv, strict=True):
                 buffer[s, :, :width] = part[0]
             self.mask[s, :width] = text.mask[0]
             self.mask[s, width:] = 0
+            if held[j]:
+                first = self.rows + j * beams
+                for buffer, part in zip(self.kv, text.self_kv, strict=True):
+                    buffer[first : first + beams, :, : held[j]] = part[0, :, : held[j]]
         r = slice(self.rows, self.rows + rows)
-        self.lengths[r] = 0
-        self.limits[r] = max_positions if max_positions is not None else np.iinfo(np.int64).max
+        self.lengths[r] = np.repeat(held, beams)
+        top = np.iinfo(np.int64).max
+        self.limits[r] = top if max_positions is None else np.repeat(held, beams) + max_positions
         self.rows += rows
         self.sentences += sentences
 

@@ -20,6 +20,7 @@ from ..models import resolve_model_dir
 from .cache import Cache
 from .cancel import CancelToken
 from .capabilities import Capabilities
+from .decoder_only import Prompts
 from .graphs import Graphs, open_graphs
 from .modeldir import load_manifest
 from .options import DecodeOptions, RuntimeOptions
@@ -118,14 +119,19 @@ class Translator:
         self.runtime = runtime
         self.decoding = decoding
         self.capabilities = Capabilities.of(self.manifest)
+        self.chat: Prompts | None = None  # a decoder-only model's prompts: its chat template around the request
+        if self.graphs.decoder_only:
+            self.chat = Prompts(self.directory, self.manifest, self.tokenizer)
 
     @property
     def target_languages(self) -> list[str]:
-        return sorted(self.manifest.languages.get("target_tokens", {}))
+        """The target codes a text may be given (none: the model has one target)."""
+        return self.scheme.languages.named or sorted(self.manifest.languages.get("target_tokens", {}))
 
     @property
     def source_languages(self) -> list[str]:
-        return sorted(self.manifest.languages.get("source_tokens", {}))
+        """The source codes a text may be given (none: the model has one source, or is not told it)."""
+        return self.scheme.languages.named or sorted(self.manifest.languages.get("source_tokens", {}))
 
     def target_token(self, target_lang: str | None) -> str | None:
         """The language token for `target_lang`: any code a client sends (`zh`, `zh-TW`, `cmn_Hant`, `>>cmn_Hant<<`,
@@ -143,7 +149,11 @@ class Translator:
         return self.scheme.languages.resolve_source(source_lang)
 
     def encode(self, text: str, prompt: Prompt) -> list[int]:
-        """The source ids of `text` under `prompt`: the one path every caller (validate, eval, serve) encodes by."""
+        """The source ids of `text` under `prompt`: the one path every caller (validate, eval, serve) encodes by.
+        A decoder-only model's are its whole prompt: the chat template rendered around the request."""
+        if prompt.chat is not None:
+            assert self.chat is not None
+            return self.chat.ids(text, *prompt.chat)
         return self.tokenizer.encode(prompt.text + text, prefix=prompt.prefix, suffix=prompt.suffix)
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
@@ -290,7 +300,8 @@ class Translator:
             else:
                 todo.append(i)
         batching = self._batching({"batch_size": batch_size, "max_batch_cost": max_batch_cost})
-        if refill and self.capabilities.in_flight and not in_order:
+        # A decoder-only model's texts always run in a running batch: its rows start at their prompts' lengths.
+        if self.graphs.decoder_only or (refill and self.capabilities.in_flight and not in_order):
             yield from self._running(prepared, todo, tokens, **batching)
             return
         for batch in _batches(prepared, todo, in_order=in_order, **batching):

@@ -1,0 +1,107 @@
+"""A decoder-only translator (tiny HY-MT, TranslateGemma) served: /languages lists its table's languages as ISO
+codes, concurrent requests of mixed settings share the running batch (prompts joining mid-run) and each answer is
+the library's for the text alone, the stream and the LibreTranslate client work, a bad language is a 400."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from onnxmt import Translator
+from onnxmt.documents.translate import translate_document
+from onnxmt.runtime.options import RuntimeOptions
+from onnxmt.serve.options import ServeOptions
+from tests.helpers.server import Server, metric_sample, server_fixture
+
+TEXTS = [
+    "Hello world.",
+    "The river was quiet in the morning, and the market was not open yet.",
+    "Good?",
+    "A small fast model.",
+    "He came from the city with three friends.",
+    "We know.",
+]
+SHORT = {"max_new_tokens": 12}
+
+hy_mt = server_fixture("hy_mt_onnx_dir", log="hy-mt-serve", max_batch_size=8)
+gemma = server_fixture("translategemma_onnx_dir", log="gemma-serve")
+
+
+@pytest.fixture(scope="module")
+def library(hy_mt_onnx_dir: Path) -> Translator:
+    return Translator(hy_mt_onnx_dir, RuntimeOptions(threads=1))
+
+
+def _post(server: Server, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, timeout=120)
+
+
+def test_languages_are_the_prompt_tables_codes(hy_mt: Server, gemma: Server) -> None:
+    listed = {e["code"]: e for e in httpx.get(f"{hy_mt.url}/languages", timeout=30).json()}
+    assert {"en", "zh", "zt", "fr", "yue", "fil"} <= set(listed)  # zh-Hant shown as LibreTranslate's zt, tl as fil
+    assert {"zh", "fr", "de"} <= set(listed["en"]["targets"]) and "en" not in listed["en"]["targets"]
+    listed = {e["code"] for e in httpx.get(f"{gemma.url}/languages", timeout=30).json()}
+    assert {"en", "de", "zh", "pb"} <= listed
+
+
+def test_concurrent_requests_answer_as_the_library_alone(hy_mt: Server, library: Translator) -> None:
+    """Twelve requests of one to three texts, greedy and beam 2, three target languages, sent at once: they share
+    the running batches (the rows gauge shows more than one request's), and every text is its translation alone."""
+    requests = []
+    for i in range(12):
+        texts = TEXTS[i % 6 : i % 6 + 1 + i % 3]
+        target = ("zh", "fr", "de")[i % 3]
+        requests.append({"q": texts, "source": "en", "target": target, "beams": 1 + i % 2, **SHORT})
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        answers = list(pool.map(lambda body: _post(hy_mt, "/translate", body), requests))
+    for body, answer in zip(requests, answers, strict=True):
+        assert answer.status_code == 200, answer.text
+        for text, got in zip(body["q"], answer.json()["translatedText"], strict=True):
+            alone = library.translate(
+                [text], source_lang="en", target_lang=body["target"], beams=body["beams"], **SHORT
+            )[0]
+            assert got == alone.text, (body, text)
+    metrics = httpx.get(f"{hy_mt.url}/metrics", timeout=30).text
+    assert metric_sample(metrics, "onnxmt_batch_size_sum", model="model") < sum(len(b["q"]) for b in requests) * 2
+
+
+def test_a_chinese_source_gets_the_chinese_prompt(hy_mt: Server, library: Translator) -> None:
+    chinese = "河流很长，山很高。"
+    got = _post(hy_mt, "/translate", {"q": chinese, "source": "zh", "target": "en", **SHORT})
+    assert got.status_code == 200, got.text
+    prompt = library.chat.text(chinese, "zh", "en")  # type: ignore[union-attr]
+    assert "将以下文本翻译为英语" in prompt
+    want = library.translate([chinese], source_lang="zh", target_lang="en", **SHORT)[0].text
+    assert got.json()["translatedText"] == want
+
+
+def test_the_stream_and_the_libretranslate_client(hy_mt: Server, library: Translator) -> None:
+    from libretranslatepy import LibreTranslateAPI
+
+    text = f"{TEXTS[1]} {TEXTS[4]}\n\n{TEXTS[0]}"
+    whole = translate_document(library, text, source_lang="en", target_lang="zh", **SHORT)
+    stream = _post(hy_mt, "/translate/stream", {"q": text, "source": "en", "target": "zh", **SHORT})
+    assert stream.status_code == 200, stream.text
+    events = [block.splitlines() for block in stream.text.strip().split("\n\n")]
+    assert events[-1][0] == "event: done" and json.loads(events[-1][1][6:]) == {"translatedText": whole}
+    pieces = [json.loads(lines[0][6:])["translatedText"] for lines in events[:-1]]
+    assert "".join(pieces) == whole and len(pieces) >= 3
+    api = LibreTranslateAPI(hy_mt.url)  # no length: the service's fallback (the model's config names none)
+    length = ServeOptions().fallback_max_new_tokens
+    want = library.translate([TEXTS[3]], source_lang="en", target_lang="fr", max_new_tokens=length)[0].text
+    assert api.translate(TEXTS[3], "en", "fr") == want
+
+
+def test_bad_languages_are_400s_naming_the_valid_ones(hy_mt: Server, gemma: Server) -> None:
+    bad = _post(hy_mt, "/translate", {"q": "Hi", "source": "en", "target": "xx"})
+    assert bad.status_code == 400 and "valid:" in bad.json()["error"] and "zh" in bad.json()["error"]
+    no_source = _post(gemma, "/translate", {"q": "Hi", "source": "auto", "target": "de", **SHORT})
+    assert no_source.status_code in (200, 400), no_source.text  # auto: detected, or a clear error
+    if no_source.status_code == 400:
+        assert "source" in no_source.json()["error"]
