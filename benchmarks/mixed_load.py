@@ -8,8 +8,10 @@ Scenarios other than `long-clients` measure fairness: a one-text greedy request 
 sent back to back (`--short-beams`) while big work runs, again and again: `big-request`, one request of
 `--big-texts` texts (greedy, `--big-tokens`); `queued-beams`, three clients each sending a request of 16 texts with
 4 beams, so that two of them always wait for a place; `upload`, a `--upload-lines`-line .txt through
-/translate_file. Besides the short client's p50 and max against its idle p50, the big work's own time beside the
-short client against its time alone (what fairness costs it).
+/translate_file; `long-prompts` (decoder-only translators: the prompt is prefilled in chunks between steps),
+`--prompt-clients` clients each sending one text of about `--prompt-words` words (a 500-token prompt at 350) back to
+back. Besides the short client's p50 and max against its idle p50, the big work's own time beside the short client
+against its time alone (what fairness costs it).
 
 One run, one server (started here on 127.0.0.1 as load.py starts it, stopped with SIGTERM): first the short client
 alone (`--idle-requests` requests back to back: its idle latency), then `--long-clients` clients sending texts with
@@ -89,10 +91,18 @@ async def loaded(url: str, texts: list[str], args: argparse.Namespace, body: dic
 async def big_work(url: str, args: argparse.Namespace, texts: list[str], until: float, count: int) -> list[float]:
     """The scenario's big work, again and again until `until` or `count` are done: the seconds each took."""
     target = {"target": args.target} if args.target else {}
+    source = {"source": args.source} if args.source else {}
 
     async def one(http: Any, seed: int) -> None:
         rng = random.Random(seed)
-        if args.scenario == "upload":
+        if args.scenario == "long-prompts":
+            words: list[str] = []
+            while len(words) < args.prompt_words:
+                words += rng.choice(texts).split()
+            body = {"q": " ".join(words[: args.prompt_words]), "max_new_tokens": args.big_tokens, **source, **target}
+            async with http.post("/translate", json=body) as response:
+                answer = await response.text()
+        elif args.scenario == "upload":
             lines = "\n".join(rng.sample(texts, min(args.upload_lines, len(texts))))
             form = aiohttp.FormData(
                 {"source": "en", "target": args.target or "zh", "max_new_tokens": str(args.big_tokens)}
@@ -117,7 +127,7 @@ async def big_work(url: str, args: argparse.Namespace, texts: list[str], until: 
                 done.append(time.perf_counter() - started)
         return done
 
-    clients = 3 if args.scenario == "queued-beams" else 1
+    clients = {"queued-beams": 3, "long-prompts": args.prompt_clients}.get(args.scenario, 1)
     return [x for part in await asyncio.gather(*(loop(1000 * i) for i in range(clients))) for x in part]
 
 
@@ -126,9 +136,14 @@ async def fairness(url: str, texts: list[str], args: argparse.Namespace) -> dict
     until = time.monotonic() + args.duration
     big = asyncio.create_task(big_work(url, args, texts, until, 10**9))
     await asyncio.sleep(args.warmup)  # the big work is running (or queued) first
-    short_body = {"beams": args.short_beams, **({"target": args.target} if args.target else {})}
+    short_body = {"beams": args.short_beams, **languages(args)}
     short = await client(url, texts, tuple(args.short_tokens), short_body, until, 10**9, 10**6)
     return {"short": short, "big": await big}
+
+
+def languages(args: argparse.Namespace) -> dict[str, str]:
+    """The request's language fields the options give."""
+    return {k: v for k, v in (("source", args.source), ("target", args.target)) if v}
 
 
 def describe(latencies: list[float]) -> dict[str, float]:
@@ -152,8 +167,13 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=3.0, help="seconds the long clients run before the short one")
     p.add_argument("--idle-requests", type=int, default=30)
     p.add_argument(
-        "--scenario", choices=["long-clients", "big-request", "queued-beams", "upload"], default="long-clients"
+        "--scenario",
+        choices=["long-clients", "big-request", "queued-beams", "upload", "long-prompts"],
+        default="long-clients",
     )
+    p.add_argument("--source", default=None, help="source language, for models that need one (TranslateGemma)")
+    p.add_argument("--prompt-clients", type=int, default=8, help="long-prompts: clients sending long texts")
+    p.add_argument("--prompt-words", type=int, default=350, help="long-prompts: words per long text")
     p.add_argument("--short-beams", type=int, default=1, help="fairness scenarios: the short client's beams")
     p.add_argument("--big-texts", type=int, default=64, help="big-request: texts in the big request")
     p.add_argument("--big-tokens", type=int, default=48, help="big-request, queued-beams: its new tokens")
@@ -162,14 +182,14 @@ def main() -> None:
     p.add_argument("--name", default=None)
     p.add_argument("--out", type=Path, default=HERE / "results")
     args = p.parse_args()
-    body: dict[str, Any] = {"beams": args.beams, **({"target": args.target} if args.target else {})}
+    body: dict[str, Any] = {"beams": args.beams, **languages(args)}
     texts = sentences(500, "en")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process, _ = start_server([args.model_dir], port, Path(tempfile.gettempdir()) / f"onnxmt-mixed-{port}.log")
     fair = args.scenario != "long-clients"
     if fair:
-        body = {"beams": args.short_beams, **({"target": args.target} if args.target else {})}
+        body = {"beams": args.short_beams, **languages(args)}
     try:
         asyncio.run(client(url, texts, tuple(args.short_tokens), body, time.monotonic() + 60, 3, 1))  # warm-up
         idle = asyncio.run(client(url, texts, tuple(args.short_tokens), body, time.monotonic() + 300,

@@ -105,3 +105,78 @@ def test_bad_languages_are_400s_naming_the_valid_ones(hy_mt: Server, gemma: Serv
     assert no_source.status_code in (200, 400), no_source.text  # auto: detected, or a clear error
     if no_source.status_code == 400:
         assert "source" in no_source.json()["error"]
+
+
+@pytest.mark.parametrize("max_skip", [2.0, 0.0])
+def test_a_short_prompt_is_prefilled_between_a_long_prompts_chunks(
+    hy_mt_onnx_dir: Path, library: Translator, monkeypatch: pytest.MonkeyPatch, max_skip: float
+) -> None:
+    """Prompts are prefilled a chunk at a time on the encoder thread, the call with the fewest positions left first:
+    a short request arriving while a long prompt is being prefilled has its prompt run before the long one's last
+    chunk, and both answers are the library's (the same chunk boundaries: the same bits). With the age bound at 0,
+    the long call has waited long enough: the encoder alternates between it and the short one."""
+    import asyncio
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from onnxmt.runtime import decoder_only
+    from onnxmt.runtime.scheduler import BatchLimits
+    from onnxmt.serve.inflight import InflightBatcher
+
+    monkeypatch.setattr(decoder_only, "PREFILL_CHUNK", 8)
+    graphs = library.graphs
+    calls: list[tuple[int, int]] = []  # (start, positions) of each prefill call
+    real = graphs.extend
+    started = threading.Event()
+
+    def extend(ids: Any, lengths: Any, cache: Any) -> Any:
+        if threading.current_thread().name.startswith("onnxmt-encoder"):  # a prefill call (not a step)
+            calls.append((int(cache.self_len[0]), int(lengths[0])))
+            started.set()
+            time.sleep(0.01)  # a long prompt's chunk takes a while, as on a real model
+        return real(ids, lengths, cache)
+
+    monkeypatch.setattr(graphs, "extend", extend)
+    long_text = " ".join(TEXTS) * 3
+    short = library.prepare([TEXTS[2]], source_lang="en", target_lang="zh", **SHORT)
+    long = library.prepare([long_text], source_lang="en", target_lang="zh", **SHORT)
+    assert len(long[0].ids) > 3 * len(short[0].ids)
+
+    async def run() -> list[str]:
+        executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
+        limits = BatchLimits(max_texts=4, max_skip_age=max_skip)
+        batcher = InflightBatcher(library, executor, limits=limits, max_queue=16)
+        batcher.start()
+        try:
+            first = asyncio.ensure_future(batcher.translate(long, None))
+            while not started.is_set():
+                await asyncio.sleep(0.001)
+            second = asyncio.ensure_future(batcher.translate(short, None))
+            done = await asyncio.wait_for(asyncio.gather(first, second), 120)
+            return [d[0].text for d in done]
+        finally:
+            await batcher.stop()
+            executor.shutdown()
+
+    answers = asyncio.run(run())
+    monkeypatch.undo()
+
+    def last_chunk(prompt: tuple[int, ...]) -> int:
+        """The index of the prefill call that ran a prompt's last chunk (its prefix: all but the last token)."""
+        n = len(prompt) - 1
+        return calls.index(((n - 1) // 8 * 8, n - (n - 1) // 8 * 8))
+
+    def first_chunk(prompt: tuple[int, ...]) -> int:
+        return next(i for i in range(last_chunk(prompt), -1, -1) if calls[i][0] == 0)
+
+    chunks = -(-(len(short[0].ids) - 1) // 8)
+    assert calls[0] == (0, 8) and len(calls) == -(-(len(long[0].ids) - 1) // 8) + chunks
+    assert last_chunk(short[0].ids) < last_chunk(long[0].ids)  # run between the long prompt's chunks
+    between = last_chunk(short[0].ids) - first_chunk(short[0].ids) + 1 - chunks  # the long one's, meanwhile
+    if max_skip:
+        assert between == 0  # fewest positions left first: the short prompt's chunks one after the other
+    else:
+        assert between >= chunks - 1  # the long call has waited long enough: every other piece is its
+    monkeypatch.setattr(decoder_only, "PREFILL_CHUNK", 8)
+    assert answers == [library.translate_prepared(p)[0].text for p in (long, short)]

@@ -10,10 +10,10 @@ share one call (the graph takes one position per row: export/decoder_only.py). I
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -78,9 +78,23 @@ class DecoderOnlyGraphs(Graphs):
             max_positions=max_positions,
         )
 
-    def prefill_each(self, prompts: Sequence[Sequence[int]], chunk: int = PREFILL_CHUNK) -> list[Cache]:
+    def prefill_each(self, prompts: Sequence[Sequence[int]], chunk: int | None = None) -> list[Cache]:
         """Each prompt's own cache (one row, its length; an empty prompt's is empty), the prompts run together in
         calls of at most `chunk` positions per row, cut at fixed boundaries (PREFILL_CHUNK says why)."""
+        steps = self.prefill_steps(prompts, chunk)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return cast("list[Cache]", done.value)
+
+    def prefill_steps(
+        self, prompts: Sequence[Sequence[int]], chunk: int | None = None
+    ) -> Generator[int, None, list[Cache]]:
+        """`prefill_each` one call at a time: yields the positions each call took (so that a caller can run other
+        work between a long prompt's chunks: the service's short requests), returns the caches. `chunk`: None,
+        PREFILL_CHUNK."""
+        chunk = chunk or PREFILL_CHUNK
         out: list[Cache] = [self.empty_cache(1) for _ in prompts]
         active = [i for i, p in enumerate(prompts) if len(p)]
         if not active:
@@ -101,6 +115,7 @@ class DecoderOnlyGraphs(Graphs):
                 break
             cache = cache.select(np.flatnonzero(~np.array(done)))
             active = [i for i, d in zip(active, done, strict=True) if not d]
+            yield int(lengths.sum())
         return out
 
     def prefill(self, prompts: Sequence[Sequence[int]], max_positions: int | None = None) -> tuple[np.ndarray, Cache]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -37,6 +38,9 @@ from .search import (
     spans_of,
 )
 from .slots import CacheSlots
+
+if TYPE_CHECKING:
+    from .decoder_only import DecoderOnlyGraphs
 
 
 @dataclass
@@ -153,12 +157,18 @@ def encode_texts(graphs: Graphs, pad: int, ids: Sequence[Sequence[int]]) -> list
     if not ids:
         return []
     if graphs.decoder_only:
-        return graphs.prefill_each([text[:-1] for text in ids])  # type: ignore[attr-defined]
+        return cast("DecoderOnlyGraphs", graphs).prefill_each(prefixes(ids))
     input_ids, mask = pad_batch(ids, pad)
     return [
         Cache(mask=mask[i : i + 1, : len(text)], self_kv=(), cross_kv=cross, per_sentence=True)
         for i, (text, cross) in enumerate(zip(ids, graphs.encode_each(input_ids, mask), strict=True))
     ]
+
+
+def prefixes(prompts: Sequence[Sequence[int]]) -> list[Sequence[int]]:
+    """What a decoder-only model's prompts put in their caches before they join: all but the last token (the start
+    token of their search rows: search.Rows)."""
+    return [prompt[:-1] for prompt in prompts]
 
 
 class RunningBatch:

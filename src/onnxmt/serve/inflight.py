@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import cast
@@ -26,7 +26,8 @@ import numpy as np
 
 from ..runtime.cache import Cache
 from ..runtime.cancel import CancelToken
-from ..runtime.running import RunningBatch, encode_texts
+from ..runtime.decoder_only import DecoderOnlyGraphs
+from ..runtime.running import RunningBatch, encode_texts, prefixes
 from ..runtime.scheduler import BatchLimits, Request, Scheduler
 from ..runtime.search import Hypothesis
 from ..runtime.translator import Translation, Translator
@@ -72,6 +73,9 @@ class _Round:
 # (a text finished, the scheduler has a change to make, a stream waits for tokens): going back after every step let
 # the event loop's other work (HTTP, JSON) delay the next step, 15% of the throughput under 32 clients.
 MAX_STEPS_PER_ROUND = 64
+# Seconds between looks at the event loop's news while the inference thread, with no rows to step, waits for an
+# encoder call (a long prompt's prefill runs for seconds).
+IDLE_POLL = 0.01
 # Texts of requests of more than one text per encoder call: on opus-mt's architecture in int8, 2 threads, a call of
 # 8 texts is short enough that a one-text request queued behind it stays within a few steps of its idle latency.
 BIG_REQUEST_CALL = 8
@@ -98,15 +102,25 @@ class _Entry:
 
 @dataclass
 class _Call:
-    """An encoder call waiting for the encoder thread."""
+    """An encoder call waiting for the encoder thread; a decoder-only model's prefill, one chunk at a time (`work`:
+    its progress once started; `left`: its prompt positions still to run)."""
 
     texts: list[tuple[_Entry, int]]
     future: Future[int]
+    left: int = 0
+    work: Generator[int, None, int] | None = None
+
+    @property
+    def arrived(self) -> float:
+        return min(e.job.arrived for e, _ in self.texts)
 
     @property
     def priority(self) -> tuple[int, float]:
-        """The smallest request's size among its texts, then the oldest arrival."""
-        return min((len(e.request.costs), e.job.arrived) for e, _ in self.texts)
+        """Encoder calls: the smallest request's size among its texts, then the oldest arrival. Prefill calls: the
+        fewest prompt positions left (a short prompt's call runs between a long one's chunks), then the oldest."""
+        if self.left:
+            return self.left, self.arrived
+        return min(len(e.request.costs) for e, _ in self.texts), self.arrived
 
 
 @dataclass
@@ -144,6 +158,7 @@ class InflightBatcher(Batcher):
         # short request's call does not wait behind a big request's queued calls.
         self._calls: list[_Call] = []
         self._calls_lock = threading.Lock()
+        self._oldest_turn = False  # the last piece went to the oldest prefill call (`_next_call`)
         self._open_calls: set[Future[int]] = set()  # queued or running
         self._encoder_calls: list[int] = []  # texts per encoder call, since the last stats
         self._interrupt = False  # set on the event loop: the scheduler has a change to make, or texts are encoded
@@ -204,7 +219,11 @@ class InflightBatcher(Batcher):
         self._encoder.shutdown(wait=False, cancel_futures=True)
         with self._calls_lock:
             for call in self._calls:
-                call.future.cancel()
+                if call.work is None:
+                    call.future.cancel()
+                else:  # a prefill between its chunks: no piece of it will run again
+                    call.work.close()
+                    call.future.set_exception(RuntimeError("the service is shutting down"))
             self._calls.clear()
         for future in list(self._open_calls):  # a call in progress: the model is not let go before it ends
             with contextlib.suppress(BaseException):
@@ -310,14 +329,21 @@ class InflightBatcher(Batcher):
         # (`_run_call`), waits at most that long for the call in progress.
         pooled = [(e, t) for e, t in texts if len(e.request.costs) == 1]
         big = [(e, t) for e, t in texts if len(e.request.costs) > 1]
-        for group, size in ((pooled, self.limits.max_texts), (big, BIG_REQUEST_CALL)):
+        # A decoder-only model's prompts are prefilled one per call, a chunk at a time: the prompt, not the number
+        # of texts, is the work, and each prompt's call is ranked by what it has left (`_Call.priority`).
+        prefill = self.translator.graphs.decoder_only
+        for group, size in (
+            (pooled, 1 if prefill else self.limits.max_texts),
+            (big, 1 if prefill else BIG_REQUEST_CALL),
+        ):
             for start in range(0, len(group), size):
                 self._submit(group[start : start + size])
 
     def _submit(self, texts: list[tuple[_Entry, int]]) -> None:
         """One encoder call for `texts`, queued for the encoder thread (`_run_call`)."""
         loop = asyncio.get_running_loop()
-        call = _Call(texts, Future())
+        left = sum(len(e.job.texts[e.todo[t]].ids) for e, t in texts) if self.translator.graphs.decoder_only else 0
+        call = _Call(texts, Future(), left)
         work = call.future
         for entry, text in texts:
             entry.encoding[text] = work
@@ -333,18 +359,44 @@ class InflightBatcher(Batcher):
         work.add_done_callback(encoded)
 
     def _run_call(self) -> None:
-        """On the encoder thread: the queued call of the smallest request (then the oldest), one per submission."""
+        """On the encoder thread: one piece of the queued call that ranks first (`_Call.priority`), one per
+        submission. A call with more to do (a long prompt's next prefill chunks) is queued again behind its piece,
+        so that a shorter one can run first."""
         with self._calls_lock:
             if not self._calls:
                 return
-            call = min(self._calls, key=lambda c: c.priority)
+            call = self._next_call()
             self._calls.remove(call)
-        if not call.future.set_running_or_notify_cancel():
-            return
+        if call.work is None:
+            if not call.future.set_running_or_notify_cancel():
+                return
+            call.work = self._encode_work(call.texts)
         try:
-            call.future.set_result(self._encode_texts(call.texts))
+            if all(e.gone for e, _ in call.texts):
+                call.work.close()  # nobody waits for it any more: the rest of its prompt is not run
+                call.future.set_result(0)
+                return
+            call.left -= next(call.work)
+        except StopIteration as done:
+            call.future.set_result(done.value)
+            return
         except Exception as e:
             call.future.set_exception(e)
+            return
+        with self._calls_lock:
+            self._calls.append(call)
+        self._encoder.submit(self._run_call)
+
+    def _next_call(self) -> _Call:
+        """The queued call that runs next (the lock held): the first by `_Call.priority`; but while a prefill call
+        has waited `max_skip_age` seconds, every other piece goes to the oldest call, so that long prompts keep
+        half the encoder however many short ones arrive, and a short one waits at most one piece of them."""
+        now = time.monotonic()
+        aged = [c for c in self._calls if c.left and now - c.arrived >= self.limits.max_skip_age]
+        self._oldest_turn = bool(aged) and not self._oldest_turn
+        if self._oldest_turn:
+            return min(aged, key=lambda c: c.arrived)
+        return min(self._calls, key=lambda c: c.priority)
 
     def _encoded(self, work: Future[int], texts: list[tuple[_Entry, int]]) -> None:
         """On the event loop, once an encoder call is done: counted, and the next waiting texts sent. A failed call
@@ -362,11 +414,16 @@ class InflightBatcher(Batcher):
             log.warning("an encoder call failed (%s); its %d texts are encoded as they join", error, len(texts))
         self._encode([])
 
-    def _encode_texts(self, texts: list[tuple[_Entry, int]]) -> int:
-        """On the encoder thread: the texts encoded in one call, each cache kept by its entry until it joins."""
+    def _encode_work(self, texts: list[tuple[_Entry, int]]) -> Generator[int, None, int]:
+        """On the encoder thread: the texts encoded in one call (a decoder-only model's prompts prefilled, a chunk
+        per piece), each cache kept by its entry until it joins; returns the number of texts."""
         texts = [(e, t) for e, t in texts if not e.gone]
         ids = [e.job.texts[e.todo[t]].ids for e, t in texts]
-        caches = encode_texts(self.translator.graphs, self.translator.manifest.tokens["pad"], ids)
+        graphs = self.translator.graphs
+        if graphs.decoder_only:
+            caches = yield from cast(DecoderOnlyGraphs, graphs).prefill_steps(prefixes(ids))
+        else:
+            caches = encode_texts(graphs, self.translator.manifest.tokens["pad"], ids)
         for (entry, text), cache in zip(texts, caches, strict=True):
             # Copies: `encode_texts` gives views into the call's outputs, which would keep the whole call's arrays
             # alive while any of its texts waits, past the bound on texts encoded ahead.
@@ -381,8 +438,11 @@ class InflightBatcher(Batcher):
         most MAX_STEPS_PER_ROUND). `shares`: requests running per beam width."""
         done = _Round()
         idle = not any(batch.rows for batch in self._batches.values())
-        if idle and joins:  # nothing to step meanwhile: wait for the first texts to be encoded
-            wait([call for join in joins for call in join.calls], return_when=FIRST_COMPLETED)
+        if idle and joins:  # nothing to step meanwhile: wait for the first texts to be encoded, or for a request
+            # that arrives meanwhile (its prompt may be prefilled between a long prompt's chunks, and join first)
+            calls = [call for join in joins for call in join.calls]  # none: all encoded already
+            while calls and not self._interrupt and not wait(calls, IDLE_POLL, FIRST_COMPLETED).done:
+                pass
         if preempted:
             for batch in self._batches.values():
                 batch.leave(preempted)
