@@ -8,8 +8,9 @@ print(translator.translate(["Hello world"])[0].text)
 from __future__ import annotations
 
 from .manifest import Manifest, ModelDirError
+from .models import Translator
 from .runtime.options import DecodeOptions, RuntimeOptions
-from .runtime.translator import Translation, Translator
+from .runtime.translator import Translation
 
 __version__ = "0.1.0"
 __all__ = ["DecodeOptions", "Manifest", "ModelDirError", "RuntimeOptions", "Translation", "Translator", "__version__"]

@@ -1,4 +1,4 @@
-"""Finding a runnable model directory for a `--model` argument.
+"""Finding a runnable model directory for a `--model` argument, and the library's `Translator`, which takes one too.
 
 A directory that onnxmt, Optimum or Transformers.js exported is used as it is. A hub id (default:
 Helsinki-NLP/opus-mt-en-zh) is exported once into the cache (`ONNXMT_CACHE`, default ~/.cache/onnxmt) on first use,
@@ -7,6 +7,7 @@ which needs the export extra; after that the run side needs neither torch nor th
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -15,6 +16,8 @@ from pathlib import Path
 from .extras import missing_extra
 from .layout import diagnose, find_variants, is_complete
 from .manifest import MANIFEST_NAME, ModelDirError
+from .runtime.options import DecodeOptions, RuntimeOptions
+from .runtime.translator import Translator as DirectoryTranslator
 
 DEFAULT_MODEL = "Helsinki-NLP/opus-mt-en-zh"
 # Multi-target models need a language token; these are the defaults onnxmt picks for well-known hub models.
@@ -99,3 +102,20 @@ def resolve_model_dirs(models: list[str], progress: Callable[[str], None] = prin
         else:
             dirs.append(resolve_model_dir(model or None, progress))
     return dirs
+
+
+class Translator(DirectoryTranslator):
+    """`onnxmt.Translator`: the runtime's Translator of a model directory, or of a hub id resolved as the CLI resolves
+    it (`resolve_model_dir`: the cache, an export on first use, the same clear error when the hub is unreachable).
+
+    >>> translator = Translator("Helsinki-NLP/opus-mt-en-zh")    # doctest: +SKIP
+    >>> translator.translate(["Hello world"])[0].text            # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        runtime: RuntimeOptions = RuntimeOptions(),
+        decoding: DecodeOptions = DecodeOptions(),
+    ) -> None:
+        super().__init__(resolve_model_dir(model_dir, progress=logging.getLogger("onnxmt").info), runtime, decoding)

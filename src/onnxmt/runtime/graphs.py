@@ -304,16 +304,3 @@ class OptimumGraphs(Graphs):
 def _float_inputs(spec: GraphSpec) -> dict[str, np.dtype]:
     """Name -> dtype of a graph's floating-point inputs (states, caches)."""
     return {t.name: np.dtype(t.dtype) for t in spec.inputs if t.dtype in ("float32", "float16")}
-
-
-def open_graphs(
-    directory: Path, manifest: Manifest, options: RuntimeOptions, sessions: dict[str, Any] | None = None
-) -> Graphs:
-    """The graphs of a model directory; `sessions` are ones `load_manifest` already opened with these options."""
-    if manifest.model.get("decoder_only"):
-        from .decoder_only import DecoderOnlyGraphs
-
-        return DecoderOnlyGraphs(directory, manifest, options, (sessions or {}).get("decoder"))
-    if manifest.layout == "onnxmt":
-        return OnnxmtGraphs(directory, manifest, options)
-    return OptimumGraphs(directory, manifest, options, sessions)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import logging
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,12 +15,11 @@ import numpy as np
 
 from ..architectures import LanguageScheme, Prompt, scheme_for
 from ..manifest import Manifest, ModelDirError, read_manifest, verify_files
-from ..models import resolve_model_dir
 from .cache import Cache
 from .cancel import CancelToken
 from .capabilities import Capabilities
-from .decoder_only import Prompts
-from .graphs import Graphs, open_graphs
+from .decoder_only import DecoderOnlyGraphs, Prompts
+from .graphs import Graphs, OnnxmtGraphs, OptimumGraphs
 from .modeldir import load_manifest
 from .options import DecodeOptions, RuntimeOptions
 from .running import RunningBatch, decode, encode_texts, pad_batch
@@ -85,7 +83,7 @@ class Translator:
         runtime: RuntimeOptions = RuntimeOptions(),
         decoding: DecodeOptions = DecodeOptions(),
     ) -> None:
-        self.directory = resolve_model_dir(model_dir, progress=logging.getLogger("onnxmt").info)
+        self.directory = Path(model_dir)  # a hub id: onnxmt.Translator (models.py) resolves it first
         sessions: dict[str, Any] = {}  # graphs opened to read an Optimum directory, reused to run it
         # Sizes are checked here; the sha256 of every file (300 MB in fp32: ~0.3 s) is computed on a thread while
         # ONNX Runtime builds the sessions, and a mismatch is raised before this constructor returns.
@@ -480,3 +478,14 @@ def _check_texts(texts: object) -> None:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
+
+
+def open_graphs(
+    directory: Path, manifest: Manifest, options: RuntimeOptions, sessions: dict[str, Any] | None = None
+) -> Graphs:
+    """The graphs of a model directory; `sessions` are ones `load_manifest` already opened with these options."""
+    if manifest.model.get("decoder_only"):
+        return DecoderOnlyGraphs(directory, manifest, options, (sessions or {}).get("decoder"))
+    if manifest.layout == "onnxmt":
+        return OnnxmtGraphs(directory, manifest, options)
+    return OptimumGraphs(directory, manifest, options, sessions)
