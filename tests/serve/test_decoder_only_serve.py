@@ -4,6 +4,7 @@ the library's for the text alone, the stream and the LibreTranslate client work,
 
 from __future__ import annotations
 
+import html
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -82,10 +83,15 @@ def test_a_chinese_source_gets_the_chinese_prompt(hy_mt: Server, library: Transl
 
 
 def test_the_stream_and_the_libretranslate_client(hy_mt: Server, library: Translator) -> None:
+    """A paragraph of two sentences streams as one prompt's translation (the model's unit of text), each paragraph
+    under the chat prompt the library gives it."""
     from libretranslatepy import LibreTranslateAPI
 
-    text = f"{TEXTS[1]} {TEXTS[4]}\n\n{TEXTS[0]}"
-    whole = translate_document(library, text, source_lang="en", target_lang="zh", **SHORT)
+    paragraphs = [f"{TEXTS[1]} {TEXTS[4]}", TEXTS[0]]
+    text = "\n\n".join(paragraphs)
+    each = library.translate(paragraphs, source_lang="en", target_lang="zh", **SHORT)
+    whole = "\n\n".join(t.text for t in each)
+    assert translate_document(library, text, source_lang="en", target_lang="zh", **SHORT) == whole
     stream = _post(hy_mt, "/translate/stream", {"q": text, "source": "en", "target": "zh", **SHORT})
     assert stream.status_code == 200, stream.text
     events = [block.splitlines() for block in stream.text.strip().split("\n\n")]
@@ -105,3 +111,43 @@ def test_bad_languages_are_400s_naming_the_valid_ones(hy_mt: Server, gemma: Serv
     assert no_source.status_code in (200, 400), no_source.text  # auto: detected, or a clear error
     if no_source.status_code == 400:
         assert "source" in no_source.json()["error"]
+
+
+def test_a_glossary_and_a_context_per_request(hy_mt: Server, gemma: Server, library: Translator) -> None:
+    """HY-MT's terminology prompt for the terms a text holds (pairs or an object), its context prompt; a family
+    without them, both at once, a malformed or too large glossary, a context too long: one clear 400."""
+    texts = ["The river was quiet.", "Good?"]
+    body = {"q": texts, "source": "en", "target": "zh", **SHORT}
+    pairs = _post(hy_mt, "/translate", {**body, "glossary": [["river", "江"], ["mountain", "山"]]})
+    mapping = _post(hy_mt, "/translate", {**body, "glossary": {"river": "江"}})
+    assert pairs.status_code == mapping.status_code == 200, pairs.text
+    want = library.translate(texts, source_lang="en", target_lang="zh", glossary=[("river", "江")], **SHORT)
+    assert pairs.json()["translatedText"] == mapping.json()["translatedText"] == [t.text for t in want]
+    plain = library.translate(texts, source_lang="en", target_lang="zh", **SHORT)
+    assert want[0].text != plain[0].text and want[1].text == plain[1].text  # "Good?" holds no term
+    context = _post(hy_mt, "/translate", {**body, "q": "Good?", "context": "A story about a town."})
+    want = library.translate(["Good?"], source_lang="en", target_lang="zh", context="A story about a town.", **SHORT)
+    assert context.status_code == 200 and context.json()["translatedText"] == want[0].text, context.text
+    refusals = [
+        (gemma, {"q": "Hi", "source": "en", "target": "de", "glossary": {"Hi": "Hallo"}}, "no such template"),
+        (gemma, {"q": "Hi", "source": "en", "target": "de", "context": "c"}, "no such template"),
+        (hy_mt, {**body, "glossary": {"a": "b"}, "context": "c"}, "not both at once"),
+        (hy_mt, {**body, "glossary": [["river"]]}, "not a [source term, target term] pair"),
+        (hy_mt, {**body, "glossary": "river=江"}, "glossary must be a list"),
+        (hy_mt, {**body, "glossary": {f"t{i}": "x" for i in range(101)}}, "the limit is 100"),
+        (hy_mt, {**body, "context": "x" * 2001}, "the limit is 2000"),
+    ]
+    for server, refused, message in refusals:
+        answer = _post(server, "/translate", refused)
+        assert answer.status_code == 400 and message in answer.json()["error"], (refused, answer.text)
+
+
+def test_html_paragraphs_are_one_prompt_each(hy_mt: Server, library: Translator) -> None:
+    page = f"<p>{TEXTS[1]} {TEXTS[4]}</p><p>{TEXTS[5]}</p>"
+    answer = _post(hy_mt, "/translate", {"q": page, "format": "html", "source": "en", "target": "zh", **SHORT})
+    assert answer.status_code == 200, answer.text
+    first, second = library.translate([f"{TEXTS[1]} {TEXTS[4]}", TEXTS[5]], source_lang="en", target_lang="zh", **SHORT)
+    assert (
+        answer.json()["translatedText"]
+        == f"<p>{html.escape(first.text, quote=False)}</p><p>" + html.escape(second.text, quote=False) + "</p>"
+    )
