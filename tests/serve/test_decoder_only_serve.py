@@ -42,6 +42,18 @@ def _post(server: Server, path: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(f"{server.url}{path}", json=body, timeout=120)
 
 
+def test_info_and_a_text_file(hy_mt: Server, library: Translator) -> None:
+    info = httpx.get(f"{hy_mt.url}/info", timeout=30)
+    assert info.status_code == 200 and info.json()["models"][0]["encoder_threads"] is None, info.text
+    text = f"{TEXTS[1]} {TEXTS[4]}\n\n{TEXTS[0]}\n"
+    fields = {"source": "en", "target": "zh", "max_new_tokens": "12"}
+    uploaded = httpx.post(f"{hy_mt.url}/translate_file", files={"file": ("a.txt", text.encode())}, data=fields)
+    assert uploaded.status_code == 200, uploaded.text
+    got = httpx.get(uploaded.json()["translatedFileUrl"], timeout=30).text
+    each = library.translate([f"{TEXTS[1]} {TEXTS[4]}", TEXTS[0]], source_lang="en", target_lang="zh", **SHORT)
+    assert got == f"{each[0].text}\n\n{each[1].text}\n"  # a line, one prompt
+
+
 def test_languages_are_the_prompt_tables_codes(hy_mt: Server, gemma: Server) -> None:
     listed = {e["code"]: e for e in httpx.get(f"{hy_mt.url}/languages", timeout=30).json()}
     assert {"en", "zh", "zt", "fr", "yue", "fil"} <= set(listed)  # zh-Hant shown as LibreTranslate's zt, tl as fil

@@ -694,8 +694,11 @@ def _partials(
     return told
 
 
-def encoder_threads(translator: Translator) -> int:
-    """The ONNX Runtime threads of the model's encoder (`Service._runtime_for`)."""
+def encoder_threads(translator: Translator) -> int | None:
+    """The ONNX Runtime threads of the model's encoder (`Service._runtime_for`); None for a decoder-only model,
+    which has none (its prompts are prefilled by the decoder)."""
+    if translator.graphs.decoder_only:
+        return None
     return int(translator.graphs.encoder.get_session_options().intra_op_num_threads)
 
 
