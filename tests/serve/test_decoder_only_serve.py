@@ -52,6 +52,13 @@ def test_info_and_a_text_file(hy_mt: Server, library: Translator) -> None:
     got = httpx.get(uploaded.json()["translatedFileUrl"], timeout=30).text
     each = library.translate([f"{TEXTS[1]} {TEXTS[4]}", TEXTS[0]], source_lang="en", target_lang="zh", **SHORT)
     assert got == f"{each[0].text}\n\n{each[1].text}\n"  # a line, one prompt
+    fields["glossary"] = '{"river": "江"}'  # a form's glossary: JSON text
+    uploaded = httpx.post(f"{hy_mt.url}/translate_file", files={"file": ("a.txt", text.encode())}, data=fields)
+    got = httpx.get(uploaded.json()["translatedFileUrl"], timeout=30).text
+    first = library.translate(
+        [f"{TEXTS[1]} {TEXTS[4]}"], source_lang="en", target_lang="zh", glossary={"river": "江"}, **SHORT
+    )
+    assert got == f"{first[0].text}\n\n{each[1].text}\n" and first[0].text != each[0].text
 
 
 def test_languages_are_the_prompt_tables_codes(hy_mt: Server, gemma: Server) -> None:
