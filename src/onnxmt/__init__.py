@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from .manifest import Manifest, ModelDirError
 from .runtime.options import DecodeOptions, RuntimeOptions
-from .runtime.translator import Translation, Translator
+from .runtime.translator import ModelInput, Translation, Translator
 
 __version__ = "0.1.0"
-__all__ = ["DecodeOptions", "Manifest", "ModelDirError", "RuntimeOptions", "Translation", "Translator", "__version__"]
+__all__ = [
+    "DecodeOptions",
+    "Manifest",
+    "ModelDirError",
+    "ModelInput",
+    "RuntimeOptions",
+    "Translation",
+    "Translator",
+    "__version__",
+]

@@ -222,7 +222,7 @@ def _reference_prompt(model_dir: Path, manifest: Any, source: str | None, target
     found: dict[str, Any] = {"text": prompt.text, "source": scheme.languages.resolve_source(source)}
     found["forced_bos"] = prompt.forced_bos
     if prompt.chat is not None:  # a decoder-only model: its chat template around the family's request
-        found.update(chat=list(prompt.chat), languages=manifest.languages, eos_ids=manifest.tokens["eos_ids"])
+        found.update(pair=list(prompt.chat), languages=manifest.languages, eos_ids=manifest.tokens["eos_ids"])
     return found
 
 
@@ -343,13 +343,13 @@ class _PytorchModel:
             self.tokenizer.src_lang = prompt["source"]
         if prompt.get("forced_bos") is not None:
             self.generate_kwargs["forced_bos_token_id"] = prompt["forced_bos"]
-        self.chat = prompt.get("chat")
+        self.pair = prompt.get("pair")  # a decoder-only model's language pair, for its chat prompt
         self.prompt = prompt
         self.size = _size_on_disk(source)
         self.quantization = "fp32 (PyTorch)"
 
     def translate(self, texts: list[str], batch_size: int) -> list[str]:
-        if self.chat is not None:
+        if self.pair is not None:
             return self._translate_chat(texts)
         # Sorted into batches of similar length, as the Translator does, so both pay for the same padding.
         order = sorted(range(len(texts)), key=lambda i: len(self.tokenizer(texts[i]).input_ids))
@@ -375,8 +375,8 @@ class _PytorchModel:
         from .architectures import Prompt
         from .export import reference
 
-        assert self.chat is not None
-        prompt = Prompt(chat=(self.chat[0], self.chat[1]))
+        assert self.pair is not None
+        prompt = Prompt(chat=(self.pair[0], self.pair[1]))
         out: list[str] = []
         for text in texts:
             ids = reference.chat_ids(self.tokenizer, self.prompt["languages"], text, prompt)

@@ -186,13 +186,18 @@ def test_quantize_then_translate(hy_mt_onnx_dir: Path, tmp_path: Path, form: str
     assert refused.exit_code == 2 and "no encoder graph" in refused.output
 
 
-def test_eval_on_a_flores_slice_and_tune(hy_mt_onnx_dir: Path, tmp_path: Path) -> None:
+def test_eval_on_a_flores_slice_and_tune(hy_mt_onnx_dir: Path, hy_mt_hf_dir: Path, tmp_path: Path) -> None:
+    """eval scores the library's translations; its PyTorch row (--reference) prompts and decodes as onnxmt does,
+    so an fp32 export scores the same."""
+    importorskip("torch")
     flores = shared_data("flores200")
-    args = ["eval", str(hy_mt_onnx_dir), "--src", str(flores / "devtest.eng_Latn"), "--ref"]
-    args += [str(flores / "devtest.zho_Hans"), *PAIR, "--limit", "3", "--latency-sentences", "1", *SHORT]
+    args = ["eval", str(hy_mt_onnx_dir), "--reference", str(hy_mt_hf_dir), "--src", str(flores / "devtest.eng_Latn")]
+    args += ["--ref", str(flores / "devtest.zho_Hans"), *PAIR, "--limit", "3", "--latency-sentences", "1", *SHORT]
     result = runner.invoke(app, [*args, "--report", str(tmp_path / "eval")])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "eval.json").read_text(encoding="utf-8"))
+    onnx, pytorch = report["rows"]
+    assert (pytorch["bleu"], pytorch["chrf"]) == (onnx["bleu"], onnx["chrf"])
     sources = (flores / "devtest.eng_Latn").read_text(encoding="utf-8").splitlines()[:3]
     references = (flores / "devtest.zho_Hans").read_text(encoding="utf-8").splitlines()[:3]
     hypotheses = _texts(_translator(hy_mt_onnx_dir), sources)  # the library's, each source under its chat prompt
