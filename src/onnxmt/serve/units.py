@@ -5,8 +5,11 @@ LibreTranslate gives Argos: a Mastodon post of five sentences is five texts for 
 on its own. A paragraph-level model (the decoder-only translators) is given each line of a text whole. The unit is
 the family's (architectures `text_unit`), or the service's --text-unit. A text of one unit (or none) goes to the
 model exactly as it came. Documents and streams are cut by the same rule, with the model's tokenizer
-(documents/translate.py `plan_texts`); here no sentence is counted: a unit too long for the model is truncated, as
-a whole text was.
+(documents/translate.py `plan_texts`); here no unit is counted: one too long for the model is given to it as a whole
+text is (an encoder-decoder's tokenizer truncates it at the model's positions).
+
+Each unit is a text to the rest of the service: cached, batched and costed on its own (its source tokens and its
+max new tokens count against --max-request-cost).
 """
 
 from __future__ import annotations
