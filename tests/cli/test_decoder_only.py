@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +124,11 @@ def test_a_glossary_and_a_context_reach_hy_mts_prompts(
         refused = runner.invoke(app, ["translate", *args])
         assert refused.exit_code == 2 and "Traceback" not in refused.output
         assert len(refused.output.strip().splitlines()) == 1, refused.output
+    inspected = runner.invoke(app, ["inspect", str(hy_mt_onnx_dir)], env={"COLUMNS": "200"})
+    assert "参考下面的翻译" in inspected.output and "参考上面的信息" in inspected.output  # the templates, shown
+    assert re.search(r"unit of text\W+paragraph", inspected.output), inspected.output
+    inspected = runner.invoke(app, ["inspect", str(translategemma_onnx_dir)], env={"COLUMNS": "200"})
+    assert "(refused: no terminology prompt)" in inspected.output
     glossary.write_text("river only\n", encoding="utf-8")
     bad = runner.invoke(app, [*base, "--glossary", str(glossary), "x"])
     assert bad.exit_code == 2 and "line 1: not a 'source<TAB>target' pair" in bad.output
