@@ -188,10 +188,11 @@ def test_load_run_bounds_outputs_by_source_length(tiny_onnx_dir: Path, tmp_path:
     texts = load.sentences(12)
     lengths = load.source_lengths(tiny_onnx_dir, texts)
     assert result["output_lengths"]["max"] == max(lengths) and len(set(lengths)) > 1
-    # A text longer than the tiny model's 64 positions is cut into parts (plain text's rule), each of which may
-    # generate its text's max_new_tokens.
+    # /translate cuts a text into its sentences (Marian's unit of text), each of which may generate its text's
+    # max_new_tokens; the plan's parts (its sentences, those longer than the tiny model's 64 positions cut again)
+    # are at least as many.
     translator = Translator(tiny_onnx_dir)
-    plan = plan_texts(texts, counting(translator), tokenizer=translator.tokenizer, by_lines=True)
+    plan = plan_texts(texts, counting(translator), tokenizer=translator.tokenizer)
     parts = [sum(p.translate for p in layout) for layout in plan.layouts]
     bound = sum(n * k for n, k in zip(lengths, parts, strict=True))
     for level in result["levels"]:

@@ -32,7 +32,7 @@ CHINESE = "你好，世界\n你好吗？\n今天天气很好。\n"
 
 def _blocks() -> list[tuple[str, str, str]]:
     """(id, language, code) of every ```bash and ```python block, the id from the section heading."""
-    blocks, heading = [], "top"
+    blocks, heading, count = [], "top", 0
     text = README.read_text(encoding="utf-8")
     for match in re.finditer(r"^## ([^\n]+)$|^```(bash|python)\n(.*?)^```$", text, re.M | re.S):
         if match.group(1):
@@ -70,12 +70,25 @@ def world(
     tiny_multi_hf_dir: Path,
     tiny_zh_en_onnx_dir: Path,
     tiny_nllb_onnx_dir: Path,
+    tiny_mbart50_onnx_dir: Path,
+    tiny_madlad_onnx_dir: Path,
+    hy_mt_onnx_dir: Path,
+    translategemma_onnx_dir: Path,
+    qwen3_onnx_dir: Path,
 ) -> Path:
-    """The files README blocks read: tiny models under the README's names, texts, a corpus."""
+    """The files README blocks read: tiny models under the README's names (one per family), texts, a corpus."""
     world = tmp_path_factory.mktemp("readme-world")
     (world / "opus-mt-en-zh").symlink_to(tiny_multi_hf_dir)
-    (world / "opus-mt-zh-en-onnx").symlink_to(tiny_zh_en_onnx_dir)
-    (world / "nllb-onnx").symlink_to(tiny_nllb_onnx_dir)
+    for name, directory in (
+        ("opus-mt-zh-en-onnx", tiny_zh_en_onnx_dir),
+        ("nllb-onnx", tiny_nllb_onnx_dir),
+        ("mbart-onnx", tiny_mbart50_onnx_dir),
+        ("madlad-onnx", tiny_madlad_onnx_dir),
+        ("hy-mt-onnx", hy_mt_onnx_dir),
+        ("translategemma-onnx", translategemma_onnx_dir),
+        ("qwen3-onnx", qwen3_onnx_dir),
+    ):
+        (world / name).symlink_to(directory)
     done = run_cli("export", str(tiny_multi_hf_dir), str(world / "opus-mt-en-zh-onnx"), "--default-target", "cmn_Hans")
     assert done.returncode == 0, done.stderr
     done = run_cli("quantize", str(world / "opus-mt-en-zh-onnx"), str(world / "opus-mt-en-zh-int8"))
@@ -176,8 +189,9 @@ def test_readme_block_runs_as_written(ident: str, language: str, code: str, worl
 
 
 def test_every_block_is_collected() -> None:
-    """The README has the blocks this test runs: its setup, the tiny tour, the library, the service."""
+    """The README has the blocks this test runs: the families, its setup, the tiny tour, the library, the
+    service."""
     idents = [ident for ident, _, _ in BLOCKS]
     assert len(BLOCKS) >= 10
-    for expected in ("set-up", "without-the-hub-2", "use-it-as-a-library", "serve-over-http"):
+    for expected in ("top", "set-up", "without-the-hub-2", "use-it-as-a-library", "serve-over-http"):
         assert expected in idents, idents

@@ -10,7 +10,16 @@ from __future__ import annotations
 from .manifest import Manifest, ModelDirError
 from .models import Translator
 from .runtime.options import DecodeOptions, RuntimeOptions
-from .runtime.translator import Translation
+from .runtime.translator import ModelInput, Translation
 
 __version__ = "0.1.0"
-__all__ = ["DecodeOptions", "Manifest", "ModelDirError", "RuntimeOptions", "Translation", "Translator", "__version__"]
+__all__ = [
+    "DecodeOptions",
+    "Manifest",
+    "ModelDirError",
+    "ModelInput",
+    "RuntimeOptions",
+    "Translation",
+    "Translator",
+    "__version__",
+]

@@ -219,7 +219,11 @@ def _reference_prompt(model_dir: Path, manifest: Any, source: str | None, target
     tokenizer = load_tokenizer(model_dir, manifest.tokenizer.get("kind"))
     scheme = scheme_for(manifest.languages, tokenizer.token_id)
     prompt = scheme.prompt(source, target)
-    return {"text": prompt.text, "source": scheme.languages.resolve_source(source), "forced_bos": prompt.forced_bos}
+    found: dict[str, Any] = {"text": prompt.text, "source": scheme.languages.resolve_source(source)}
+    found["forced_bos"] = prompt.forced_bos
+    if prompt.chat is not None:  # a decoder-only model: its chat template around the family's request
+        found.update(pair=list(prompt.chat), languages=manifest.languages, eos_ids=manifest.tokens["eos_ids"])
+    return found
 
 
 def _run_worker(job: dict[str, Any], tmp: Path, progress: Callable[[str, int, int], None]) -> dict[str, Any]:
@@ -339,10 +343,14 @@ class _PytorchModel:
             self.tokenizer.src_lang = prompt["source"]
         if prompt.get("forced_bos") is not None:
             self.generate_kwargs["forced_bos_token_id"] = prompt["forced_bos"]
+        self.pair = prompt.get("pair")  # a decoder-only model's language pair, for its chat prompt
+        self.prompt = prompt
         self.size = _size_on_disk(source)
         self.quantization = "fp32 (PyTorch)"
 
     def translate(self, texts: list[str], batch_size: int) -> list[str]:
+        if self.pair is not None:
+            return self._translate_chat(texts)
         # Sorted into batches of similar length, as the Translator does, so both pay for the same padding.
         order = sorted(range(len(texts)), key=lambda i: len(self.tokenizer(texts[i]).input_ids))
         out: list[str] = [""] * len(texts)
@@ -359,6 +367,21 @@ class _PytorchModel:
                 generated = self.model.generate(**encoded, **self.generate_kwargs)
             for i, text in zip(batch, self.tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
                 out[i] = text
+        return out
+
+    def _translate_chat(self, texts: list[str]) -> list[str]:
+        """A decoder-only model's translations: each text's prompt through transformers' chat template, generated
+        alone, deterministic as onnxmt decodes (export/reference.py)."""
+        from .architectures import Prompt
+        from .export import reference
+
+        assert self.pair is not None
+        prompt = Prompt(chat=(self.pair[0], self.pair[1]))
+        out: list[str] = []
+        for text in texts:
+            ids = reference.chat_ids(self.tokenizer, self.prompt["languages"], text, prompt)
+            new = reference.generate(self.torch, self.model, ids, self.prompt["eos_ids"], **self.generate_kwargs)
+            out.append(str(self.tokenizer.decode(new, skip_special_tokens=True)))
         return out
 
 

@@ -166,5 +166,5 @@ def test_hy_mt_terminology_and_context_prompts() -> None:
     )
     with pytest.raises(ValueError, match="not both"):
         prompt_messages(HY, "x", "en", "fr", glossary=glossary, context="c")
-    with pytest.raises(ValueError, match="HY-MT's only"):
+    with pytest.raises(ValueError, match=r"prompt \(qwen3\) has no such template"):
         prompt_messages({"prompt": "qwen3", "names": {"fr": "French"}}, "x", "en", "fr", context="c")

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from onnxmt import DecodeOptions, Translator
 from onnxmt.cli import app
+from onnxmt.documents.segment import join, split_sentences
 from onnxmt.manifest import MANIFEST_NAME, read_manifest
 from onnxmt.testing import generate_corpus
 from tests.helpers.skips import importorskip
@@ -34,8 +35,9 @@ def test_translate_arguments_and_stdin(tiny_onnx_dir: Path) -> None:
 
 def test_plain_text_has_one_rule_through_every_surface(tiny_onnx_dir: Path, tmp_path: Path) -> None:
     """The same plain text gives the same translation through stdin, arguments, -i, -i -o, translate-corpus's
-    batch function and /translate_file: line by line, a line too long for the model cut into
-    sentences, blank lines and the whitespace around lines kept."""
+    batch function and /translate_file: line by line, each line sentence by sentence (Marian's unit of text; with
+    --unit paragraph a line that fits is one text), a part too long for the model cut, blank lines and the
+    whitespace around lines kept."""
     from fastapi.testclient import TestClient
 
     from onnxmt.documents.translate import translate_lines
@@ -50,11 +52,15 @@ def test_plain_text_has_one_rule_through_every_surface(tiny_onnx_dir: Path, tmp_
     expected = list(translate_lines(translator, lines))
     assert len(expected) == len(lines) and expected[1] == "" and expected[4] == "12:30"
     assert expected[2].startswith("  ") and expected[2].endswith("  ")
-    one = translator.translate([lines[0]])[0].text
-    assert expected[0] == one  # a line that fits is one text for the model, as Translator.translate takes it
+    sentences = [t.text for t in translator.translate(["Good morning!", "How are you?"])]
+    assert expected[0] == join(split_sentences(lines[0]), sentences)  # a sentence-level model's line: its sentences
+    whole = list(translate_lines(translator, lines, unit="paragraph"))
+    assert whole[0] == translator.translate([lines[0]])[0].text != expected[0]  # a paragraph: the line whole
     source = tmp_path / "in.txt"
     source.write_text(text, encoding="utf-8")
     base = ["translate", "-m", str(tiny_onnx_dir), "--max-new-tokens", "5"]
+    paragraphs = runner.invoke(app, [*base, "--unit", "paragraph"], input=text)
+    assert paragraphs.exit_code == 0 and paragraphs.stdout == "\n".join(whole) + "\n", paragraphs.output
     piped = runner.invoke(app, base, input=text)
     from_file = runner.invoke(app, [*base, "-i", str(source)])
     to_file = runner.invoke(app, [*base, "-i", str(source), "-o", str(tmp_path / "out.txt")])

@@ -82,3 +82,51 @@ def test_a_decoder_only_export_needs_the_cache_buffer(hy_mt_onnx_dir: Path, tmp_
 
     with pytest.raises(ExportError, match="cache buffer only"):
         export(str(hy_mt_onnx_dir), tmp_path / "x", ExportOptions(buffered_cache=False), progress=lambda _: None)
+
+
+@pytest.fixture(scope="module")
+def large_vocab_onnx_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny HY-MT with HY-MT1.5-1.8B's 120,818 embedding rows (the real checkpoint's, past the tokenizer's),
+    exported with its tied head cut into chunks at 8 MiB (the real size, 48 MiB, scaled to its 31 MB head)."""
+    from onnxmt.export import weights
+    from onnxmt.export.exporter import ExportOptions, export
+    from onnxmt.testing.decoder_only import DecoderOnlySpec, build_decoder_only
+
+    hf_dir = build_decoder_only(
+        tmp_path_factory.mktemp("large-vocab-hf"), DecoderOnlySpec(family="hy_mt", vocab_size=120818)
+    )
+    out = tmp_path_factory.mktemp("large-vocab-onnx") / "model"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(weights, "HEAD_CHUNK_BYTES", 8 << 20)
+        export(str(hf_dir), out, ExportOptions(), progress=lambda _: None)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("form", "flags", "ops"),
+    [
+        ("int8", [], {"DynamicQuantizeMatMul": 1}),  # the head, on the int8 rows the lookup reads too
+        ("per-row", ["--per-row-scales"], {"MatMulIntegerToFloat": 15}),
+        ("int4", ["--int4"], {"GatherBlockQuantized": 1, "MatMulNBits": 15}),
+    ],
+)
+def test_a_120k_row_embedding_and_head_quantize(
+    large_vocab_onnx_dir: Path, tmp_path: Path, form: str, flags: list[str], ops: dict[str, int]
+) -> None:
+    """The chunked float head is taken whole: stored once in int8 (the table's rows, not twice), and the logits over
+    all 120,818 rows follow fp32's."""
+    import onnx
+
+    fp32 = onnx.load(str(large_vocab_onnx_dir / DECODER_FILE), load_external_data=False)
+    assert sum(n.op_type == "Gemm" for n in fp32.graph.node) == 4  # the tied head in 8 MiB chunks
+    out = tmp_path / form
+    result = runner.invoke(app, ["quantize", str(large_vocab_onnx_dir), str(out), *flags])
+    assert result.exit_code == 0, result.output
+    graph = onnx.load(str(out / DECODER_FILE), load_external_data=False).graph
+    assert {op: sum(n.op_type == op for n in graph.node) for op in ops} == ops
+    # int8: the vocabulary's rows stored once, a byte each; int4: the table and the untied head, half a byte each.
+    assert (out / "weights.bin").stat().st_size < 1.2 * 120818 * 64
+    got, want = _logits(out), _logits(large_vocab_onnx_dir)
+    assert got[0].shape == want[0].shape == (2, 120818)
+    for a, b in zip(got, want, strict=True):
+        assert np.corrcoef(a.ravel(), b.ravel())[0, 1] > (0.9 if form == "int4" else 0.99)

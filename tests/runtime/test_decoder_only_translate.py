@@ -186,3 +186,48 @@ def test_a_prompt_longer_than_a_prefill_chunk_is_cut_at_fixed_boundaries(hy_mt_o
         assert np.array_equal(a, b)
     (whole,) = graphs.prefill_each([long], chunk=1024)
     assert not all(np.array_equal(a, b) for a, b in zip(alone.self_kv, whole.self_kv, strict=True))
+
+
+def _chat_ids(hf_dir: Path, user: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True)
+    return list(ids if isinstance(ids, list) else ids["input_ids"])
+
+
+def test_a_glossary_and_a_context_are_hy_mts_prompts(hy_mt_onnx_dir: Path, hy_mt_hf_dir: Path) -> None:
+    """The model card's terminology and context templates, written out here, through transformers' chat template:
+    the prompt ids `model_input` shows and the tokens generate() gives for them. A text holds only its own terms."""
+    translator = _translator(hy_mt_onnx_dir)
+    model = _hf(hy_mt_hf_dir)
+    text = "The river was quiet, the mountain was far."
+    glossary = {"river": "江", "mountain": "山", "sea": "海"}
+    request = "将以下文本翻译为中文，注意只需要输出翻译后的结果，不要额外解释：\n"
+    cases = [
+        ({"glossary": glossary}, f"参考下面的翻译：\nriver 翻译成 江\nmountain 翻译成 山\n\n{request}{text}"),
+        (
+            {"context": "A story."},
+            f"A story.\n参考上面的信息，把下面的文本翻译成中文，注意不需要翻译上文，也不要额外解释：\n{text}",
+        ),
+    ]
+    for given, user in cases:
+        shown = translator.model_input(text, source_lang="en", target_lang="zh", **given)
+        assert shown.ids == tuple(_chat_ids(hy_mt_hf_dir, user)) and user in shown.text
+        got = translator.translate([text], source_lang="en", target_lang="zh", max_new_tokens=NEW_TOKENS, **given)
+        assert got[0].token_ids == _generate(model, shown.ids, 1, max_new_tokens=NEW_TOKENS)
+    plain = translator.model_input("Good?", source_lang="en", target_lang="zh", glossary=glossary)
+    assert plain == translator.model_input("Good?", source_lang="en", target_lang="zh")  # no term: the plain prompt
+    with pytest.raises(ValueError, match="not both at once"):
+        translator.translate([text], source_lang="en", target_lang="zh", glossary=glossary, context="c")
+    with pytest.raises(ValueError, match="glossary entry 1 is not a"):
+        translator.translate([text], source_lang="en", target_lang="zh", glossary=["river"])  # type: ignore[list-item]
+
+
+def test_a_glossary_is_refused_without_a_terminology_prompt(translategemma_onnx_dir: Path, tiny_onnx_dir: Path):
+    for directory, kind, target in ((translategemma_onnx_dir, "translategemma", "de"), (tiny_onnx_dir, "marian", "zh")):
+        translator = _translator(directory)
+        with pytest.raises(ValueError, match=rf"prompt \({kind}.*\) has no such template"):
+            translator.translate(["Hi"], source_lang="en", target_lang=target, glossary={"Hi": "Hallo"})
+        with pytest.raises(ValueError, match="a context goes into HY-MT's"):
+            translator.prepare(["Hi"], source_lang="en", target_lang=target, context="before")

@@ -4,6 +4,7 @@ the library's for the text alone, the stream and the LibreTranslate client work,
 
 from __future__ import annotations
 
+import html
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,6 +40,25 @@ def library(hy_mt_onnx_dir: Path) -> Translator:
 
 def _post(server: Server, path: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(f"{server.url}{path}", json=body, timeout=120)
+
+
+def test_info_and_a_text_file(hy_mt: Server, library: Translator) -> None:
+    info = httpx.get(f"{hy_mt.url}/info", timeout=30)
+    assert info.status_code == 200 and info.json()["models"][0]["encoder_threads"] is None, info.text
+    text = f"{TEXTS[1]} {TEXTS[4]}\n\n{TEXTS[0]}\n"
+    fields = {"source": "en", "target": "zh", "max_new_tokens": "12"}
+    uploaded = httpx.post(f"{hy_mt.url}/translate_file", files={"file": ("a.txt", text.encode())}, data=fields)
+    assert uploaded.status_code == 200, uploaded.text
+    got = httpx.get(uploaded.json()["translatedFileUrl"], timeout=30).text
+    each = library.translate([f"{TEXTS[1]} {TEXTS[4]}", TEXTS[0]], source_lang="en", target_lang="zh", **SHORT)
+    assert got == f"{each[0].text}\n\n{each[1].text}\n"  # a line, one prompt
+    fields["glossary"] = '{"river": "江"}'  # a form's glossary: JSON text
+    uploaded = httpx.post(f"{hy_mt.url}/translate_file", files={"file": ("a.txt", text.encode())}, data=fields)
+    got = httpx.get(uploaded.json()["translatedFileUrl"], timeout=30).text
+    first = library.translate(
+        [f"{TEXTS[1]} {TEXTS[4]}"], source_lang="en", target_lang="zh", glossary={"river": "江"}, **SHORT
+    )
+    assert got == f"{first[0].text}\n\n{each[1].text}\n" and first[0].text != each[0].text
 
 
 def test_languages_are_the_prompt_tables_codes(hy_mt: Server, gemma: Server) -> None:
@@ -82,10 +102,15 @@ def test_a_chinese_source_gets_the_chinese_prompt(hy_mt: Server, library: Transl
 
 
 def test_the_stream_and_the_libretranslate_client(hy_mt: Server, library: Translator) -> None:
+    """A paragraph of two sentences streams as one prompt's translation (the model's unit of text), each paragraph
+    under the chat prompt the library gives it."""
     from libretranslatepy import LibreTranslateAPI
 
-    text = f"{TEXTS[1]} {TEXTS[4]}\n\n{TEXTS[0]}"
-    whole = translate_document(library, text, source_lang="en", target_lang="zh", **SHORT)
+    paragraphs = [f"{TEXTS[1]} {TEXTS[4]}", TEXTS[0]]
+    text = "\n\n".join(paragraphs)
+    each = library.translate(paragraphs, source_lang="en", target_lang="zh", **SHORT)
+    whole = "\n\n".join(t.text for t in each)
+    assert translate_document(library, text, source_lang="en", target_lang="zh", **SHORT) == whole
     stream = _post(hy_mt, "/translate/stream", {"q": text, "source": "en", "target": "zh", **SHORT})
     assert stream.status_code == 200, stream.text
     events = [block.splitlines() for block in stream.text.strip().split("\n\n")]
@@ -180,3 +205,43 @@ def test_a_short_prompt_is_prefilled_between_a_long_prompts_chunks(
         assert between >= chunks - 1  # the long call has waited long enough: every other piece is its
     monkeypatch.setattr(decoder_only, "PREFILL_CHUNK", 8)
     assert answers == [library.translate_prepared(p)[0].text for p in (long, short)]
+
+
+def test_a_glossary_and_a_context_per_request(hy_mt: Server, gemma: Server, library: Translator) -> None:
+    """HY-MT's terminology prompt for the terms a text holds (pairs or an object), its context prompt; a family
+    without them, both at once, a malformed or too large glossary, a context too long: one clear 400."""
+    texts = ["The river was quiet.", "Good?"]
+    body = {"q": texts, "source": "en", "target": "zh", **SHORT}
+    pairs = _post(hy_mt, "/translate", {**body, "glossary": [["river", "江"], ["mountain", "山"]]})
+    mapping = _post(hy_mt, "/translate", {**body, "glossary": {"river": "江"}})
+    assert pairs.status_code == mapping.status_code == 200, pairs.text
+    want = library.translate(texts, source_lang="en", target_lang="zh", glossary=[("river", "江")], **SHORT)
+    assert pairs.json()["translatedText"] == mapping.json()["translatedText"] == [t.text for t in want]
+    plain = library.translate(texts, source_lang="en", target_lang="zh", **SHORT)
+    assert want[0].text != plain[0].text and want[1].text == plain[1].text  # "Good?" holds no term
+    context = _post(hy_mt, "/translate", {**body, "q": "Good?", "context": "A story about a town."})
+    want = library.translate(["Good?"], source_lang="en", target_lang="zh", context="A story about a town.", **SHORT)
+    assert context.status_code == 200 and context.json()["translatedText"] == want[0].text, context.text
+    refusals = [
+        (gemma, {"q": "Hi", "source": "en", "target": "de", "glossary": {"Hi": "Hallo"}}, "no such template"),
+        (gemma, {"q": "Hi", "source": "en", "target": "de", "context": "c"}, "no such template"),
+        (hy_mt, {**body, "glossary": {"a": "b"}, "context": "c"}, "not both at once"),
+        (hy_mt, {**body, "glossary": [["river"]]}, "not a [source term, target term] pair"),
+        (hy_mt, {**body, "glossary": "river=江"}, "glossary must be a list"),
+        (hy_mt, {**body, "glossary": {f"t{i}": "x" for i in range(101)}}, "the limit is 100"),
+        (hy_mt, {**body, "context": "x" * 2001}, "the limit is 2000"),
+    ]
+    for server, refused, message in refusals:
+        answer = _post(server, "/translate", refused)
+        assert answer.status_code == 400 and message in answer.json()["error"], (refused, answer.text)
+
+
+def test_html_paragraphs_are_one_prompt_each(hy_mt: Server, library: Translator) -> None:
+    page = f"<p>{TEXTS[1]} {TEXTS[4]}</p><p>{TEXTS[5]}</p>"
+    answer = _post(hy_mt, "/translate", {"q": page, "format": "html", "source": "en", "target": "zh", **SHORT})
+    assert answer.status_code == 200, answer.text
+    first, second = library.translate([f"{TEXTS[1]} {TEXTS[4]}", TEXTS[5]], source_lang="en", target_lang="zh", **SHORT)
+    assert (
+        answer.json()["translatedText"]
+        == f"<p>{html.escape(first.text, quote=False)}</p><p>" + html.escape(second.text, quote=False) + "</p>"
+    )

@@ -9,21 +9,38 @@ one module here, one export-graphs module, a tokenizer kind if it needs a new on
 
 from __future__ import annotations
 
-from .base import Architecture, get_architecture, optimum_architectures, register, supported, tokenizer_loader
+from .base import (
+    PARAGRAPH,
+    SENTENCE,
+    TEXT_UNITS,
+    Architecture,
+    check_text_unit,
+    get_architecture,
+    optimum_architectures,
+    register,
+    supported,
+    text_unit,
+    tokenizer_loader,
+)
 from .schemes import SCHEMES, LanguageScheme, Prompt, scheme_for
 
 # Importing the families registers them.
 from . import decoder_only, m2m100, marian, mbart, t5  # noqa: F401  isort: skip
 
 __all__ = [
+    "PARAGRAPH",
     "SCHEMES",
+    "SENTENCE",
+    "TEXT_UNITS",
     "Architecture",
     "LanguageScheme",
     "Prompt",
+    "check_text_unit",
     "get_architecture",
     "optimum_architectures",
     "register",
     "scheme_for",
     "supported",
+    "text_unit",
     "tokenizer_loader",
 ]

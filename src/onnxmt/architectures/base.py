@@ -15,6 +15,9 @@ _REGISTRY: dict[str, type[Architecture]] = {}
 _TOKENIZER_KINDS: dict[str, type[Architecture]] = {}
 # The family of manifests before format 3, which name no tokenizer kind (all were exported from it).
 _LEGACY: list[str] = []
+# What a family is given to translate at a time (`Architecture.text_unit`; docs/decoder-only.md).
+SENTENCE, PARAGRAPH = "sentence", "paragraph"
+TEXT_UNITS = (SENTENCE, PARAGRAPH)
 
 
 def register(
@@ -67,6 +70,21 @@ def check_default_target(default_target: str | None, tokens: dict[str, Any], whe
         raise ValueError(f"--default-target {default_target!r} is not a target language of this model; valid: {valid}")
 
 
+def text_unit(architecture: str) -> str:
+    """The unit of text a family translates best (`Architecture.text_unit`), by the manifest's architecture name;
+    a sentence for a name no registered family has."""
+    families = {cls.name: cls for cls in (*_REGISTRY.values(), *_TOKENIZER_KINDS.values())}
+    family = families.get(architecture)
+    return family.text_unit if family is not None else SENTENCE
+
+
+def check_text_unit(unit: str | None) -> str | None:
+    """`unit` if it is None (the model's) or one of TEXT_UNITS; ValueError naming them otherwise."""
+    if unit is not None and unit not in TEXT_UNITS:
+        raise ValueError(f"unit of text {unit!r} is not supported; valid: {', '.join(TEXT_UNITS)}")
+    return unit
+
+
 def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
@@ -82,6 +100,10 @@ class Architecture:
     optional_tokenizer_files: tuple[str, ...] = ()  # copied when present
     build_hooks = ""  # module path, e.g. "onnxmt.export.marian"
     reads_optimum = False  # Optimum's exported graphs of this family load (their names proven by tests)
+    # The encoder-decoder translators (Marian, NLLB, M2M100, mBART-50, MADLAD, T5) were trained on sentence pairs
+    # and degrade on longer inputs (NLLB's model card says so): they get one sentence at a time, as LibreTranslate
+    # gives Argos. Decoder-only translators take a paragraph with its context (architectures/decoder_only.py).
+    text_unit = SENTENCE
 
     def for_source(self, source: Path) -> Architecture:
         """The variant of this family that the files in `source` make (NLLB is an m2m_100 with a tokenizer.json)."""

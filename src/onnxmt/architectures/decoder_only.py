@@ -23,13 +23,13 @@ applies over the prompt too, as transformers applies it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..tokenization import JsonTokenizer
 from ..tokenization.chat import CHAT_TEMPLATE_FILE, ChatTemplate
-from .base import Architecture, read_json, register
+from .base import PARAGRAPH, Architecture, read_json, register
 
 # The sampling knobs a vendor's generation config sets, ignored by transformers when do_sample is off.
 SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p")
@@ -80,6 +80,9 @@ class DecoderOnly(Architecture):
     tokens from the generation config, deterministic generation defaults."""
 
     kind = "decoder_only"
+    # Trained and prompted on documents (HY-MT's context prompt, TranslateGemma's 2K-token context): a paragraph
+    # is translated whole, its sentences seeing each other, rather than cut into sentences.
+    text_unit = PARAGRAPH
     prompt = ""  # the family's request format: hy_mt, translategemma, qwen3
     tokenizer_kind = "chat"
     tokenizer_files: tuple[str, ...] = ("tokenizer.json", "tokenizer_config.json")
@@ -208,14 +211,13 @@ def prompt_messages(
     context: str | None = None,
 ) -> tuple[list[Any], dict[str, Any]]:
     """The chat messages and template variables of a translation request, by the family's rule (module docstring);
-    HY-MT's terminology prompt for a `glossary` of (source term, target term), its context prompt for a `context`.
-    ValueError naming the valid codes for a language the family's table does not have."""
+    HY-MT's terminology prompt for the pairs of a `glossary` of (source term, target term) whose source term is in
+    the text (none: the plain prompt), its context prompt for a `context`. ValueError naming the valid codes for a
+    language the family's table does not have."""
     names: dict[str, str] = languages.get("names", {})
     family = languages.get("prompt")
-    if (glossary or context is not None) and family != "hy_mt":
-        raise ValueError("a glossary or a context prompt is HY-MT's only (its model card's templates)")
-    if glossary and context is not None:
-        raise ValueError("HY-MT's model card has a terminology prompt and a context prompt, not both at once")
+    check_request(family, glossary, context)
+    glossary = terms_in(glossary, text)
     if family == "translategemma":
         if source is None:
             raise ValueError(f"TranslateGemma needs a source language; valid: {', '.join(sorted(names))}")
@@ -240,6 +242,53 @@ def prompt_messages(
         user = str(languages.get("instruction", HY_MT_EN)).format(target=names[target], text=text)
         return [{"role": "user", "content": user}], {"enable_thinking": False} if family == "qwen3" else {}
     raise ValueError(f"unknown prompt family {family!r}; valid: {', '.join(PROMPT_RULES)}")
+
+
+def check_request(family: str | None, glossary: Sequence[tuple[str, str]], context: str | None) -> None:
+    """ValueError unless the family has a prompt for the glossary or context given (HY-MT's model card has one
+    for each, not for both at once)."""
+    if not glossary and context is None:
+        return
+    if family != "hy_mt":
+        what = "a glossary" if glossary else "a context"
+        raise ValueError(
+            f"{what} goes into HY-MT's terminology or context prompt (its model card's templates); this model's "
+            f"prompt ({family or 'not a chat template'}) has no such template"
+        )
+    if glossary and context is not None:
+        raise ValueError("HY-MT's model card has a terminology prompt and a context prompt, not both at once")
+
+
+def terms_in(glossary: Sequence[tuple[str, str]], text: str) -> tuple[tuple[str, str], ...]:
+    """The pairs of `glossary` whose source term occurs in `text`, ignoring case: a text's prompt carries only
+    the terms it needs, so a long glossary costs nothing where it does not apply."""
+    folded = text.casefold()
+    return tuple((s, t) for s, t in glossary if s.casefold() in folded)
+
+
+def glossary_pairs(glossary: Any) -> tuple[tuple[str, str], ...]:
+    """A glossary as (source term, target term) pairs: from pairs (a list of [source, target]) or a mapping
+    {source: target}. ValueError for anything else, or a term that is empty or holds a line break (the
+    terminology prompt has one pair a line)."""
+    if not glossary:
+        return ()
+    if isinstance(glossary, Mapping):
+        pairs = list(glossary.items())
+    elif isinstance(glossary, (str, bytes)) or not isinstance(glossary, Sequence):
+        raise ValueError("a glossary is a list of [source term, target term] pairs or a {source: target} mapping")
+    else:
+        pairs = list(glossary)
+    out = []
+    for i, pair in enumerate(pairs):
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ValueError(f"glossary entry {i + 1} is not a [source term, target term] pair")
+        for term in pair:
+            if not isinstance(term, str) or not term.strip():
+                raise ValueError(f"glossary entry {i + 1}: each term must be a non-empty string")
+            if "\n" in term or "\r" in term:
+                raise ValueError(f"glossary entry {i + 1}: a term must be one line")
+        out.append((pair[0].strip(), pair[1].strip()))
+    return tuple(out)
 
 
 def nearest_code(code: str, names: dict[str, str]) -> str:

@@ -32,8 +32,12 @@ class Prompt:
     suffix: tuple[int, ...] | None = None  # ids after them; None: the tokenizer's default (eos)
     forced_bos: int | None = None  # the first generated token, forced
     # A decoder-only model's request: (source code or None, target code), rendered around the text through the
-    # model's chat template (runtime/decoder_only.py `Prompts`) instead of the fields above.
+    # model's chat template (runtime/decoder_only.py `Prompts`) instead of the fields above; with a glossary of
+    # (source term, target term) pairs or a context, for a family with prompts for them (HY-MT's). Tuples: a
+    # prompt is hashable (the service's cache keys on it).
     chat: tuple[str | None, str] | None = None
+    glossary: tuple[tuple[str, str], ...] = ()
+    context: str | None = None
 
 
 class LanguageScheme:

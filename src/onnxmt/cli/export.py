@@ -32,9 +32,5 @@ def export(
         except (ValueError, ImportError, OSError) as e:
             fail(str(e))
     if report is not None:
-        err.print(
-            f"checked against PyTorch: encoder max |diff| {report.encoder_max_abs_diff:.2e}, "
-            f"first-step logits {report.first_step_logits_max_abs_diff:.2e}, "
-            f"cached step {report.cached_step_logits_max_abs_diff:.2e}"
-        )
+        err.print(report.describe())
     err.print(f"[green]wrote {output_dir}[/green]")

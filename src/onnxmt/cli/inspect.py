@@ -90,14 +90,17 @@ def _print_prompt_for(out: Console, model_dir: Path, manifest: Any, text: str, s
 
 
 def _print_prompt(out: Console, model_dir: Path, manifest: Any) -> None:
-    """A decoder-only model's prompt: the family's request rule, its language table, the vendor's sampling settings
-    set aside, and the chat template itself."""
-    from ..architectures.decoder_only import PROMPT_RULES
+    """A decoder-only model's prompt: the family's request rule (and its glossary and context prompts), its language
+    table, the vendor's sampling settings set aside, and the chat template itself."""
+    from ..architectures.decoder_only import HY_MT_CONTEXT, HY_MT_TERMS, PROMPT_RULES
     from ..tokenization.chat import ChatTemplate
 
     langs = manifest.languages
     table = Table(title="prompt", show_header=False)
     table.add_row("request", PROMPT_RULES.get(langs.get("prompt"), str(langs.get("prompt"))))
+    hy_mt = langs.get("prompt") == "hy_mt"
+    table.add_row("with a glossary", repr(HY_MT_TERMS) if hy_mt else "(refused: no terminology prompt)")
+    table.add_row("with a context", repr(HY_MT_CONTEXT) if hy_mt else "(refused: no context prompt)")
     table.add_row("languages", ", ".join(f"{code}={name}" for code, name in sorted(langs.get("names", {}).items())))
     if langs.get("names_zh"):
         table.add_row("languages (zh)", ", ".join(f"{c}={n}" for c, n in sorted(langs["names_zh"].items())))
@@ -146,8 +149,10 @@ def _output_length(manifest: Any) -> str:
 
 def _summary(manifest: Any, found: dict[str, Any]) -> dict[str, str]:
     """The manifest's rows, then each graph's quantization as read from the graph."""
+    from ..architectures import text_unit
+
     langs = manifest.languages
-    return {
+    rows = {
         "architecture": manifest.architecture,
         "layout": manifest.layout,
         "source model": manifest.provenance.get("source_model", "?"),
@@ -168,3 +173,9 @@ def _summary(manifest: Any, found: dict[str, Any]) -> dict[str, str]:
         **{f"{part} graph": contents.quantization() for part, contents in found.items()},
         "files": ", ".join(f"{n} ({size(i.get('bytes'))})" for n, i in manifest.files.items()),
     }
+    rows["unit of text"] = f"{text_unit(manifest.architecture)} (onnxmt translate --unit, onnxmt serve --text-unit)"
+    if langs.get("scheme") == "chat_template":  # the prompt names the languages: its table is shown below
+        rows["languages"] = f"{len(langs.get('names', {}))} in the prompt's table (below)"
+        for row in ("source tokens", "target tokens"):
+            rows[row] = "(none: the prompt names the languages)"
+    return rows

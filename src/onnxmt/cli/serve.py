@@ -39,6 +39,7 @@ PANELS = {
         "max_cache_mb",
     ),
     MODELS: ("max_loaded_models", "max_loaded_mb", "load_retry_seconds", "pivot", "fallback_max_new_tokens"),
+    "Texts and prompts": ("text_unit", "max_glossary_terms", "max_glossary_chars", "max_context_chars"),
     "Translation cache": ("cache_size", "cache_mb"),
     "Documents (/translate_file)": (
         "max_document_cost",

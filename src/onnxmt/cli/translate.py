@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..architectures import check_text_unit
 from ..manifest import ModelDirError
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from .common import ModelOption, SourceLangOption, TargetLangOption, err, fail, report_variant
@@ -43,13 +44,40 @@ def translate(
     ] = None,
     source_lang: SourceLangOption = None,
     target_lang: TargetLangOption = None,
+    unit: Annotated[
+        str | None,
+        typer.Option(
+            help="Give the model sentences or paragraphs (lines) at a time: sentence or paragraph (default: the "
+            "model's family's: sentence for encoder-decoder models, paragraph for decoder-only translators)."
+        ),
+    ] = None,
+    glossary: Annotated[
+        Path | None,
+        typer.Option(
+            help="Terms to translate as given: a .tsv file, one 'source<TAB>target' pair a line (models with a "
+            "terminology prompt: HY-MT)."
+        ),
+    ] = None,
+    context: Annotated[
+        str | None,
+        typer.Option(
+            help="Text the translation should agree with, not translated (models with a context prompt: HY-MT)."
+        ),
+    ] = None,
+    show_prompt: Annotated[
+        bool,
+        typer.Option(
+            "--show-prompt",
+            help="Print what the model is given for each text (its whole prompt and its ids) instead of translating.",
+        ),
+    ] = False,
     *,
     decoding: DecodeOptions,
     runtime: RuntimeOptions,
 ) -> None:
-    """Translate plain text line by line, in input order (empty line in, empty line out; a line too long for the
-    model is cut into sentences, never truncated); or a document (.srt, .vtt, .html, .md, .docx, or --format),
-    sentence by sentence with its structure kept."""
+    """Translate plain text line by line, in input order (empty line in, empty line out), each line sentence by
+    sentence or whole, as the model's family is given text (--unit; a part too long for the model is cut, never
+    truncated); or a document (.srt, .vtt, .html, .md, .docx, or --format) with its structure kept."""
     from ..documents.files import FORMATS
     from ..documents.translate import translate_lines
     from ..models import resolve_model_dir
@@ -60,19 +88,59 @@ def translate(
         source = _check_document(texts or [], input_file, output_file, format)
     else:
         lines, total = _read_lines(texts or [], input_file)
-    pair: dict[str, Any] = {"source_lang": source_lang, "target_lang": target_lang}
+    request: dict[str, Any] = {"source_lang": source_lang, "target_lang": target_lang, "context": context}
+    request["glossary"] = _read_glossary(glossary) if glossary is not None else ()
     try:
+        check_text_unit(unit)
         directory = resolve_model_dir(model, progress=lambda msg: err.print(msg))
         translator = Translator(directory, runtime, decoding)
-        translator.prompt(source_lang, target_lang)  # an unknown language fails here, before any output
+        translator.prompt(**request)  # an unknown language or a refused glossary fails here, before any output
         report_variant(translator.manifest)
-        if document:
-            _translate_document(translator, source, input_file, output_file, format, pair)
+        if show_prompt:
+            shown = _document_texts(source, input_file, format) if document else list(lines)
+            _show_prompts(translator, shown, unit, request)
+        elif document:
+            _translate_document(translator, source, input_file, output_file, format, {**request, "unit": unit})
         else:
-            translated = translate_lines(translator, lines, **pair)
+            translated = translate_lines(translator, lines, unit=unit, **request)
             _write(translated, output_file, total, show_progress=input_file is not None)
     except (ModelDirError, ValueError, ImportError, OSError) as e:
         fail(str(e))
+
+
+def _read_glossary(path: Path) -> list[tuple[str, str]]:
+    """--glossary's pairs: one `source<TAB>target` a line, blank lines skipped; a one-line error naming the line
+    that is not a pair."""
+    pairs = []
+    for number, line in enumerate(_read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
+            fail(f"{path}, line {number}: not a 'source<TAB>target' pair")
+        pairs.append((fields[0].strip(), fields[1].strip()))
+    return pairs
+
+
+def _document_texts(source: str, input_file: Path | None, format: str | None) -> list[str]:
+    """The texts of a document (its paragraphs, cues, cells), as they are translated."""
+    from ..documents.files import format_of, prepare
+
+    kind = format_of(input_file or "", format)
+    data = input_file.read_bytes() if input_file is not None else source.encode("utf-8")
+    return prepare(data, kind)[0]
+
+
+def _show_prompts(translator: Any, texts: list[str], unit: str | None, request: dict[str, Any]) -> None:
+    """--show-prompt: each unit of text the model is given (texts cut as they are translated), its whole input
+    (a decoder-only model's rendered chat prompt) and the ids, numbered."""
+    from ..documents.translate import counting, plan_texts
+
+    plan = plan_texts(texts, counting(translator, unit=unit, **request), tokenizer=translator.tokenizer)
+    for number, sentence in enumerate(plan.sentences, 1):
+        shown = translator.model_input(sentence, **request)
+        forced = "" if shown.forced_bos is None else f"; the output starts with {shown.forced_bos}"
+        sys.stdout.write(f"--- text {number}: {len(shown.ids)} ids{forced}\n{shown.text}\n{list(shown.ids)}\n")
 
 
 def _read_lines(texts: list[str], input_file: Path | None) -> tuple[list[str] | Iterator[str], int | None]:
@@ -170,7 +238,7 @@ def _translate_document(
     input_file: Path | None,
     output_file: Path | None,
     format: str | None,
-    pair: dict[str, Any],
+    request: dict[str, Any],
 ) -> None:
     """A document translated whole, with a progress bar (counting sentences) on stderr for a file."""
     from rich.progress import Progress
@@ -184,11 +252,11 @@ def _translate_document(
             bar.update(task, completed=done, total=total)
 
         if input_file is not None and output_file is not None:
-            translate_file(translator, input_file, output_file, format, progress, **pair)
+            translate_file(translator, input_file, output_file, format, progress, **request)
             return
         kind = format_of(input_file or "", format)
         text = _read_text(input_file) if input_file is not None else source
-        translated = translate_string(translator, text, kind, progress if input_file else None, **pair)
+        translated = translate_string(translator, text, kind, progress if input_file else None, **request)
     if output_file is not None:
         output_file.write_text(translated, encoding="utf-8")
     else:

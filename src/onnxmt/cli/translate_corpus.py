@@ -17,7 +17,7 @@ THREADS_HELP = "ONNX Runtime threads per worker (default: the cluster's CPUs / w
 
 
 @with_options(
-    job=flags(CorpusJob, "field", "output_field", "workers", "block_rows", "work_dir", partial=True),
+    job=flags(CorpusJob, "field", "output_field", "workers", "block_rows", "work_dir", "unit", partial=True),
     decoding=flags(DecodeOptions, "beams", "max_new_tokens", "batch_size"),
     runtime=flags(RuntimeOptions, "threads", helps={"threads": THREADS_HELP}),
 )

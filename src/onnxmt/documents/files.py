@@ -111,7 +111,7 @@ def _translate(
     limits: DocumentLimits,
     overrides: dict[str, Any],
 ) -> list[str]:
-    """Plain text line by line (translate.split_lines), the texts of other formats sentence by sentence."""
+    """The texts of any format unit by unit (translate.plan_texts: the model's sentences or paragraphs)."""
     if not texts:
         return []
-    return translate_texts(translator, texts, progress, limits, by_lines=format == "text", **overrides)
+    return translate_texts(translator, texts, progress, limits, **overrides)

@@ -21,6 +21,9 @@ from .inline import cut, place
 from .limits import DEFAULT_LIMITS, DocumentLimits, DocumentTooLarge
 
 Translate = Callable[[Sequence[str]], list[str]]
+# The control characters XML 1.0 has no place for (all but tab, line feed and carriage return): a model's output
+# may hold one (a byte-level tokenizer can write any byte), and python-docx refuses to write it. Dropped.
+NOT_XML = dict.fromkeys(c for c in range(32) if c not in (9, 10, 13))
 
 
 def _docx() -> Any:
@@ -84,6 +87,7 @@ def prepare_docx(
             for run in runs[:-1]:
                 position += len(run.text)
                 marks.append(position)
+            translation = translation.translate(NOT_XML)
             for run, part in zip(runs, cut(translation, place(marks, len(text), translation)), strict=True):
                 run.text = part
         out = io.BytesIO()

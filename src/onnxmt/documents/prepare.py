@@ -17,7 +17,7 @@ from .limits import DEFAULT_LIMITS, DocumentLimits
 from .translate import Counting, Plan, plan_texts
 
 # What a document is to `plan`/`render`: a file format (files.FORMATS' values), "pages" (HTML strings, each
-# translated as a page) or "texts" (plain texts, each cut into sentences).
+# translated as a page) or "texts" (plain texts, each cut into the model's units of text).
 PAGES, TEXTS = "pages", "texts"
 
 
@@ -42,9 +42,9 @@ def units(kind: str, document: Any, limits: DocumentLimits = DEFAULT_LIMITS) -> 
 
 
 def plan(kind: str, document: Any, counting: Counting, limits: DocumentLimits = DEFAULT_LIMITS) -> Plan:
-    """`document` read and cut into sentences (what a worker process runs first)."""
+    """`document` read and cut into the model's units of text (what a worker process runs first)."""
     texts, _ = units(kind, document, limits)
-    return plan_texts(texts, counting, limits, by_lines=kind == "text")
+    return plan_texts(texts, counting, limits)
 
 
 def render(kind: str, document: Any, translated: list[str], limits: DocumentLimits = DEFAULT_LIMITS) -> Any:

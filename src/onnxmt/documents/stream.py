@@ -17,7 +17,7 @@ from .segment import Piece, separator
 from .translate import plan_document
 
 if TYPE_CHECKING:
-    from ..runtime.translator import Prepared, Translator
+    from ..runtime.translator import Glossary, Prepared, Translator
 
 # (sentence index, its translation so far, whether that is all of it); sentences in order.
 Update = tuple[int, str, bool]
@@ -29,19 +29,22 @@ def translate_stream(
     *,
     source_lang: str | None = None,
     target_lang: str | None = None,
+    unit: str | None = None,
+    glossary: Glossary = (),
+    context: str | None = None,
     **overrides: Any,
 ) -> Iterator[str]:
     """One text (a sentence or a whole document) translated as a stream of pieces of text: token by token with
-    greedy search, sentence by sentence with beam search. `"".join(...)` is what `translate_document` returns
-    (sentences split, whitespace and line breaks kept). Keyword arguments as `Translator.translate`'s; a bad
-    option or language raises here, before the first piece."""
+    greedy search, unit by unit with beam search. `"".join(...)` is what `translate_document` returns (the model's
+    units of text, whitespace and line breaks kept). Keyword arguments as `translate_document`'s; a bad option or
+    language raises here, before the first piece."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a string, got {type(text).__name__}")
     batching: dict[str, Any] = {k: overrides[k] for k in ("batch_size", "max_batch_cost") if k in overrides}
-    plan = plan_document(translator, text, source_lang, target_lang)
-    prepared = translator.prepare(
-        plan.sentences, ids=plan.ids, source_lang=source_lang, target_lang=target_lang, **overrides
-    )
+    request: dict[str, Any] = {"source_lang": source_lang, "target_lang": target_lang}
+    request.update(glossary=glossary, context=context)
+    plan = plan_document(translator, text, unit=unit, **request)
+    prepared = translator.prepare(plan.sentences, ids=plan.ids, **request, **overrides)
     return _joined(plan.layouts[0], _updates(translator, prepared, batching))
 
 

@@ -1,5 +1,9 @@
-"""Texts translated sentence by sentence: every sentence of every text in one `Translator.translate` call (which
-sorts them into batches of similar length), and each text rebuilt around its translated sentences.
+"""Texts translated unit by unit: every unit of every text in one `Translator.translate` call (which sorts them
+into batches of similar length), and each text rebuilt around its translated units.
+
+The unit is the model's family's (architectures `text_unit`, overridden by a `unit` argument): a sentence-level
+model (Marian, NLLB, M2M100, mBART-50, MADLAD, T5) is given each sentence, a paragraph-level one (the decoder-only
+translators) each line whole. Plain text, documents and the service's /translate all cut texts by it.
 
 How a text is cut (`plan_texts`) needs only the model's tokenizer (`Counting`), not the model: the service cuts
 documents in a worker process (serve/workers.py) with the same functions.
@@ -13,16 +17,18 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import islice
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import langcodes
 
-from ..architectures import Prompt
+from ..architectures import PARAGRAPH, SENTENCE, Prompt, check_text_unit, text_unit
 from .limits import DEFAULT_LIMITS, DocumentLimits
 from .segment import Piece, fit, join, split_sentences
 
 if TYPE_CHECKING:
-    from ..runtime.translator import Translator
+    from ..runtime.decoder_only import Prompts
+    from ..runtime.translator import Glossary, Translator
 
 # Sentences per `translate` call when a progress bar is shown: enough to fill many sorted batches.
 PROGRESS_CHUNK = 256
@@ -35,28 +41,34 @@ LINES_WINDOW_BATCHES = 8
 
 @dataclass(frozen=True)
 class Counting:
-    """How a sentence is counted for one model and language pair: the model's tokenizer (by its directory, so a
-    worker process can load it), the prompt put around each text, the model's source positions, and the source
-    language as sentencex names it."""
+    """How a text is cut and counted for one model and language pair: the model's tokenizer (by its directory, so
+    a worker process can load it), the prompt put around each text, the model's source positions, the source
+    language as sentencex names it, and the unit of text the model is given (`unit`: a sentence, or a paragraph:
+    architectures `text_unit`)."""
 
     directory: str
     tokenizer_kind: str | None
     limit: int
     prompt: Prompt
     lang: str
+    unit: str = SENTENCE
 
     def encoder(self, tokenizer: Any | None = None) -> Encode:
-        """Source ids of a sentence under the prompt, never truncated (truncation would hide what is too long);
-        each distinct text tokenized once. `tokenizer`: the model's, when it is at hand; else loaded from the
-        directory once per process."""
+        """Source ids of a sentence under the prompt (a decoder-only model's: its whole chat prompt), never
+        truncated (truncation would hide what is too long); each distinct text tokenized once. `tokenizer`: the
+        model's, when it is at hand; else loaded from the directory once per process."""
         counter = copy.copy(tokenizer) if tokenizer is not None else _tokenizer(self.directory, self.tokenizer_kind)
         counter.model_max_length = 0
         prompt = self.prompt
+        chat = _chat(self.directory, counter) if prompt.chat is not None else None
         seen: dict[str, tuple[int, ...]] = {}
 
         def encode(text: str) -> tuple[int, ...]:
             if text not in seen:
-                seen[text] = tuple(counter.encode(prompt.text + text, prefix=prompt.prefix, suffix=prompt.suffix))
+                if chat is not None:
+                    seen[text] = tuple(chat.encode(text, prompt))
+                else:
+                    seen[text] = tuple(counter.encode(prompt.text + text, prefix=prompt.prefix, suffix=prompt.suffix))
             return seen[text]
 
         return encode
@@ -67,6 +79,14 @@ def _tokenizer(directory: str, kind: str | None) -> Any:
     from ..runtime.tokenizer import load_tokenizer
 
     return load_tokenizer(directory, kind)
+
+
+def _chat(directory: str, tokenizer: Any) -> Prompts:
+    """A decoder-only model's prompts (its chat template and language table) on `tokenizer`."""
+    from ..manifest import read_manifest
+    from ..runtime.decoder_only import Prompts
+
+    return Prompts(Path(directory), read_manifest(Path(directory)), tokenizer)
 
 
 @dataclass(frozen=True)
@@ -85,18 +105,14 @@ class Plan:
 
 
 def plan_texts(
-    texts: Sequence[str],
-    counting: Counting,
-    limits: DocumentLimits = DEFAULT_LIMITS,
-    tokenizer: Any | None = None,
-    by_lines: bool = False,
+    texts: Sequence[str], counting: Counting, limits: DocumentLimits = DEFAULT_LIMITS, tokenizer: Any | None = None
 ) -> Plan:
-    """`texts` cut into sentences that each fit the model (`by_lines`: into lines, see `split_lines`);
-    DocumentTooLarge past `limits`."""
+    """`texts` cut into the model's units of text (`counting.unit`): sentences, or paragraphs (lines, see
+    `split_lines`), each fitting the model; DocumentTooLarge past `limits`."""
     limits.check_texts(len(texts))
     encode = counting.encoder(tokenizer)
     fits = _surely_fits(lambda text: len(encode(text)), counting.limit)
-    if by_lines:
+    if counting.unit == PARAGRAPH:
         split = [split_lines(text, fits, counting.limit, counting.lang) for text in texts]
     else:
         split = [split_sentences(text, counting.lang) for text in texts]
@@ -125,10 +141,10 @@ def _surely_fits(count: Count, limit: int) -> Count:
 
 
 def split_lines(text: str, count: Count, limit: int, lang: str) -> list[Piece]:
-    """Plain text's rule: each line is one text for the model, as `Translator.translate` takes it, the whitespace
-    around it kept; a line too long for the model (more than `limit` tokens by `count`) is cut into its sentences
-    (and `fit` cuts those still too long). What is kept as it is between two texts is one piece (a million blank
-    lines are one piece, not a million). `"".join(p.text for p in pieces) == text`."""
+    """The paragraph's rule: each line is one text for the model, as `Translator.translate` takes it, the
+    whitespace around it kept; a line too long for the model (more than `limit` tokens by `count`) is cut into its
+    sentences (and `fit` cuts those still too long). What is kept as it is between two texts is one piece (a
+    million blank lines are one piece, not a million). `"".join(p.text for p in pieces) == text`."""
     pieces: list[Piece] = []
     kept: list[str] = []  # since the last text to translate: joined once
 
@@ -172,30 +188,37 @@ def segmenter_lang(translator: Translator) -> str:
         return code
 
 
-def counting(translator: Translator, source_lang: str | None = None, target_lang: str | None = None) -> Counting:
-    """How `translator` counts a sentence from `source_lang` into `target_lang` (None: its defaults); ValueError
-    for a language it does not translate."""
+def counting(
+    translator: Translator,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+    *,
+    unit: str | None = None,
+    glossary: Glossary = (),
+    context: str | None = None,
+) -> Counting:
+    """How `translator` cuts and counts a text from `source_lang` into `target_lang` (None: its defaults), with a
+    glossary or context (`Translator.prompt`); `unit`: sentence or paragraph, None: the model's family's
+    (architectures `text_unit`). ValueError for a language it does not translate, or a bad unit."""
     return Counting(
         str(translator.directory),
         translator.manifest.tokenizer.get("kind"),
         translator.tokenizer.model_max_length,
-        translator.prompt(source_lang, target_lang),
+        translator.prompt(source_lang, target_lang, glossary=glossary, context=context),
         segmenter_lang(translator),
+        check_text_unit(unit) or text_unit(translator.manifest.architecture),
     )
 
 
-def plan_document(
-    translator: Translator, text: str, source_lang: str | None = None, target_lang: str | None = None
-) -> Plan:
-    """`text` cut into the sentences the model will see: each fits the model's source positions."""
-    return plan_texts([text], counting(translator, source_lang, target_lang), tokenizer=translator.tokenizer)
+def plan_document(translator: Translator, text: str, **request: Any) -> Plan:
+    """`text` cut into the units of text the model will see, each fitting its positions; keyword arguments as
+    `counting`'s."""
+    return plan_texts([text], counting(translator, **request), tokenizer=translator.tokenizer)
 
 
-def layout(
-    translator: Translator, text: str, source_lang: str | None = None, target_lang: str | None = None
-) -> list[Piece]:
-    """`text` as its sentences and what is kept between them (`plan_document`'s layout)."""
-    return plan_document(translator, text, source_lang, target_lang).layouts[0]
+def layout(translator: Translator, text: str, **request: Any) -> list[Piece]:
+    """`text` as its units of text and what is kept between them (`plan_document`'s layout)."""
+    return plan_document(translator, text, **request).layouts[0]
 
 
 def translate_texts(
@@ -203,20 +226,21 @@ def translate_texts(
     texts: Sequence[str],
     progress: Progress | None = None,
     limits: DocumentLimits = DEFAULT_LIMITS,
-    by_lines: bool = False,
     *,
     source_lang: str | None = None,
     target_lang: str | None = None,
+    unit: str | None = None,
+    glossary: Glossary = (),
+    context: str | None = None,
     **overrides: Any,
 ) -> list[str]:
-    """Each of `texts` translated sentence by sentence (`by_lines`: line by line, plain text's rule: see
-    `split_lines`), its whitespace and line breaks kept. Keyword arguments as `Translator.translate`'s.
+    """Each of `texts` translated unit by unit (`unit`: sentence or paragraph, None: the model's family's; see
+    `plan_texts`), its whitespace and line breaks kept. Keyword arguments as `Translator.translate`'s.
     DocumentTooLarge past `limits`."""
-    where = counting(translator, source_lang, target_lang)
-    plan = plan_texts(texts, where, limits, tokenizer=translator.tokenizer, by_lines=by_lines)
-    prepared = translator.prepare(
-        plan.sentences, ids=plan.ids, source_lang=source_lang, target_lang=target_lang, **overrides
-    )
+    request: dict[str, Any] = {"source_lang": source_lang, "target_lang": target_lang}
+    request.update(glossary=glossary, context=context)
+    plan = plan_texts(texts, counting(translator, unit=unit, **request), limits, tokenizer=translator.tokenizer)
+    prepared = translator.prepare(plan.sentences, ids=plan.ids, **request, **overrides)
     batching = {k: overrides[k] for k in ("batch_size", "max_batch_cost") if k in overrides}
     if progress is None:
         return join_texts(plan.layouts, [t.text for t in translator.translate_prepared(prepared, **batching)])
@@ -239,26 +263,19 @@ def join_texts(layouts: Sequence[Sequence[Piece]], translated: Sequence[str]) ->
     return out
 
 
-def translate_lines(
-    translator: Translator,
-    texts: Iterable[str],
-    *,
-    source_lang: str | None = None,
-    target_lang: str | None = None,
-    **overrides: Any,
-) -> Iterator[str]:
-    """Plain text, the one rule of the CLI, `translate-corpus`, `/translate` and `/translate_file` for .txt: each
-    line of each text one text for the model, a line too long for it cut into sentences (`split_lines`); read
-    lazily, in order, in windows of many batches."""
+def translate_lines(translator: Translator, texts: Iterable[str], **overrides: Any) -> Iterator[str]:
+    """Plain text, the one rule of the CLI, `translate-corpus` and `/translate_file` for .txt: each line of each
+    text translated unit by unit, as `translate_texts` (a sentence-level model's sentences, a paragraph-level
+    model's line whole unless too long); read lazily, in order, in windows of many batches. Keyword arguments as
+    `translate_texts`'."""
     options = translator.decoding.merged(batch_size=overrides.get("batch_size"))
     window = max(1, options.batch_size) * LINES_WINDOW_BATCHES
     iterator = iter(texts)
-    languages = {"source_lang": source_lang, "target_lang": target_lang}
     while chunk := list(islice(iterator, window)):
-        yield from translate_texts(translator, chunk, None, DEFAULT_LIMITS, by_lines=True, **languages, **overrides)
+        yield from translate_texts(translator, chunk, None, DEFAULT_LIMITS, **overrides)
 
 
 def translate_document(translator: Translator, text: str, **overrides: Any) -> str:
-    """One text (a paragraph, a page, a whole file) translated sentence by sentence; keyword arguments as
-    `Translator.translate`'s."""
+    """One text (a paragraph, a page, a whole file) translated unit by unit; keyword arguments as
+    `translate_texts`'."""
     return translate_texts(translator, [text], **overrides)[0]

@@ -76,17 +76,28 @@ class ExportOptions:
 
 @dataclass(frozen=True)
 class CheckReport:
-    encoder_max_abs_diff: float
+    """The export's check against PyTorch; `encoder_max_abs_diff` None for a decoder-only model (no encoder: its
+    first step is the prompt's prefill)."""
+
+    encoder_max_abs_diff: float | None
     first_step_logits_max_abs_diff: float
     cached_step_logits_max_abs_diff: float
 
     @property
     def worst(self) -> float:
         return max(
-            self.encoder_max_abs_diff,
+            self.encoder_max_abs_diff or 0.0,
             self.first_step_logits_max_abs_diff,
             self.cached_step_logits_max_abs_diff,
         )
+
+    def describe(self) -> str:
+        first = f"first-step logits {self.first_step_logits_max_abs_diff:.2e}"
+        if self.encoder_max_abs_diff is None:
+            first = f"prefill logits {self.first_step_logits_max_abs_diff:.2e}"
+        else:
+            first = f"encoder max |diff| {self.encoder_max_abs_diff:.2e}, {first}"
+        return f"checked against PyTorch: {first}, cached step {self.cached_step_logits_max_abs_diff:.2e}"
 
 
 Progress = Callable[[str], None]
@@ -309,7 +320,7 @@ def check_decoder_only(expected: np.ndarray, prompts: np.ndarray, directory: Pat
     )
     step, _ = graphs.step(np.array([[prompts[0, -1]], [prompts[1, short]]], dtype=np.int64), cache)
     return CheckReport(
-        encoder_max_abs_diff=0.0,
+        encoder_max_abs_diff=None,
         first_step_logits_max_abs_diff=prefill_diff,
         cached_step_logits_max_abs_diff=float(np.abs(step[1] - expected[1, short]).max()),
     )

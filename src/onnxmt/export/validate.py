@@ -30,6 +30,7 @@ from ..runtime.modeldir import load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.tokenizer import load_tokenizer
 from ..runtime.translator import Translator
+from . import reference as hf
 from .hub import quiet_transformers
 
 # A reference margin under this is a floating-point tie: fp32 exports differ from PyTorch by ~1e-5 in the logits.
@@ -212,9 +213,10 @@ SMALL_MODEL_PARAMETERS = 10_000_000
 
 
 class _Reference:
-    """transformers' side: tokenizer, model, generate() and teacher-forced logits."""
+    """transformers' side: tokenizer, model, generate() and teacher-forced logits. A decoder-only model's prompt is
+    its chat template around the family's request (export/reference.py), each prompt generated alone."""
 
-    def __init__(self, reference: str, threads: int | None, max_positions: int) -> None:
+    def __init__(self, reference: str, threads: int | None, max_positions: int, manifest: Any) -> None:
         import torch
         from transformers import AutoTokenizer
 
@@ -227,6 +229,10 @@ class _Reference:
         # Truncated at the model's positions, as onnxmt's tokenizer does (opus-mt names no model_max_length; T5's
         # config has no max_position_embeddings): the manifest's figure, on both sides.
         self.max_positions = max_positions
+        self.languages = manifest.languages
+        self.decoder_only = bool(manifest.model.get("decoder_only"))
+        self.start = int(manifest.tokens["decoder_start"])
+        self.eos_ids = [int(i) for i in manifest.tokens["eos_ids"]]
         with quiet_transformers():
             self.model = get_architecture(config.get("model_type")).load(str(source))
             self.tokenizer = AutoTokenizer.from_pretrained(str(source))
@@ -234,6 +240,19 @@ class _Reference:
             threads = 1  # a small model's ops are too short to share: torch's threads only wait for each other
         if threads:
             torch.set_num_threads(threads)
+
+    def prompt_ids(self, text: str, prompt: Prompt, source: str | None) -> list[int]:
+        """One text's ids as transformers gives them to the model (`encode`, or the chat template's prompt)."""
+        if prompt.chat is not None:
+            return hf.chat_ids(self.tokenizer, self.languages, text, prompt)
+        return list(self.encode([text], prompt, source).input_ids[0].tolist())
+
+    def outputs(self, texts: Sequence[str], prompt: Prompt, source: str | None, **kwargs: Any) -> list[list[int]]:
+        """generate()'s tokens for `texts` (together, or a decoder-only model's each alone)."""
+        if self.decoder_only:
+            ids = [self.prompt_ids(text, prompt, source) for text in texts]
+            return [hf.generate(self.torch, self.model, p, self.eos_ids, **kwargs) for p in ids]
+        return self.generate(self.encode(texts, prompt, source), prompt, **kwargs)
 
     def encode(self, texts: Sequence[str], prompt: Prompt, source: str | None) -> Any:
         """The HF tokenizer's ids under the same language prompt: its text prefix, its source language (the
@@ -264,14 +283,17 @@ class _Reference:
             rows.append(row)
         return rows
 
-    def logits(self, ids: list[int], decoder_ids: list[int]) -> np.ndarray:
-        """(len(decoder_ids), vocab) logits for one sentence."""
+    def logits(self, ids: list[int], tokens: list[int]) -> np.ndarray:
+        """(len(tokens) + 1, vocab) logits for one sentence: the next token's at the start and after each of
+        `tokens`, the output so far."""
         t = self.torch
+        if self.decoder_only:
+            return np.asarray(hf.logits(t, self.model, ids, tokens))
         with t.no_grad():
             out = self.model(
                 input_ids=t.tensor([ids]),
                 attention_mask=t.ones(1, len(ids), dtype=t.long),
-                decoder_input_ids=t.tensor([decoder_ids]),
+                decoder_input_ids=t.tensor([[self.start, *tokens]]),
             )
         return out.logits[0].numpy()
 
@@ -299,10 +321,8 @@ def validate(
         scheme.languages.resolve_source(options.source_lang),
     )
     beams = options.decoding.beams or int(manifest.generation.get("num_beams") or 1)
-    start = int(manifest.tokens["decoder_start"])
     with tempfile.TemporaryDirectory(prefix="onnxmt-validate-") as scratch:
-        positions = int(manifest.model["max_positions"])
-        ref = _reference_side(reference, texts, beams, token, start, positions, options, advance, Path(scratch))
+        ref = _reference_side(reference, texts, beams, token, manifest, options, advance, Path(scratch))
         translator = Translator(model_dir, options.runtime)
         onnx_out = {
             search: _onnx_outputs(translator, texts, b, options, advance if search == "beam" else lambda n: None)
@@ -357,31 +377,30 @@ def _reference_side(
     texts: list[str],
     beams: int,
     token: tuple[Prompt, str | None],
-    start: int,
-    max_positions: int,
+    manifest: Any,
     options: ValidateOptions,
     advance: Callable[[int], None],
     scratch: Path,
 ) -> _ReferenceRun:
     """transformers' outputs for both searches and their teacher-forced logits; the model is freed on return."""
-    ref = _Reference(reference, options.runtime.threads, max_positions)
+    ref = _Reference(reference, options.runtime.threads, int(manifest.model["max_positions"]), manifest)
     searches = (("greedy", 1), ("beam", beams))
     outputs: dict[str, list[list[int]]] = {search: [] for search, _ in searches}
     size, max_new_tokens = options.decoding.batch_size, options.decoding.max_new_tokens
-    limit = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}
+    limit: dict[str, Any] = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}
     for first in range(0, len(texts), size):
         batch = texts[first : first + size]
         for search, b in searches:
-            outputs[search] += ref.generate(ref.encode(batch, *token), token[0], num_beams=b, **limit)
+            outputs[search] += ref.outputs(batch, *token, num_beams=b, **limit)
         advance(len(batch))
-    ids = [ref.encode([text], *token).input_ids[0].tolist() for text in texts]
+    ids = [ref.prompt_ids(text, *token) for text in texts]
     # One float32 row of logits per step: as wide as the LM head (a separate decoder vocabulary can be narrower
     # than config.vocab_size).
     width = int(ref.model.get_output_embeddings().weight.shape[0])
     _check_room(scratch, sum(len(out) for rows in outputs.values() for out in rows) * width * 4)
     for search, _ in searches:
         for i, out in enumerate(outputs[search]):
-            logits = ref.logits(ids[i], [start, *out[:-1]])
+            logits = ref.logits(ids[i], out[:-1])
             _check_room(scratch, logits.nbytes)  # and again per file: the disk may fill meanwhile
             np.save(scratch / f"{search}-{i}.npy", logits)
     del ref
@@ -444,9 +463,8 @@ def _compare_sentence(
     ids = ref.ids[index]
     same_ids = ids == translator.encode(text, prompt)
     report.tokenizer_identical += same_ids
-    start = int(translator.manifest.tokens["decoder_start"])
     greedy = ref.outputs["greedy"][index]
-    diff = np.abs(ref.logits("greedy", index) - _onnx_logits(translator, ids, [start, *greedy[:-1]]))
+    diff = np.abs(ref.logits("greedy", index) - _onnx_logits(translator, ids, greedy[:-1]))
     record: dict[str, Any] = {
         "index": index,
         "chars": len(text),
@@ -461,13 +479,19 @@ def _compare_sentence(
     return record, diff
 
 
-def _onnx_logits(translator: Translator, ids: list[int], decoder_ids: list[int]) -> np.ndarray:
-    """(len(decoder_ids), vocab) logits from the ONNX graphs, one cached step per token as the runtime runs."""
-    source = np.array([ids], dtype=np.int64)
-    cache = translator.graphs.encode(source, np.ones_like(source))
-    rows = []
-    for token in decoder_ids:
-        logits, cache = translator.graphs.step(np.array([[token]], dtype=np.int64), cache)
+def _onnx_logits(translator: Translator, ids: list[int], tokens: list[int]) -> np.ndarray:
+    """(len(tokens) + 1, vocab) logits from the ONNX graphs, as `_Reference.logits`: one cached step per token as
+    the runtime runs, after the encoder (from the decoder start) or a decoder-only model's prefilled prompt."""
+    graphs = translator.graphs
+    if graphs.decoder_only:
+        logits, cache = graphs.prefill([ids])  # type: ignore[attr-defined]
+        rows = [logits[0]]
+    else:
+        source = np.array([ids], dtype=np.int64)
+        cache = graphs.encode(source, np.ones_like(source))
+        rows, tokens = [], [int(translator.manifest.tokens["decoder_start"]), *tokens]
+    for token in tokens:
+        logits, cache = graphs.step(np.array([[token]], dtype=np.int64), cache)
         rows.append(logits[0])
     return np.stack(rows)
 
@@ -496,9 +520,8 @@ def _divergence(
     if a is not None and b is not None:
         # The logits at this step, given the prefix both outputs share: the reference's from its teacher-forced run
         # on its own output (row `step` follows that prefix).
-        decoder_ids = [int(translator.manifest.tokens["decoder_start"]), *ref_out[:step]]
         ref_row = ref.logits(search, index)[step]
-        onnx_row = _onnx_logits(translator, ids, decoder_ids)[-1]
+        onnx_row = _onnx_logits(translator, ids, ref_out[:step])[-1]
         ref_margin = float(ref_row[a] - ref_row[b])
         onnx_margin = float(onnx_row[a] - onnx_row[b])
         step_diff = float(np.abs(ref_row - onnx_row).max())

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from ..architectures import Prompt
 from ..architectures.decoder_only import render_prompt
 from ..manifest import Manifest, ModelDirError
 from ..tokenization import JsonTokenizer
@@ -186,6 +187,14 @@ class Prompts:
 
     def ids(self, text: str, source: str | None, target: str, **request: Any) -> list[int]:
         return self.tokenizer.prompt_ids(self.text(text, source, target, **request))
+
+    def render(self, text: str, prompt: Prompt) -> str:
+        """The prompt text of `text` under a chat `Prompt` (its language pair, glossary and context)."""
+        assert prompt.chat is not None
+        return self.text(text, *prompt.chat, glossary=prompt.glossary, context=prompt.context)
+
+    def encode(self, text: str, prompt: Prompt) -> list[int]:
+        return self.tokenizer.prompt_ids(self.render(text, prompt))
 
 
 def right_padded(prompts: Sequence[Sequence[int]], pad: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -40,13 +40,14 @@ DYNAMIC_INT8_OPS = (
     "DynamicQuantizeLinear",
     "MatMulInteger",
     "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",  # onnxmt quantize --per-row-scales (export/row_scales.py)
     "ConvInteger",
     "DynamicQuantizeLSTM",
     "QAttention",
     "QGemm",
 )
 # Of those, the ones whose second input is the (quantized) weight matrix.
-_INTEGER_MATMULS = ("MatMulInteger", "DynamicQuantizeMatMul", "ConvInteger", "QGemm")
+_INTEGER_MATMULS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "ConvInteger", "QGemm")
 # Static (calibrated) 8-bit quantization: quantize/dequantize pairs or QLinear operators.
 STATIC_INT8_OPS = ("QuantizeLinear", "QLinearMatMul", "QLinearConv", "QLinearAdd", "QLinearMul")
 # Attributes kept, for the 4-bit operators' summaries.

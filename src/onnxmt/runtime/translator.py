@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any, cast
@@ -14,6 +14,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..architectures import LanguageScheme, Prompt, scheme_for
+from ..architectures.decoder_only import check_request, glossary_pairs
 from ..manifest import Manifest, ModelDirError, read_manifest, verify_files
 from .cache import Cache
 from .cancel import CancelToken
@@ -27,6 +28,8 @@ from .scheduler import BatchLimits, Request, Scheduler
 from .search import Hypothesis, Settings, forced_bos_rows, resolve_settings
 from .tokenizer import load_tokenizer
 
+# A glossary as `Translator.translate` takes it: (source term, target term) pairs, or a {source: target} mapping.
+Glossary = Sequence[tuple[str, str]] | Mapping[str, str]
 # How many texts the streaming variant reads ahead: enough to sort into full batches of similar length.
 STREAM_WINDOW_BATCHES = 8
 
@@ -58,6 +61,16 @@ class Prepared:
     def cost(self) -> int:
         """What translating it may cost, in tokens x beams (see `Translator.cost`)."""
         return text_cost(len(self.ids), self.settings) if self.ids else 0
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """What the model is given for a text (`Translator.model_input`): the text its tokenizer reads (a decoder-only
+    model's whole rendered prompt), the ids, and the token forced first in the output (None: none)."""
+
+    text: str
+    ids: tuple[int, ...]
+    forced_bos: int | None
 
 
 @dataclass(frozen=True)
@@ -137,10 +150,47 @@ class Translator:
         lang = self.scheme.resolve_target(target_lang)
         return None if lang is None else str(self.manifest.languages["target_tokens"][lang])
 
-    def prompt(self, source_lang: str | None = None, target_lang: str | None = None) -> Prompt:
+    def prompt(
+        self,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+        *,
+        glossary: Glossary = (),
+        context: str | None = None,
+    ) -> Prompt:
         """What the model's language scheme puts around a text for this language pair (architectures/schemes.py);
-        ValueError naming the valid codes."""
-        return self.scheme.prompt(source_lang, target_lang)
+        a `glossary` ((source term, target term) pairs, or a {source: target} mapping) or a `context` (text the
+        translation should agree with, not translated) for a family with prompts for them (HY-MT). ValueError
+        naming the valid codes, or saying that the model has no such prompt."""
+        prompt = self.scheme.prompt(source_lang, target_lang)
+        pairs = glossary_pairs(glossary)
+        if context is not None and not isinstance(context, str):
+            raise ValueError(f"context must be a string, got {type(context).__name__}")
+        context = context if context and context.strip() else None
+        if not pairs and context is None:
+            return prompt
+        family = self.manifest.languages.get("prompt") if prompt.chat is not None else None
+        check_request(family or f"{self.manifest.architecture}: no chat template", pairs, context)
+        return replace(prompt, glossary=pairs, context=context)
+
+    def model_input(
+        self,
+        text: str,
+        *,
+        source_lang: str | None = None,
+        target_lang: str | None = None,
+        glossary: Glossary = (),
+        context: str | None = None,
+    ) -> ModelInput:
+        """What the model is given for `text` (arguments as `translate`'s): a decoder-only model's whole prompt,
+        its chat template rendered around the request, and its ids; an encoder-decoder's source text with its
+        language prefix, its ids with the language tokens, and the token forced first in the output."""
+        prompt = self.prompt(source_lang, target_lang, glossary=glossary, context=context)
+        if prompt.chat is not None:
+            assert self.chat is not None
+            rendered = self.chat.render(text, prompt)
+            return ModelInput(rendered, tuple(self.tokenizer.prompt_ids(rendered)), None)
+        return ModelInput(prompt.text + text, tuple(self.encode(text, prompt)), prompt.forced_bos)
 
     def source_code(self, source_lang: str | None) -> str | None:
         """The model's own code for a client's source code (`en` -> `eng_Latn`), None if it names no source."""
@@ -151,7 +201,7 @@ class Translator:
         A decoder-only model's are its whole prompt: the chat template rendered around the request."""
         if prompt.chat is not None:
             assert self.chat is not None
-            return self.chat.ids(text, *prompt.chat)
+            return self.chat.encode(text, prompt)
         return self.tokenizer.encode(prompt.text + text, prefix=prompt.prefix, suffix=prompt.suffix)
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
@@ -164,6 +214,8 @@ class Translator:
         *,
         source_lang: str | Sequence[str | None] | None = None,
         target_lang: str | Sequence[str | None] | None = None,
+        glossary: Glossary = (),
+        context: str | None = None,
         ids: Sequence[Sequence[int] | None] | None = None,
         options: DecodeOptions | None = None,
         **overrides: Any,
@@ -179,7 +231,7 @@ class Translator:
             raise TypeError("give the call's options as `options` or as keyword arguments, not both")
         options = options or self.decoding.merged(**overrides)
         settings = resolve_settings(self.manifest, options)
-        prompts = self._prompts(len(texts), source_lang, target_lang)
+        prompts = self._prompts(len(texts), source_lang, target_lang, glossary, context)
         if ids is not None and len(ids) != len(texts):
             raise ValueError(f"ids holds {len(ids)} lists for {len(texts)} texts")
         prepared = []
@@ -203,6 +255,8 @@ class Translator:
         *,
         source_lang: str | Sequence[str | None] | None = None,
         target_lang: str | Sequence[str | None] | None = None,
+        glossary: Glossary = (),
+        context: str | None = None,
         cancel: CancelToken | Sequence[CancelToken] | None = None,
         on_batch: Callable[[int], None] | None = None,
         **overrides: Any,
@@ -214,11 +268,18 @@ class Translator:
         `source_lang`, `target_lang`: one code for all texts, or one per text (a batch may mix them; models told
         the source language by a token, as NLLB and M2M100, use it, others check it). None: the model's defaults.
 
+        `glossary`: (source term, target term) pairs, or a {source: target} mapping; `context`: text the
+        translations should agree with (not itself translated). For a family with prompts for them (HY-MT's
+        terminology and context prompts; each text's prompt holds the terms that occur in it); ValueError for
+        another model (see `model_input` for the exact prompt).
+
         `cancel`: one token for all texts, or one per text. Once a text's token is set, the text leaves its decoder
         batch at the next step (or is never started) and comes back with `cancelled=True`. `on_batch(n)` is called
         with the size of each decoder batch as it starts (the service's batch metrics)."""
         batching = self._batching(overrides)
-        prepared = self.prepare(texts, source_lang=source_lang, target_lang=target_lang, **overrides)
+        prepared = self.prepare(
+            texts, source_lang=source_lang, target_lang=target_lang, glossary=glossary, context=context, **overrides
+        )
         return self.translate_prepared(prepared, cancel=cancel, on_batch=on_batch, **batching)
 
     def translate_prepared(self, prepared: Sequence[Prepared], **run: Any) -> list[Translation]:
@@ -248,6 +309,8 @@ class Translator:
         n: int,
         source_lang: str | Sequence[str | None] | None,
         target_lang: str | Sequence[str | None] | None,
+        glossary: Glossary = (),
+        context: str | None = None,
     ) -> list[Prompt]:
         """One prompt per text; a pair of codes is resolved once however many texts share it."""
         sources = _per_text(source_lang, n, "source_lang")
@@ -255,7 +318,7 @@ class Translator:
         resolved: dict[tuple[str | None, str | None], Prompt] = {}
         for pair in zip(sources, targets, strict=True):
             if pair not in resolved:
-                resolved[pair] = self.prompt(*pair)
+                resolved[pair] = self.prompt(*pair, glossary=glossary, context=context)
         return [resolved[pair] for pair in zip(sources, targets, strict=True)]
 
     def translate_iter(

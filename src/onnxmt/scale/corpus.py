@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..architectures import TEXT_UNITS
 from ..documents.translate import translate_lines
 from ..extras import missing_extra
 from ..options import check, option
@@ -66,6 +67,11 @@ class CorpusJob:
     )
     source_lang: str | None = None
     target_lang: str | None = None
+    unit: str | None = option(
+        None,
+        help="Give the model sentences or paragraphs (lines) at a time (default: the model's family's).",
+        choices=TEXT_UNITS,
+    )
 
     def __post_init__(self) -> None:
         for path, role in ((self.input, "input"), (self.output, "output")):
@@ -220,12 +226,13 @@ def translate_dataset(
     decoding: DecodeOptions = DecodeOptions(),
     source_lang: str | None = None,
     target_lang: str | None = None,
+    unit: str | None = None,
     rows_per_call: int | None = None,
 ) -> ray.data.Dataset:
     """`dataset` with `output_column` added: the translation of `column` (from `source_lang` into `target_lang`,
-    None: the model's defaults), by `workers` actors holding one Translator each (`runtime.threads` ONNX Runtime
-    threads and as many Ray CPUs per actor; None: the cluster's CPUs divided by the workers). Lazy, as Ray Data
-    is: nothing runs until the dataset is consumed."""
+    None: the model's defaults; `unit`: sentence or paragraph, None: the model's family's), by `workers` actors
+    holding one Translator each (`runtime.threads` ONNX Runtime threads and as many Ray CPUs per actor; None: the
+    cluster's CPUs divided by the workers). Lazy, as Ray Data is: nothing runs until the dataset is consumed."""
     ray = _import_ray()
     threads = runtime.threads or threads_per_worker(workers, ray.cluster_resources().get("CPU", os.cpu_count() or 1))
     return dataset.map_batches(
@@ -234,7 +241,7 @@ def translate_dataset(
             "model_dir": str(Path(model_dir).resolve()),
             "runtime": asdict(replace(runtime, threads=threads)),
             "decoding": asdict(decoding),
-            "languages": {"source_lang": source_lang, "target_lang": target_lang},
+            "languages": {"source_lang": source_lang, "target_lang": target_lang, "unit": unit},
             "column": column,
             "output_column": output_column,
         },
@@ -333,6 +340,7 @@ def _translate_blocks(
             decoding=job.decoding,
             source_lang=job.source_lang,
             target_lang=job.target_lang,
+            unit=job.unit,
         )
         buffers: dict[int, list[pa.Table]] = {}
         for batch in translated.iter_batches(batch_size=None, batch_format="pyarrow"):

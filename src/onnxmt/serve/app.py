@@ -91,7 +91,7 @@ async def translate(request: Request) -> JSONResponse:
     await charge(request, service.quota, _key(request, fields), sum(map(len, parsed.texts)))
     if parsed.format == "html":
         return JSONResponse(await translate_html_request(service, parsed, partial(_gone, request)))
-    answer = await service.translate(parsed, partial(_gone, request))
+    answer = await service.translate(parsed, partial(_gone, request), cut=True)
     return JSONResponse(answer)
 
 

@@ -239,11 +239,11 @@ async def _upload(request: Request) -> tuple[dict[str, Any], UploadFile | None]:
             raise ApiError(400, "Invalid request: file must be a file upload, not a form field")
         else:
             fields[key] = value
-    for key in ("source", "target", "format", "api_key", "beams", "max_new_tokens"):
+    kept = ("source", "target", "api_key", "beams", "max_new_tokens", "glossary", "context")
+    for key in ("format", *kept):
         field = fields.get(key)
         if isinstance(field, str) and not _encodable(field):
             raise ApiError(400, f"Invalid request: {key} is not valid Unicode text")
-    kept = ("source", "target", "api_key", "beams", "max_new_tokens")
     return {k: v for k, v in with_api_key(fields).items() if k in kept}, upload
 
 
@@ -381,6 +381,11 @@ UPLOAD_BODY = {
                         "api_key": {"type": "string"},
                         "beams": decoding_property("beams"),
                         "max_new_tokens": decoding_property("max_new_tokens"),
+                        "glossary": {
+                            "type": "string",
+                            "description": "JSON: [[source, target], ...] or {source: target}",
+                        },
+                        "context": {"type": "string"},
                     },
                 }
             }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..architectures import TEXT_UNITS
 from ..documents.limits import DocumentLimits
 from ..options import check, option
 
@@ -33,6 +34,20 @@ class ServeOptions:
     max_texts: int = option(64, help="Most texts per request.", min=1)
     max_body_bytes: int = option(1 << 20, help="Largest request body; larger get 413.", min=1)
     max_beams: int = option(8, help="Largest beam a request may ask for.", min=1)
+    # The unit of text is the model's family's (architectures `text_unit`, docs/decoder-only.md): sentence-level
+    # models get sentences, as LibreTranslate gives Argos; document-level ones a paragraph whole.
+    text_unit: str | None = option(
+        None,
+        help="Cut each text of /translate, documents and streams into sentences, or into paragraphs (lines), before "
+        "translating (default: the model's family's: sentence for encoder-decoder models, paragraph for "
+        "decoder-only translators).",
+        choices=TEXT_UNITS,
+    )
+    # A request's glossary and context go into every one of its texts' prompts (HY-MT's terminology and context
+    # prompts), so their sizes bound each prompt's.
+    max_glossary_terms: int = option(100, help="Most (source, target) pairs in a request's glossary.", min=0)
+    max_glossary_chars: int = option(5000, help="Most characters of a request's glossary, all its terms.", min=0)
+    max_context_chars: int = option(2000, help="Most characters of a request's context.", min=0)
     # transformers stops a model whose configs name no length at 20 new tokens, mid-sentence for most sentences;
     # 256 is CTranslate2's default decoding length. Capped by the model's positions.
     fallback_max_new_tokens: int = option(

@@ -1,16 +1,19 @@
 """LibreTranslate's API shapes: reading a /translate body, naming languages, the `{"error": ...}` answer.
 
 Existing LibreTranslate clients send `q` (a string, or a list for a batch), `source`, `target`, `format`,
-`api_key` and optionally `alternatives`, as JSON or as a form. onnxmt adds `beams` and `max_new_tokens`.
+`api_key` and optionally `alternatives`, as JSON or as a form. onnxmt adds `beams`, `max_new_tokens`, and for
+models with prompts for them (HY-MT) `glossary` and `context`.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..architectures.decoder_only import glossary_pairs
 from ..languages import AUTO, ModelLanguages, display_name, listing_order
 from ..manifest import Manifest
 from ..options import spec
@@ -41,6 +44,9 @@ class TranslateRequest:
     beams: int | None
     max_new_tokens: int | None
     format: str = "text"  # or "html": markup kept (serve/documents.py)
+    # HY-MT's terminology and context prompts (architectures/decoder_only.py): (source, target) pairs; a text.
+    glossary: tuple[tuple[str, str], ...] = ()
+    context: str | None = None
 
 
 def parse_translate(data: Mapping[str, Any], limits: ServeOptions, *, form: bool) -> TranslateRequest:
@@ -82,7 +88,49 @@ def parse_translate(data: Mapping[str, Any], limits: ServeOptions, *, form: bool
         beams=beams,
         max_new_tokens=_decoding(data, "max_new_tokens", form),
         format=text_format,
+        glossary=_glossary(data, limits, form),
+        context=_context(data, limits),
     )
+
+
+def _glossary(data: Mapping[str, Any], limits: ServeOptions, form: bool) -> tuple[tuple[str, str], ...]:
+    """A request's `glossary`: a list of [source, target] pairs or a {source: target} object (in a form, as JSON
+    text), within --max-glossary-terms and --max-glossary-chars."""
+    value = data.get("glossary")
+    if form and isinstance(value, str):
+        if not value.strip():
+            return ()
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ApiError(400, f"Invalid request: glossary is not JSON ({e})") from e
+    if value is not None and not isinstance(value, (list, dict)):
+        raise ApiError(400, f"Invalid request: glossary must be a list of [source, target] pairs or an object, got "
+                       f"{_type_name(value)}")  # fmt: skip
+    try:
+        pairs = glossary_pairs(value)
+    except ValueError as e:
+        raise ApiError(400, f"Invalid request: {e}") from e
+    if len(pairs) > limits.max_glossary_terms:
+        raise ApiError(
+            400, f"Invalid request: the glossary has {len(pairs)} pairs; the limit is {limits.max_glossary_terms}"
+        )
+    chars = sum(len(s) + len(t) for s, t in pairs)
+    if chars > limits.max_glossary_chars:
+        raise ApiError(
+            400, f"Invalid request: the glossary has {chars} characters; the limit is {limits.max_glossary_chars}"
+        )
+    return pairs
+
+
+def _context(data: Mapping[str, Any], limits: ServeOptions) -> str | None:
+    """A request's `context` (None when empty), within --max-context-chars."""
+    context = _string(data, "context")
+    if context is not None and len(context) > limits.max_context_chars:
+        raise ApiError(
+            400, f"Invalid request: context has {len(context)} characters, the limit is {limits.max_context_chars}"
+        )
+    return context if context and context.strip() else None
 
 
 def parse_detect(data: Mapping[str, Any], limits: ServeOptions) -> str:

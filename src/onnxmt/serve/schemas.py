@@ -37,6 +37,18 @@ class TranslateBody(BaseModel):
     alternatives: int | None = Field(None, ge=0, description="Number of alternative translations to return too.")
     beams: int | None = decoding_field("beams")
     max_new_tokens: int | None = decoding_field("max_new_tokens")
+    glossary: list[list[str]] | dict[str, str] | None = Field(
+        None,
+        description="onnxmt, models with a terminology prompt (HY-MT): [source term, target term] pairs or a "
+        "{source: target} object; a text's prompt holds the pairs whose source term it contains. 400 for another "
+        "model.",
+        examples=[[["river", "江"]]],
+    )
+    context: str | None = Field(
+        None,
+        description="onnxmt, models with a context prompt (HY-MT): text the translation should agree with (not "
+        "translated). 400 for another model.",
+    )
 
 
 class TranslateAnswer(BaseModel):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .. import __version__
+from ..architectures import text_unit
 from ..documents.files import FORMATS
 from ..documents.translate import Counting, counting
 from ..manifest import MANIFEST_NAME, Manifest, read_manifest
@@ -34,6 +35,7 @@ from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.scheduler import BatchLimits
 from ..runtime.search import names_no_length
 from ..runtime.translator import Prepared, Translation, Translator, resolve_settings, text_cost
+from . import units
 from .batcher import Batcher, ClientGone, MicroBatcher, QueueFull
 from .cache import TranslationCache
 from .catalog import Catalog, Leg
@@ -294,17 +296,32 @@ class Service:
         disconnected: Callable[[], Awaitable[object]] | None = None,
         ids: Sequence[Sequence[int]] | None = None,
         on_partial: Callable[[int, str], None] | None = None,
+        *,
+        cut: bool = False,
     ) -> dict[str, Any]:
         """Answer a checked /translate request in LibreTranslate's shape. `disconnected()` returns when the client
         has gone: the request's work is then cancelled. `ids`: the texts' source ids for the model that reads
         them first, where the caller has them (a document's sentences, counted when it was cut). `on_partial(text
         index, translation so far, its last token held back)`: told after each token a text generates, where its
         model's batcher tells tokens as they come (in flight, greedy; the last model of a pivot); not for texts
-        found in the cache."""
+        found in the cache. `cut`: each text is first cut into the units of text of the model that reads it
+        (serve/units.py), translated unit by unit and joined again."""
         catalog, _ = self.require_ready()
         detected, source = await self._source(catalog, request)
         route = catalog.route(source, request.target)
+        if route.pivot is not None and (request.glossary or request.context is not None):
+            raise ApiError(
+                400,
+                f"a glossary or context needs one model for the pair; {source} -> {request.target} goes through "
+                f"{route.pivot}",
+            )
         texts, results = request.texts, []
+        layouts = None
+        if cut:
+            unit = self.options.text_unit or text_unit(route.legs[0].entry.manifest.architecture)
+            layouts = await asyncio.to_thread(units.cut, texts, unit, source)
+            texts = units.units(layouts)
+            on_partial = None  # told by unit, not by text
         for i, leg in enumerate(route.legs):
             last = i == len(route.legs) - 1
             # Through a pivot, the first leg's best translation is the second's input: alternatives are the
@@ -316,6 +333,8 @@ class Service:
             partial = on_partial if last else None
             results = await self._leg(leg, texts, request, alternatives, disconnected, read, given, partial)
             texts = [r.text for r in results]
+        if layouts is not None:
+            results = units.joined(layouts, results)
         return _answer(request, results, detected, route.pivot)
 
     async def source_of(self, request: TranslateRequest) -> tuple[Detected | None, str | None]:
@@ -332,7 +351,8 @@ class Service:
             try:
                 languages = self._languages(translator, leg, request.source)
                 settings = resolve_settings(translator.manifest, self._decoding(translator, request, 0))
-                where = counting(translator, **languages)
+                unit = self.options.text_unit
+                where = counting(translator, **languages, glossary=request.glossary, context=request.context, unit=unit)
             except ValueError as e:
                 raise ApiError(400, str(e)) from e
         return where, partial(text_cost, settings=settings)
@@ -426,7 +446,7 @@ class Service:
         is queued. Tokenizing is done off the event loop (64 texts of 5,000 characters take a second) and off the
         inference thread."""
         try:
-            languages = self._languages(translator, leg, source)
+            languages = {**self._languages(translator, leg, source), **_request_prompt(request)}
             options = self._decoding(translator, request, alternatives)
             translator.prompt(**languages)  # checked even when there is no text
             return await asyncio.to_thread(partial(translator.prepare, texts, ids=ids, options=options, **languages))
@@ -674,8 +694,11 @@ def _partials(
     return told
 
 
-def encoder_threads(translator: Translator) -> int:
-    """The ONNX Runtime threads of the model's encoder (`Service._runtime_for`)."""
+def encoder_threads(translator: Translator) -> int | None:
+    """The ONNX Runtime threads of the model's encoder (`Service._runtime_for`); None for a decoder-only model,
+    which has none (its prompts are prefilled by the decoder)."""
+    if translator.graphs.decoder_only:
+        return None
     return int(translator.graphs.encoder.get_session_options().intra_op_num_threads)
 
 
@@ -747,6 +770,11 @@ def _public_name(source: object) -> str | None:
     if source.startswith(("/", ".", "~")) or "\\" in source or source.count("/") > 1 or Path(source).exists():
         return Path(source).name
     return source
+
+
+def _request_prompt(request: TranslateRequest) -> dict[str, Any]:
+    """What a request adds to its texts' prompts: a glossary, a context (HY-MT's prompts for them)."""
+    return {"glossary": request.glossary, "context": request.context}
 
 
 def _answer(
