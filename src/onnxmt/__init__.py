@@ -11,8 +11,8 @@ from .manifest import Manifest, ModelDirError
 from .models import Translator
 from .runtime.options import DecodeOptions, RuntimeOptions
 from .runtime.translator import ModelInput, Translation
+from .version import __version__
 
-__version__ = "0.1.0"
 __all__ = [
     "DecodeOptions",
     "Manifest",

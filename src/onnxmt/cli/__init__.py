@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from .. import __version__
+from ..version import __version__
 from .common import err
 from .eval import evaluate
 from .export import export

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
 from ..architectures import Architecture, get_architecture
 from ..manifest import (
     CONFIG_FILES,
@@ -28,6 +27,7 @@ from ..manifest import (
     describe_files,
 )
 from ..options import option
+from ..version import __version__
 from .binding import TensorFile
 from .graphs import cache_names, export_decoder, export_encoder, graph_spec
 from .hub import quiet_transformers, resolve_model

@@ -20,8 +20,8 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Route
 
-from .. import __version__
 from ..runtime.options import DecodeOptions, RuntimeOptions
+from ..version import __version__
 from .deepl import ROUTES as DEEPL_ROUTES
 from .documents import ROUTES as DOCUMENT_ROUTES
 from .documents import translate_html_request

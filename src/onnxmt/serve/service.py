@@ -22,7 +22,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .. import __version__
 from ..architectures import text_unit
 from ..documents.files import FORMATS
 from ..documents.translate import Counting, counting
@@ -35,6 +34,7 @@ from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.scheduler import BatchLimits
 from ..runtime.search import names_no_length
 from ..runtime.translator import Prepared, Translation, Translator, resolve_settings, text_cost
+from ..version import __version__
 from . import units
 from .batcher import Batcher, ClientGone, MicroBatcher, QueueFull
 from .cache import TranslationCache
