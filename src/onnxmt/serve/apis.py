@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from .documents import translate_html_request
 from .limits import LimitExceeded, charge
-from .protocol import ApiError, TranslateRequest
+from .protocol import ApiError, TranslateRequest, type_name
 from .service import Service
 
 
@@ -47,18 +47,6 @@ async def count(request: Request, service: Service, key: str | None, chars: int,
         if e.daily and daily_status != 429:
             raise ApiError(daily_status, e.message, e.headers) from e
         raise
-
-
-def type_name(value: object) -> str:
-    names = {
-        type(None): "null",
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-        list: "a list",
-        dict: "an object",
-    }
-    return names.get(type(value), type(value).__name__)
 
 
 def texts_of(value: object, field: str, service: Service) -> list[str]:

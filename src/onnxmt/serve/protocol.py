@@ -60,7 +60,7 @@ def parse_translate(data: Mapping[str, Any], limits: ServeOptions, *, form: bool
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             where = f"q[{i}]" if batch else "q"
-            raise ApiError(400, f"Invalid request: {where} must be a string, got {_type_name(text)}")
+            raise ApiError(400, f"Invalid request: {where} must be a string, got {type_name(text)}")
     if len(texts) > limits.max_texts:
         raise ApiError(400, f"Invalid request: {len(texts)} texts exceed the limit of {limits.max_texts} per request")
     for i, text in enumerate(texts):
@@ -106,7 +106,7 @@ def _glossary(data: Mapping[str, Any], limits: ServeOptions, form: bool) -> tupl
             raise ApiError(400, f"Invalid request: glossary is not JSON ({e})") from e
     if value is not None and not isinstance(value, (list, dict)):
         raise ApiError(400, f"Invalid request: glossary must be a list of [source, target] pairs or an object, got "
-                       f"{_type_name(value)}")  # fmt: skip
+                       f"{type_name(value)}")  # fmt: skip
     try:
         pairs = glossary_pairs(value)
     except ValueError as e:
@@ -140,13 +140,14 @@ def parse_detect(data: Mapping[str, Any], limits: ServeOptions) -> str:
     if q is None:
         raise ApiError(400, "Invalid request: missing q parameter")
     if not isinstance(q, str):
-        raise ApiError(400, f"Invalid request: q must be a string, got {_type_name(q)}")
+        raise ApiError(400, f"Invalid request: q must be a string, got {type_name(q)}")
     if len(q) > limits.max_chars:
         raise ApiError(400, f"Invalid request: q has {len(q)} characters, the limit is {limits.max_chars}")
     return q
 
 
-def _type_name(value: object) -> str:
+def type_name(value: object) -> str:
+    """How an error names a JSON value's type: `a number`, `a list`, `null`."""
     names = {
         type(None): "null",
         bool: "a boolean",
@@ -162,7 +163,7 @@ def _string(data: Mapping[str, Any], name: str) -> str | None:
     value = data.get(name)
     if value is None or isinstance(value, str):
         return value
-    raise ApiError(400, f"Invalid request: {name} must be a string, got {_type_name(value)}")
+    raise ApiError(400, f"Invalid request: {name} must be a string, got {type_name(value)}")
 
 
 def _decoding(data: Mapping[str, Any], name: str, form: bool) -> int | None:
@@ -182,7 +183,7 @@ def _integer(data: Mapping[str, Any], name: str, form: bool, low: float) -> int 
         value = int(value)
     # bool is an int in Python, but `true` is not a number in JSON.
     if not isinstance(value, int) or isinstance(value, bool):
-        raise ApiError(400, f"Invalid request: {name} must be an integer, got {_type_name(value)}")
+        raise ApiError(400, f"Invalid request: {name} must be an integer, got {type_name(value)}")
     if value < low:
         raise ApiError(400, f"Invalid request: {name} must be at least {low}, got {value}")
     return value
