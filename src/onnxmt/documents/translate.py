@@ -15,9 +15,8 @@ from functools import lru_cache
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-import langcodes
-
 from ..architectures import Prompt
+from ..languages import parse
 from .limits import DEFAULT_LIMITS, DocumentLimits
 from .segment import Piece, fit, join, split_sentences
 
@@ -161,15 +160,15 @@ def split_lines(text: str, count: Count, limit: int, lang: str) -> list[Piece]:
     return [p for p in pieces if p.text]
 
 
-def segmenter_lang(translator: Translator) -> str:
-    """The model's source language as sentencex names languages (ISO 639-1 where there is one)."""
-    code = translator.manifest.languages.get("source")
-    if not isinstance(code, str) or not code:
-        return "en"
-    try:
-        return str(langcodes.standardize_tag(code))
-    except ValueError:
-        return code
+def segmenter_lang(translator: Translator, source_lang: str | None = None) -> str:
+    """The language a text from `source_lang` is cut into sentences by (None: the model's own or default source),
+    as sentencex names languages: the bare ISO 639 code (`de` for NLLB's `deu_Latn`, `zh` for `cmn_Hans`), which
+    it needs to know a language's abbreviations ("3. Okt.", "Sra."); English for a language it cannot name."""
+    code = translator.source_code(source_lang) if source_lang else None
+    languages = translator.manifest.languages
+    code = code or languages.get("source") or languages.get("default_source")
+    parsed = parse(code) if isinstance(code, str) and code else None
+    return parsed.language if parsed is not None else "en"
 
 
 def counting(translator: Translator, source_lang: str | None = None, target_lang: str | None = None) -> Counting:
@@ -180,7 +179,7 @@ def counting(translator: Translator, source_lang: str | None = None, target_lang
         translator.manifest.tokenizer.get("kind"),
         translator.tokenizer.model_max_length,
         translator.prompt(source_lang, target_lang),
-        segmenter_lang(translator),
+        segmenter_lang(translator, source_lang),
     )
 
 
