@@ -23,6 +23,7 @@ from onnxmt import Translator
 from onnxmt.cli import app
 from onnxmt.documents import translate_document, translate_file, translate_string, translate_texts
 from onnxmt.documents.stream import translate_stream
+from onnxmt.documents.translate import translate_lines
 from onnxmt.serve.app import create_app
 from onnxmt.serve.options import ServeOptions
 
@@ -36,6 +37,7 @@ CASES = {
     "es": ("La Sra. García llegó tarde. Nadie vino.", ["La Sra. García llegó tarde.", "Nadie vino."], "en"),
     "fr": ("Le film commence à 20 h. Nous arrivons tôt.", ["Le film commence à 20 h.", "Nous arrivons tôt."], "nl"),
 }  # fmt: skip
+LONG = "{0} {0} {0}"  # a line of three paragraphs: more tokens than the model's positions
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +63,11 @@ def wide(char: str) -> bool:
     return unicodedata.east_asian_width(char) in ("W", "F")
 
 
-def expected(nllb: Translator, lang: str) -> str:
-    """The paragraph's translation: its sentences translated alone, joined by a space unless both sides of it
-    are Chinese or Japanese."""
+def expected(nllb: Translator, lang: str, times: int = 1) -> str:
+    """The paragraph's translation (`times` over, one after the other): its sentences translated alone, joined by
+    a space unless both sides of it are Chinese or Japanese."""
     _, sentences, target = CASES[lang]
-    parts = [nllb.translate([s], source_lang=lang, target_lang=target, **SHORT)[0].text for s in sentences]
+    parts = [nllb.translate([s], source_lang=lang, target_lang=target, **SHORT)[0].text for s in sentences] * times
     assert all(parts), "an empty translation would hide a separator"
     out = parts[0]
     for part in parts[1:]:
@@ -87,7 +89,7 @@ def test_the_premise_english_rules_would_give_the_model_other_sentences(nllb: Tr
 def test_library_surfaces(lang: str, nllb: Translator, given: list[list[str]], tmp_path: Path) -> None:
     text, sentences, target = CASES[lang]
     pair = {"source_lang": lang, "target_lang": target, **SHORT}
-    want = expected(nllb, lang)
+    want, long = expected(nllb, lang), expected(nllb, lang, 3)
     given.clear()
     assert translate_document(nllb, text, **pair) == want
     assert translate_texts(nllb, [text, text], **pair) == [want, want]
@@ -97,17 +99,24 @@ def test_library_surfaces(lang: str, nllb: Translator, given: list[list[str]], t
     translate_file(nllb, tmp_path / "in.md", tmp_path / "out.md", **pair)
     assert (tmp_path / "out.md").read_text(encoding="utf-8") == f"{want}\n"
     assert "".join(translate_stream(nllb, text, **pair)) == want
-    assert given == [sentences, sentences * 2, sentences, sentences, sentences, sentences]
+    # Plain text: a line is one text, but a line too long for the model is cut into sentences too.
+    assert list(translate_lines(nllb, [LONG.format(text)], **pair)) == [long]
+    assert given == [sentences, sentences * 2, sentences, sentences, sentences, sentences, sentences * 3]
 
 
 @pytest.mark.parametrize("lang", CASES)
 def test_the_command_line(lang: str, nllb: Translator, given: list[list[str]], tiny_nllb_onnx_dir: Path) -> None:
     text, sentences, target = CASES[lang]
+    want, long = expected(nllb, lang), expected(nllb, lang, 3)
+    given.clear()
     command = ["translate", "-m", str(tiny_nllb_onnx_dir), "--source-lang", lang, "--target-lang", target]
     result = CliRunner().invoke(app, [*command, "--max-new-tokens", "8", "--format", "markdown", text])
     assert result.exit_code == 0, result.output
-    assert result.stdout == expected(nllb, lang) + "\n"
-    assert given[0] == sentences
+    assert result.stdout == want + "\n"
+    lines = CliRunner().invoke(app, [*command, "--max-new-tokens", "8", LONG.format(text)])  # plain text
+    assert lines.exit_code == 0, lines.output
+    assert lines.stdout == long + "\n"
+    assert given == [sentences, sentences * 3]
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +142,7 @@ def events(body: str) -> list[tuple[str, dict[str, Any]]]:
 def test_the_services_surfaces(lang: str, nllb: Translator, given: list[list[str]], client: TestClient) -> None:
     text, sentences, target = CASES[lang]
     fields = {"source": lang, "target": target, **SHORT}
-    want = expected(nllb, lang)
+    want, long = expected(nllb, lang), expected(nllb, lang, 3)
     given.clear()
     html = client.post("/translate", json={"q": f"<p>{text}</p>", "format": "html", **fields})
     assert html.status_code == 200, html.text
@@ -146,10 +155,17 @@ def test_the_services_surfaces(lang: str, nllb: Translator, given: list[list[str
     assert upload.status_code == 200, upload.text
     name = upload.json()["translatedFileUrl"].split("/download_file/")[1]
     assert client.get(f"/download_file/{name}").text == f"{want}\n"
+    lines = client.post(
+        "/translate_file",
+        files={"file": ("in.txt", f"{LONG.format(text)}\n".encode())},
+        data={k: str(v) for k, v in fields.items()},
+    )
+    name = lines.json()["translatedFileUrl"].split("/download_file/")[1]
+    assert client.get(f"/download_file/{name}").text == f"{long}\n"
     stream = client.post("/translate/stream", json={"q": text, **fields})
     assert stream.status_code == 200, stream.text
     sent = events(stream.text)
     assert sent[-1] == ("done", {"translatedText": want})
     assert "".join(data["translatedText"] for kind, data in sent if kind == "message") == want
     # The stream's first sentence is sent alone (soonest), the rest in one request.
-    assert given == [sentences, sentences, sentences[:1], sentences[1:]]
+    assert given == [sentences, sentences, sentences * 3, sentences[:1], sentences[1:]]
