@@ -44,6 +44,7 @@ def test_each_language_is_cut_by_its_own_abbreviations(lang: str, text: str, exp
         ("de", "Er wurde am 3. Okt. geboren. Sie nicht.", ["Er wurde am 3. Okt. geboren.", "Sie nicht."]),
         ("fr", "M. Dupont est arrivé. Il était en retard.", ["M. Dupont est arrivé.", "Il était en retard."]),
     ],
+    ids=["de-ordinal", "fr-title"],
 )
 def test_known_limits_of_the_segmenter(lang: str, text: str, expected: list[str]) -> None:
     assert sentences(text, lang) == expected
@@ -85,7 +86,10 @@ JOINS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("source", "lang", "translations", "expected"), JOINS)
+JOIN_IDS = ["chinese", "latin-chinese-latin", "chinese-latin-chinese", "mixed-source", "japanese", "line", "lines"]
+
+
+@pytest.mark.parametrize(("source", "lang", "translations", "expected"), JOINS, ids=JOIN_IDS)
 def test_translated_sentences_are_joined_by_the_scripts_on_both_sides(
     source: str, lang: str, translations: list[str], expected: str
 ) -> None:

@@ -273,13 +273,13 @@ def _weight_scales(graph) -> list[tuple[str, str, str]]:  # type: ignore[no-unty
     return out
 
 
-@pytest.mark.parametrize("activations", ["per tensor", "per row"])
+@pytest.mark.parametrize("activations", ["tensor", "row"], ids=["per-tensor-activations", "per-row-activations"])
 def test_every_matmul_weight_has_a_scale_per_output_channel_within_half_a_step(
     activations: str, int8_dir: Path, per_row_dir: Path, tiny_onnx_dir: Path
 ) -> None:
     from onnx import numpy_helper
 
-    directory = int8_dir if activations == "per tensor" else per_row_dir
+    directory = int8_dir if activations == "tensor" else per_row_dir
     for name in (ENCODER_FILE, DECODER_FILE):
         source = onnx.load(str(tiny_onnx_dir / name)).graph
         floats = {i.name: numpy_helper.to_array(i) for i in source.initializer}
