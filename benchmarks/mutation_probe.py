@@ -102,6 +102,12 @@ MUTANTS = [
        "a key's own request limit (onnxmt keys add --req-limit) is ignored", BOUNDARIES),
     _m("L13", "src/onnxmt/serve/batcher.py", "if self.depth >= self.max_queue:", "if self.depth > self.max_queue:",
        "--max-queue + 1 requests may wait", BOUNDARIES),
+    _m("L14", "src/onnxmt/serve/downloads.py", "self.stored_bytes + len(data) > self.max_bytes",
+       "self.stored_bytes + len(data) >= self.max_bytes", "translated files filling --max-stored-mb exactly evict one",
+       BOUNDARIES),
+    _m("L15", "src/onnxmt/serve/cache.py", "(self.max_bytes and self.bytes > self.max_bytes)",
+       "(self.max_bytes and self.bytes >= self.max_bytes)", "a cache filled to exactly --cache-mb drops an entry",
+       BOUNDARIES),
     # --- documents: splitting and joining ---
     _m("D1", "src/onnxmt/documents/segment.py", "segment(lang, body)", 'segment("en", body)',
        "sentences are always split with English rules", SEGMENT),

@@ -2,7 +2,8 @@
 
 Bodies (Content-Length and chunked), texts and characters per request, beams, request and document costs, the
 sizes of a document (texts, sentences, a sentence's characters, tokens; a .docx's unpacked bytes, zip ratio and XML
-nodes), the queue, and the limits per API key (the server's and a key's own from `onnxmt keys`). The sizes at the
+nodes), the queue, the limits per API key (the server's and a key's own from `onnxmt keys`), and what the service
+keeps (translated files, the translation cache). The sizes at the
 boundary are counted here without the code under test (the bytes sent, the texts written, the tokenizer, expat for
 XML nodes, zipfile for a .docx's members), mostly on the limit functions themselves, plus the HTTP paths that carry
 them."""
@@ -412,3 +413,43 @@ def test_a_keys_own_limits_from_onnxmt_keys_override_the_servers(tmp_path: Path)
             own_day.charge(f"key:{own}", 1, KeyLimits(daily_char_limit=50), window)
     finally:
         own_day.close()
+
+
+# --- what the service keeps -----------------------------------------------------------------------------------------
+
+
+def test_translated_files_up_to_max_stored_bytes(tmp_path: Path) -> None:
+    from onnxmt.serve.downloads import Downloads, TooLargeToStore
+
+    store = Downloads(max_bytes=1000, keep_seconds=3600)
+    try:
+        first = store.store("a.txt", b"a" * 400)
+        second = store.store("b.txt", b"b" * 600)  # 1000 bytes together: both kept
+        assert store.path(first) is not None and store.path(second) is not None
+        third = store.store("c.txt", b"c")  # one byte over: the oldest goes
+        assert store.path(first) is None and store.path(second) is not None and store.path(third) is not None
+        store.store("d.txt", b"d" * 1000)  # the whole store
+        with pytest.raises(TooLargeToStore, match="1001 bytes"):
+            store.store("e.txt", b"e" * 1001)
+    finally:
+        store.close()
+
+
+def test_the_translation_cache_by_entries_and_bytes() -> None:
+    from onnxmt.runtime.translator import Translation
+    from onnxmt.serve.cache import TranslationCache, entry_bytes
+    from tests.serve.test_batcher import _prepared
+
+    keys = [("model", p) for p in _prepared(["one", "two", "three"])]
+    translations = [Translation(text.upper(), [1, 2], 0.0) for text in ("one", "two", "three")]
+    sizes = [entry_bytes(k, t) for k, t in zip(keys, translations, strict=True)]
+
+    def kept(cache: TranslationCache) -> list[bool]:
+        for key, translation in zip(keys, translations, strict=True):
+            cache.put(key, translation)
+        return [cache.get(key) is not None for key in keys]
+
+    assert kept(TranslationCache(3)) == [True, True, True]
+    assert kept(TranslationCache(2)) == [False, True, True]
+    assert kept(TranslationCache(10, sum(sizes))) == [True, True, True]
+    assert kept(TranslationCache(10, sum(sizes) - 1)) == [False, True, True]
