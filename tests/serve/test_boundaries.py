@@ -325,16 +325,19 @@ def test_the_queue_holds_max_queue_requests_and_refuses_the_next() -> None:
         with ThreadPoolExecutor(1) as executor:
             batcher = MicroBatcher(_gated(gate), executor, max_batch_size=1, window=0, max_queue=3)
             batcher.start()
-            running = asyncio.create_task(batcher.translate(_prepared(["run"]), None))
-            await asyncio.sleep(0.1)  # taken by the inference thread: no longer waiting
-            waiting = [asyncio.create_task(batcher.translate(_prepared([t]), None)) for t in "abc"]
-            await asyncio.sleep(0.01)
-            assert batcher.depth == 3
-            with pytest.raises(QueueFull, match="3 requests waiting"):
-                await batcher.translate(_prepared(["d"]), None)
-            gate.set()
-            assert [await w for w in (running, *waiting)] == [_echo(_prepared([t])) for t in ("run", *"abc")]
-            await batcher.stop()
+            try:
+                running = asyncio.create_task(batcher.translate(_prepared(["run"]), None))
+                await asyncio.sleep(0.1)  # taken by the inference thread: no longer waiting
+                waiting = [asyncio.create_task(batcher.translate(_prepared([t]), None)) for t in "abc"]
+                await asyncio.sleep(0.01)
+                assert batcher.depth == 3
+                with pytest.raises(QueueFull, match="3 requests waiting"):  # at once, not queued
+                    await asyncio.wait_for(batcher.translate(_prepared(["d"]), None), 5)
+                gate.set()
+                assert [await w for w in (running, *waiting)] == [_echo(_prepared([t])) for t in ("run", *"abc")]
+            finally:
+                gate.set()
+                await batcher.stop()
 
     asyncio.run(main())
 
