@@ -17,7 +17,7 @@ import pytest
 from onnxmt import Translator
 from onnxmt.documents.translate import counting, plan_texts
 from tests.helpers import ROOT
-from tests.helpers.skips import IN_CI, shared_data
+from tests.helpers.skips import IN_CI, importorskip, shared_data
 
 BENCHMARKS = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -232,7 +232,7 @@ def test_beam_peak_compares_directories(tiny_hf_dir: Path, tiny_onnx_dir: Path, 
     """benchmarks/beam_peak.py: one fresh worker per directory, a row each with its peaks and speed, and the same
     tokens for the same directory given twice; a CTranslate2 conversion of the same model in the same run (--ct2)
     returns the same tokens as onnxmt."""
-    pytest.importorskip("ctranslate2")
+    importorskip("ctranslate2")
     sys.path.insert(0, str(BENCHMARKS))
     import models
 

@@ -11,6 +11,7 @@ import pytest
 from onnxmt.architectures import get_architecture, supported
 from onnxmt.architectures.decoder_only import HY_MT_EN, HY_MT_ZH, nearest_code, prompt_messages
 from onnxmt.manifest import ModelDirError, check_generation_config
+from tests.helpers.skips import importorskip
 
 HY = {"prompt": "hy_mt", "names": {"en": "English", "fr": "French", "zh": "Chinese", "zh-Hant": "Traditional Chinese"}}
 HY["names_zh"] = {"en": "英语", "fr": "法语", "zh": "中文", "zh-Hant": "繁体中文"}
@@ -111,7 +112,7 @@ def test_translategemma_table_is_read_from_its_template(translategemma_hf_dir: P
 def test_facts_of_a_config_that_leaves_defaults_out() -> None:
     """TranslateGemma-4B's config.json names only what differs from Gemma 3's defaults in its text_config; export
     reads the sizes from the config transformers resolved (exporter: `model.config.to_dict()`)."""
-    transformers = pytest.importorskip("transformers")
+    transformers = importorskip("transformers")
     text = {"hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34, "sliding_window": 1024}
     resolved = transformers.Gemma3Config(text_config=text).to_dict()
     facts = get_architecture("gemma3").facts(resolved)

@@ -14,7 +14,7 @@ from onnxmt.manifest import read_manifest
 from onnxmt.runtime.translator import Translator
 from tests.helpers.hf import generated_ids
 from tests.helpers.sentences import SENTENCES
-from tests.helpers.skips import SHARED_DATA, importorskip
+from tests.helpers.skips import SHARED_DATA, importorskip, shared_data
 
 importorskip("torch")
 
@@ -57,8 +57,7 @@ def test_the_fixtures_are_what_they_stand_for(form: str, request: pytest.Fixture
 
 @pytest.mark.parametrize("form", FORMS)
 def test_tokenizer_matches_transformers_on_flores(form: str, request: pytest.FixtureRequest) -> None:
-    if not FLORES.is_dir():
-        pytest.skip(f"FLORES data not found at {FLORES}")
+    shared_data("flores200")  # skips without it, fails in CI
     hf_dir, onnx_dir = (request.getfixturevalue(f"tiny_{form}_{kind}_dir") for kind in ("hf", "onnx"))
     tokenizer, _ = _hf(hf_dir)
     translator = Translator(onnx_dir)

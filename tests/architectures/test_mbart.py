@@ -12,9 +12,9 @@ import pytest
 from onnxmt.manifest import read_manifest
 from onnxmt.runtime.options import DecodeOptions, RuntimeOptions
 from onnxmt.runtime.translator import Translator
-from tests.helpers.hf import MBART50_PAIRS, generated_ids, hf_language_id, hf_m2m100
+from tests.helpers.hf import MBART50_PAIRS, generated_ids, hf_language_id, hf_m2m100, hf_special_tokens
 from tests.helpers.sentences import SENTENCES
-from tests.helpers.skips import SHARED_DATA, importorskip
+from tests.helpers.skips import SHARED_DATA, importorskip, shared_data
 
 importorskip("torch")
 
@@ -22,8 +22,7 @@ FLORES = SHARED_DATA / "flores200"
 
 
 def _flores(limit: int = 150) -> list[str]:
-    if not FLORES.is_dir():
-        pytest.skip(f"FLORES data not found at {FLORES}")
+    shared_data("flores200")  # skips without it, fails in CI
     lines = []
     for name in ("devtest.eng_Latn", "devtest.zho_Hans"):
         lines += (FLORES / name).read_text(encoding="utf-8").splitlines()[:limit]
@@ -109,11 +108,13 @@ def test_iso_codes_reach_the_model_s_codes(tiny_mbart50_onnx_dir: Path) -> None:
         translator.translate(["Hello."])
 
 
-def test_export_writes_the_tokenizer_and_the_language_scheme(tiny_mbart50_onnx_dir: Path) -> None:
+def test_export_writes_the_tokenizer_and_the_language_scheme(
+    tiny_mbart50_onnx_dir: Path, tiny_mbart50_hf_dir: Path
+) -> None:
     manifest = read_manifest(tiny_mbart50_onnx_dir)
     assert manifest.architecture == "mbart"
-    assert manifest.tokens["decoder_start"] == 2 and manifest.tokens["pad"] == 1 and manifest.tokens["eos"] == 2
-    assert manifest.tokens["unk"] == 3
+    expected = hf_special_tokens(*hf_m2m100(tiny_mbart50_hf_dir))
+    assert {name: manifest.tokens[name] for name in expected} == expected
     langs = manifest.languages
     assert langs["scheme"] == "language_tokens" and len(langs["target_tokens"]) == 52
     assert langs["default_source"] == "en_XX" and "tokenizer.json" in manifest.files

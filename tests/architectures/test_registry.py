@@ -13,6 +13,7 @@ import pytest
 from onnxmt.architectures import SCHEMES, get_architecture, supported
 from onnxmt.architectures.m2m100 import M2M100_LANGUAGE_CODES
 from tests.helpers import ROOT
+from tests.helpers.skips import importorskip
 
 
 def test_unknown_architecture_lists_the_supported_ones() -> None:
@@ -52,7 +53,7 @@ def test_each_family_names_a_known_scheme_and_tokenizer_kind(tmp_path) -> None:
 
 
 def test_m2m100_language_codes_are_transformers_own() -> None:
-    transformers = pytest.importorskip("transformers.models.m2m_100.tokenization_m2m_100")
+    transformers = importorskip("transformers.models.m2m_100.tokenization_m2m_100")
     assert {k: list(v) for k, v in M2M100_LANGUAGE_CODES.items()} == transformers.FAIRSEQ_LANGUAGE_CODES
 
 
@@ -60,7 +61,7 @@ def test_mbart50_language_codes_are_transformers_own() -> None:
     from onnxmt.architectures.mbart import ML50_CODES
     from onnxmt.testing.mbart import MBART_50_SPECIAL_TOKENS_MAP
 
-    transformers = pytest.importorskip("transformers.models.mbart50.tokenization_mbart50")
+    transformers = importorskip("transformers.models.mbart50.tokenization_mbart50")
     assert list(ML50_CODES) == transformers.FAIRSEQ_LANGUAGE_CODES
     assert json.loads(MBART_50_SPECIAL_TOKENS_MAP)["additional_special_tokens"] == list(ML50_CODES)
 

@@ -10,8 +10,9 @@ import pytest
 
 from onnxmt.manifest import read_manifest
 from onnxmt.runtime.translator import Translator
+from tests.helpers.hf import hf_special_tokens
 from tests.helpers.sentences import SENTENCES
-from tests.helpers.skips import SHARED_DATA, importorskip
+from tests.helpers.skips import SHARED_DATA, importorskip, shared_data
 
 importorskip("torch")
 
@@ -48,8 +49,7 @@ def _hf_generate(model_dir: Path, texts: list[str], prefix: str, **kwargs) -> li
 
 @pytest.mark.parametrize(("form", "code", "prefix"), FORMS)
 def test_tokenizer_matches_transformers_on_flores(form: str, code: str | None, prefix: str, request) -> None:
-    if not FLORES.is_dir():
-        pytest.skip(f"FLORES data not found at {FLORES}")
+    shared_data("flores200")  # skips without it, fails in CI
     hf_dir, onnx_dir = (request.getfixturevalue(f"tiny_{form}_{kind}_dir") for kind in ("hf", "onnx"))
     tokenizer, _ = _hf(hf_dir)
     translator = Translator(onnx_dir)
@@ -153,7 +153,8 @@ def test_mt5_export_writes_transformers_tokenizer_json(tiny_mt5_hf_dir: Path, ti
     assert not torch.equal(model.lm_head.weight, model.shared.weight)  # a head of its own, as mt5-base's
     manifest = read_manifest(tiny_mt5_onnx_dir)
     assert manifest.architecture == "mt5" and "tokenizer.json" in manifest.files
-    assert manifest.tokens == {"decoder_start": 0, "eos": 1, "eos_ids": [1], "pad": 0, "unk": 2}
+    expected = hf_special_tokens(tokenizer, model)
+    assert manifest.tokens == {**expected, "eos_ids": [expected["eos"]]}
     assert manifest.languages["target_tokens"] == {} and max(manifest.provenance["check"].values()) < 1e-4
     translator = Translator(tiny_mt5_onnx_dir)
     vocab = tokenizer.get_vocab()

@@ -37,8 +37,9 @@ from tests.helpers.office import (
     stored,
     with_members,
 )
+from tests.helpers.skips import importorskip
 
-docx = pytest.importorskip("docx")
+docx = importorskip("docx")
 
 from onnxmt.documents.office import paragraphs, prepare_docx  # noqa: E402
 

@@ -17,6 +17,7 @@ from onnxmt.documents.segment import Piece, fit, join
 from onnxmt.documents.subtitles import cues, translate_subtitles
 from onnxmt.testing import generate_corpus
 from tests.helpers.office import docx_structure, make_docx
+from tests.helpers.skips import importorskip
 
 ENGLISH = generate_corpus(3, lines=40)[0]
 
@@ -195,7 +196,7 @@ def test_srt_through_the_model_keeps_its_timings(translator: Translator, tmp_pat
 
 
 def test_docx_keeps_paragraph_styles_and_run_formatting(translator: Translator, tmp_path: Path) -> None:
-    pytest.importorskip("docx")
+    importorskip("docx")
     make_docx(tmp_path / "in.docx")
     translate_file(translator, tmp_path / "in.docx", tmp_path / "out.docx")
     assert docx_structure(tmp_path / "out.docx") == docx_structure(tmp_path / "in.docx")

@@ -15,8 +15,9 @@ from onnxmt.manifest import DECODER_FILE, read_manifest
 from onnxmt.runtime.decoder_only import DecoderOnlyGraphs
 from onnxmt.runtime.graphinfo import read_graph
 from onnxmt.runtime.options import RuntimeOptions
+from tests.helpers.skips import importorskip
 
-pytest.importorskip("torch")
+importorskip("torch")
 runner = CliRunner()
 PROMPTS = [[2, 105, 400, 401, 402, 403, 404, 405, 406, 407, 408, 409], [2, 105, 500, 501]]
 

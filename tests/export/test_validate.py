@@ -79,7 +79,7 @@ def test_fp32_export_is_token_identical(tiny_onnx_dir: Path, tiny_hf_dir: Path) 
 
 
 def test_int8_reports_how_often_batches_change_tokens(tiny_onnx_dir: Path, tiny_hf_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("onnx")
+    importorskip("onnx")
     from onnxmt.export.quantize import quantize
 
     int8 = tmp_path / "int8"

@@ -33,6 +33,18 @@ def hf_m2m100(model_dir: Path) -> tuple[Any, Any]:
     return tokenizer, model
 
 
+def hf_special_tokens(tokenizer: Any, model: Any) -> dict[str, int]:
+    """The special ids as transformers uses them: generate()'s decoder start (the generation config's, else the
+    model config's) and the tokenizer's pad, eos and unk."""
+    start = model.generation_config.decoder_start_token_id
+    return {
+        "decoder_start": model.config.decoder_start_token_id if start is None else start,
+        "pad": tokenizer.pad_token_id,
+        "eos": tokenizer.eos_token_id,
+        "unk": tokenizer.unk_token_id,
+    }
+
+
 def hf_language_id(tokenizer: Any, code: str) -> int:
     """The id of a language code's token: M2M100's `__zh__` for "zh", NLLB's own token for "zho_Hans"."""
     return (

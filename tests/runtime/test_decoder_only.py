@@ -18,8 +18,9 @@ import pytest
 from onnxmt.manifest import read_manifest
 from onnxmt.runtime.decoder_only import DecoderOnlyGraphs, Prompts, right_padded
 from onnxmt.runtime.options import RuntimeOptions
+from tests.helpers.skips import importorskip
 
-pytest.importorskip("torch")
+importorskip("torch")
 
 FAMILIES = ("hy_mt", "hy_mt_7b", "qwen3", "translategemma", "gemma3_text")
 # Measured 1.1e-06 to 2.4e-06 on the tiny models; an off-by-one position, a missed norm or a wrong rope base moves

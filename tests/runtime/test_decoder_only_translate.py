@@ -17,8 +17,9 @@ from onnxmt import Translator
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.running import RunningBatch, encode_texts
 from onnxmt.runtime.translator import Prepared
+from tests.helpers.skips import importorskip
 
-pytest.importorskip("torch")
+importorskip("torch")
 
 TEXTS = (
     "Hello world.",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.node import JS_DIR
+from tests.helpers.skips import skip
 
 
 @pytest.fixture(scope="module")
@@ -18,9 +18,7 @@ def node_modules() -> Path:
     except in CI (CI=1), where a missing npm is a failure."""
     npm, node = shutil.which("npm"), shutil.which("node")
     if npm is None or node is None:
-        if os.environ.get("CI"):
-            pytest.fail("npm and node are needed for the npm LibreTranslate client test (CI is set)")
-        pytest.skip("npm or node not installed")
+        skip("npm and node are needed for the npm LibreTranslate client test")
     if not (JS_DIR / "node_modules" / "libretranslate").is_dir():
         subprocess.run([npm, "install", "--no-audit", "--no-fund"], cwd=JS_DIR, check=True, timeout=600)
     return JS_DIR / "node_modules"

@@ -15,6 +15,7 @@ import pytest
 from onnxmt.serve.prompts import read_chat
 from onnxmt.serve.protocol import ApiError
 from tests.helpers.server import Server, server_fixture
+from tests.helpers.skips import skip
 
 server = server_fixture("tiny_multi_onnx_dir", log="apis", max_texts=8, max_body_bytes=20000)
 
@@ -22,7 +23,7 @@ server = server_fixture("tiny_multi_onnx_dir", log="apis", max_texts=8, max_body
 def test_schemathesis_finds_no_server_error_on_the_apis(server: Server, tmp_path: Path) -> None:
     cli = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
     if not Path(cli).exists():
-        pytest.skip("needs schemathesis (pip install -e '.[dev]')")
+        skip("needs schemathesis (pip install -e '.[dev]')")
     checks = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
     command = [
         cli,

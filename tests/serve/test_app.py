@@ -35,6 +35,7 @@ from tests.helpers.server import (
     server_fixture,
     start_server,
 )
+from tests.helpers.skips import importorskip
 
 KEYS = ("key-one", "key-two")
 
@@ -693,7 +694,7 @@ def test_info_says_whether_batches_can_change_a_translation(
     tiny_onnx_dir: Path, tmp_path: Path, per_row: bool, max_batch_size: int, expected: bool
 ) -> None:
     # Per-tensor int8 scales depend on the batch; a batch of one, or a scale per row, does not.
-    pytest.importorskip("onnx")
+    importorskip("onnx")
     from onnxmt.export.quantize import QuantizeOptions, quantize
     from onnxmt.runtime.capabilities import Capabilities
     from onnxmt.runtime.modeldir import load_manifest

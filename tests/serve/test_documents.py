@@ -18,6 +18,7 @@ from onnxmt.documents.html import parse
 from onnxmt.documents.subtitles import cues
 from onnxmt.testing import generate_corpus
 from tests.helpers.server import Server, server_fixture, start_server
+from tests.helpers.skips import importorskip
 
 KEY = "document-key"
 ENGLISH = generate_corpus(11, lines=12)[0]
@@ -80,7 +81,7 @@ def test_translate_file_round_trips(
 
 
 def test_translate_file_docx_keeps_styles_and_runs(server: Server, tmp_path: Path) -> None:
-    pytest.importorskip("docx")
+    importorskip("docx")
     from tests.helpers.office import docx_structure, make_docx
 
     make_docx(tmp_path / "in.docx")

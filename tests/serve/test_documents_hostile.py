@@ -10,13 +10,13 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from tests.helpers.server import Server, server_fixture
+from tests.helpers.skips import importorskip
 
-pytest.importorskip("docx")  # the uploads are built on a python-docx document
+importorskip("docx")  # the uploads are built on a python-docx document
 
-from tests.helpers.hostile import HOSTILE, tree_rss
+from tests.helpers.hostile import HOSTILE, tree_rss  # noqa: E402
 
 SMALL = {"q": "Hello world.", "source": "en", "max_new_tokens": 8}
 

@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from tests.helpers.server import Server, server_fixture
+from tests.helpers.skips import importorskip
 
-pytest.importorskip("google.cloud.translate_v2")
+importorskip("google.cloud.translate_v2")
 
 KEY = "google-key"
 TEXTS = ["Hello world", "The weather is nice today."]

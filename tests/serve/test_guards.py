@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.helpers.server import TEXTS, Server, server_fixture
+from tests.helpers.skips import skip
 
 KEY = "sesame"
 OK_BODY = {"q": TEXTS[0], "target": "cmn_Hans", "max_new_tokens": 4}
@@ -451,7 +452,7 @@ def test_schemathesis_finds_no_server_error(server: Server, tmp_path: Path) -> N
 
     cli = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
     if not Path(cli).exists():
-        pytest.skip("needs schemathesis (pip install -e '.[dev]')")
+        skip("needs schemathesis (pip install -e '.[dev]')")
     checks = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
     command = [cli, "run", f"{server.url}/openapi.json", "--checks", f"{checks},negative_data_rejection"]
     command += ["--max-examples", "40", "--max-time", "75", "--seed", "18", "--no-color", "--request-timeout", "30"]

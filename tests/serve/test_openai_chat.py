@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from tests.helpers.server import Server, server_fixture
+from tests.helpers.skips import importorskip
 
-openai = pytest.importorskip("openai")
+openai = importorskip("openai")
 
 KEY = "openai-key"
 TEXTS = ["Hello world", "The weather is nice today."]

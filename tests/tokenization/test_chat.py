@@ -13,8 +13,9 @@ from onnxmt.architectures import get_architecture
 from onnxmt.architectures.decoder_only import prompt_messages, render_prompt
 from onnxmt.tokenization import JsonTokenizer
 from onnxmt.tokenization.chat import ChatTemplate
+from tests.helpers.skips import importorskip
 
-pytest.importorskip("transformers")
+importorskip("transformers")
 
 PAIRS = {
     "hy_mt": [("en", "zh"), ("zh", "en"), ("en", "fr"), ("de", "zh-Hant"), ("ja", "yue")],

@@ -296,3 +296,27 @@ def test_imports_without_torch_or_transformers(tiny_hf_dir: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "hello world"
+
+
+def test_a_special_token_decoded_from_the_target_vocab_is_kept_verbatim_like_transformers(
+    tiny_hf_dir: Path, tmp_path: Path
+) -> None:
+    """Special ids are skipped by their source-vocab ids, as transformers skips them: in a target vocab where
+    `<unk>` has another id, that id is not skipped, and its piece is written as it is, followed by a space, between
+    the texts of the pieces around it (MarianTokenizer.convert_tokens_to_string)."""
+    directory = _copy(tiny_hf_dir, tmp_path)
+    vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    moved = tokens.index("<unk>")
+    tokens[moved], tokens[10] = tokens[10], tokens[moved]  # <unk> at 10 in the target vocab only
+    (directory / "target_vocab.json").write_text(
+        json.dumps({token: i for i, token in enumerate(tokens)}, ensure_ascii=False), encoding="utf-8"
+    )
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "separate_vocabs": True}), encoding="utf-8")
+    ours, hf = MarianTokenizer.from_dir(directory), _transformers_tokenizer(directory)
+    assert ours.unk_id != 10
+    batch = [[30, 10, 31], [10], [10, 10], [40, 41, 10], [10, 50, ours.eos_id], [ours.unk_id, 10, 60]]
+    decoded = ours.decode_batch(batch)
+    assert decoded == hf.batch_decode(batch, skip_special_tokens=True)
+    assert all("<unk>" in text for text in decoded)  # the special path ran for each

@@ -20,9 +20,8 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import langcodes
-
 from ..architectures import PARAGRAPH, SENTENCE, Prompt, check_text_unit, text_unit
+from ..languages import parse
 from .limits import DEFAULT_LIMITS, DocumentLimits
 from .segment import Piece, fit, join, split_sentences
 
@@ -177,15 +176,15 @@ def split_lines(text: str, count: Count, limit: int, lang: str) -> list[Piece]:
     return [p for p in pieces if p.text]
 
 
-def segmenter_lang(translator: Translator) -> str:
-    """The model's source language as sentencex names languages (ISO 639-1 where there is one)."""
-    code = translator.manifest.languages.get("source")
-    if not isinstance(code, str) or not code:
-        return "en"
-    try:
-        return str(langcodes.standardize_tag(code))
-    except ValueError:
-        return code
+def segmenter_lang(translator: Translator, source_lang: str | None = None) -> str:
+    """The language a text from `source_lang` is cut into sentences by (None: the model's own or default source),
+    as sentencex names languages: the bare ISO 639 code (`de` for NLLB's `deu_Latn`, `zh` for `cmn_Hans`), which
+    it needs to know a language's abbreviations ("3. Okt.", "Sra."); English for a language it cannot name."""
+    code = translator.source_code(source_lang) if source_lang else None
+    languages = translator.manifest.languages
+    code = code or languages.get("source") or languages.get("default_source")
+    parsed = parse(code) if isinstance(code, str) and code else None
+    return parsed.language if parsed is not None else "en"
 
 
 def counting(
@@ -205,7 +204,7 @@ def counting(
         translator.manifest.tokenizer.get("kind"),
         translator.tokenizer.model_max_length,
         translator.prompt(source_lang, target_lang, glossary=glossary, context=context),
-        segmenter_lang(translator),
+        segmenter_lang(translator, source_lang),
         check_text_unit(unit) or text_unit(translator.manifest.architecture),
     )
 
