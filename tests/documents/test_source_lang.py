@@ -24,6 +24,7 @@ from onnxmt.cli import app
 from onnxmt.documents import translate_document, translate_file, translate_string, translate_texts
 from onnxmt.documents.stream import translate_stream
 from onnxmt.documents.translate import translate_lines
+from onnxmt.runtime.translator import Translator as DirectoryTranslator
 from onnxmt.serve.app import create_app
 from onnxmt.serve.options import ServeOptions
 
@@ -49,13 +50,13 @@ def nllb(tiny_nllb_onnx_dir: Path) -> Translator:
 def given(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The texts of every `Translator.prepare` call from now on: what the model is given to translate."""
     calls: list[list[str]] = []
-    real = Translator.prepare
+    real = DirectoryTranslator.prepare  # the class the CLI's and the service's Translators are
 
-    def prepare(self: Translator, texts: Any, *args: Any, **kwargs: Any) -> Any:
+    def prepare(self: DirectoryTranslator, texts: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(list(texts))
         return real(self, texts, *args, **kwargs)
 
-    monkeypatch.setattr(Translator, "prepare", prepare)
+    monkeypatch.setattr(DirectoryTranslator, "prepare", prepare)
     return calls
 
 
@@ -79,8 +80,8 @@ def test_the_premise_english_rules_would_give_the_model_other_sentences(nllb: Tr
     from onnxmt.documents.translate import plan_document
 
     for lang, (text, sentences, target) in CASES.items():
-        assert plan_document(nllb, text, "en", target).sentences != sentences, lang
-        assert plan_document(nllb, text, lang, target).sentences == sentences, lang
+        assert plan_document(nllb, text, source_lang="en", target_lang=target).sentences != sentences, lang
+        assert plan_document(nllb, text, source_lang=lang, target_lang=target).sentences == sentences, lang
         english = translate_document(nllb, text, source_lang="en", target_lang=target, **SHORT)
         assert english != expected(nllb, lang), lang
 

@@ -19,6 +19,7 @@ from onnxmt.documents.html import translate_html
 from onnxmt.documents.translate import translate_document, translate_texts
 from onnxmt.runtime.options import RuntimeOptions
 from onnxmt.runtime.translator import Translation
+from onnxmt.runtime.translator import Translator as DirectoryTranslator
 from onnxmt.runtime.tune import tune
 from onnxmt.serve.protocol import Languages
 from tests.helpers.sentences import SENTENCES
@@ -211,14 +212,14 @@ def test_tune_measures_nllb_into_the_target_language(
     tiny_nllb_onnx_dir: Path, nllb: Translator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     made: list[Translation] = []
-    run = Translator.translate
+    run = DirectoryTranslator.translate  # the class tune's Translators are (onnxmt.Translator derives from it)
 
     def recording(self: Translator, *args: Any, **kwargs: Any) -> list[Translation]:
         out = run(self, *args, **kwargs)
         made.extend(out)
         return out
 
-    monkeypatch.setattr(Translator, "translate", recording)
+    monkeypatch.setattr(DirectoryTranslator, "translate", recording)
     settings = [RuntimeOptions(threads=1, verify=False), RuntimeOptions(threads=2, spinning=True, verify=False)]
     results = tune(tiny_nllb_onnx_dir, settings, texts=FRENCH, tokens=3, batch_size=2, rounds=2,
                    source_lang="fr", target_lang="zh")  # fmt: skip
