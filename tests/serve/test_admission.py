@@ -227,7 +227,7 @@ def test_every_beam_widths_batch_progresses_while_the_others_run(
         return real_step(batch)
 
     monkeypatch.setattr(RunningBatch, "step", step)  # inside the recording
-    monkeypatch.setattr(inflight, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(inflight, "time", SimpleNamespace(perf_counter=lambda: clock[0], monotonic=time.monotonic))
     forced = {"max_new_tokens": 50, "min_new_tokens": 50}
     requests = [(TEXTS[10 + 2 * i : 12 + 2 * i], {"beams": beams, **forced}) for i, beams in enumerate((1, 2, 4))]
 

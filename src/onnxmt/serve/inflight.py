@@ -391,8 +391,9 @@ class InflightBatcher(Batcher):
         """The queued call that runs next (the lock held): the first by `_Call.priority`; but while a prefill call
         has waited `max_skip_age` seconds, every other piece goes to the oldest call, so that long prompts keep
         half the encoder however many short ones arrive, and a short one waits at most one piece of them."""
-        now = time.monotonic()
-        aged = [c for c in self._calls if c.left and now - c.arrived >= self.limits.max_skip_age]
+        prefills = [c for c in self._calls if c.left]
+        now = time.monotonic() if prefills else 0.0
+        aged = [c for c in prefills if now - c.arrived >= self.limits.max_skip_age]
         self._oldest_turn = bool(aged) and not self._oldest_turn
         if self._oldest_turn:
             return min(aged, key=lambda c: c.arrived)
