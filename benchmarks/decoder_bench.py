@@ -205,6 +205,9 @@ def main(args: Any, log: Any) -> int:
     wanted = set(args.engines.split(",")) if args.engines else None
     variants, skipped = dm.prepare(args.decoder_cache, model, tools, int4, wanted, log)  # type: ignore[arg-type]
     os.sync()
+    if args.rounds == 0:  # --rounds 0: build the models only
+        log(f"built: {', '.join(v.name for v in variants)}; skipped: {skipped}")
+        return 0
     hf = args.decoder_cache / model.name / "hf"
     texts = models.read_lines(args.data / INPUT_FILE, 200)
     reference_dir = next((v.path for v in variants if v.kind == "onnxmt"), None)
