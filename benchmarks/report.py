@@ -331,9 +331,10 @@ def write_decoder(result: dict[str, Any], stem: Path) -> None:
         f"{m['git_commit']}, onnxruntime {m['versions'].get('onnxruntime')}; {versions}.\n"
     )
     print(text)
-    stem.with_suffix(".md").write_text(text, encoding="utf-8")
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    # The model's name has dots (hy-mt1.5-1.8b): the suffixes are appended, not swapped.
+    stem.with_name(stem.name + ".md").write_text(text, encoding="utf-8")
+    stem.with_name(stem.name + ".json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     try:
-        decoder_chart(result, stem.with_suffix(".png"))
+        decoder_chart(result, stem.with_name(stem.name + ".png"))
     except ImportError:
         print("no chart: pip install matplotlib", file=sys.stderr)
