@@ -6,6 +6,8 @@
     python benchmarks/bench.py --model nllb-200-1.3B             # NLLB-200-1.3B's (24+24 layers, 5.5 GB in fp32)
     python benchmarks/bench.py --model nllb-200-3.3B --sentences 16 --latency-sentences 6 --tokens 20 \
         --repeats 1 --rounds 2 --batch-sizes 8   # a 3B model: int8 rows only (onnxmt and CTranslate2), ~1 h
+    python benchmarks/bench.py --model hy-mt1.5-1.8b --rounds 3   # decoder-only: onnxmt beside llama.cpp,
+        # onnxruntime-genai, CTranslate2 and transformers (decoder_bench.py; also qwen3-1.7b, translategemma-4b)
 
 Builds (once, cached) a random model with the chosen architecture and its conversions, runs every engine
 available here through benchmarks/worker.py, prints a Markdown table with ratios to onnxmt and writes
@@ -26,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import decoder_models
 import machine
 import models
 import report
@@ -182,7 +185,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--model",
-        choices=sorted(models.MODELS),
+        choices=sorted(models.MODELS) + sorted(decoder_models.DECODER_MODELS),
         default="opus-mt-en-zh",
         help="whose architecture the random model has (default opus-mt-en-zh)",
     )
@@ -221,7 +224,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("ONNXMT_BENCH_CACHE") or HERE / ".cache"))
     p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (flores200/, tatoeba/)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per engine process")
+    d = p.add_argument_group("decoder-only models (hy-mt1.5-1.8b, qwen3-1.7b, translategemma-4b)")
+    d.add_argument("--layers", type=int, help="the architecture with fewer layers: a smoke run of the harness")
+    d.add_argument(
+        "--int4", default="32:4,32:0", help="onnxmt int4 rows, BLOCK:ACCURACY_LEVEL pairs (default 32:4,32:0)"
+    )
+    d.add_argument(
+        "--bench-python",
+        type=Path,
+        default=Path("/work/bench-venv/bin/python"),
+        help="the other engines' venv's interpreter (llama-cpp-python, onnxruntime-genai, CTranslate2, torch)",
+    )
+    d.add_argument(
+        "--llama-cpp", type=Path, help="llama.cpp source tree, its build/bin holding llama-quantize, -server"
+    )
+    d.add_argument("--decoder-cache", type=Path, default=Path("/work/bench-models"), help="where the models go")
+    d.add_argument("--served", action=argparse.BooleanOptionalAction, default=True, help="the served column")
+    d.add_argument("--clients", type=int, default=8, help="concurrent clients of the served column")
+    d.add_argument("--serve-requests", type=int, default=2, help="requests each client sends")
     args = p.parse_args(argv)
+    if args.model in decoder_models.DECODER_MODELS:
+        args.tokens = args.tokens or (4 if args.quick else 32)
+        args.repeats = args.repeats or (1 if args.quick else 3)
+        return args
     extras = []
     for extra in args.onnxmt:
         name, sep, directory = extra.partition("=")
@@ -246,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     mode = "quick" if args.quick else "full"
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    if args.model in decoder_models.DECODER_MODELS:
+        import decoder_bench
+
+        return decoder_bench.main(args, log)
     info = machine.describe()
     if info["load_average"][0] > 0.5:
         log(f"warning: load average {info['load_average'][0]:.2f} before the run; figures will be noisy")

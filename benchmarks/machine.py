@@ -88,3 +88,35 @@ def describe() -> dict:
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "load_average": os.getloadavg(),
     }
+
+
+def bandwidth(threads: int, megabytes: int = 512, repeats: int = 5) -> float:
+    """Memory bandwidth in bytes/s, STREAM's copy kernel: `threads` threads each copying its own float64 array of
+    `megabytes` (far past the caches) into another, counted as STREAM counts it (bytes read + bytes written), the
+    best of `repeats` passes. numpy releases the GIL in the copy, so the threads run in parallel."""
+    import threading
+
+    import numpy as np
+
+    n = megabytes * 2**20 // 8
+    sources = [np.ones(n) for _ in range(threads)]
+    targets = [np.zeros(n) for _ in range(threads)]
+    best = 0.0
+    for _ in range(repeats):
+        barrier = threading.Barrier(threads + 1)
+
+        def copy(i: int, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            np.copyto(targets[i], sources[i])
+
+        workers = [threading.Thread(target=copy, args=(i,)) for i in range(threads)]
+        for w in workers:
+            w.start()
+        import time
+
+        barrier.wait()
+        start = time.perf_counter()
+        for w in workers:
+            w.join()
+        best = max(best, 2 * 8 * n * threads / (time.perf_counter() - start))
+    return best

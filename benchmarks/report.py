@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,182 @@ def chart(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# The decoder-only table (bench.py --model hy-mt1.5-1.8b and the other decoder-only models; decoder_bench.py).
+# (header, key, unit, higher is better)
+DECODER_COLUMNS = (
+    ("prefill 100", "prefill100", "tok/s", True),
+    ("prefill 500", "prefill500", "tok/s", True),
+    ("decode bs1", "decode", "ms/tok", False),
+    ("× floor", "floor_ratio", "×", False),
+    ("bs8", "bs8", "tok/s", True),
+    ("served, 8 clients", "served", "tok/s", True),
+    ("served p50", "served_p50", "s", False),
+    ("peak RSS", "rss", "MB", False),
+    ("cold start", "cold", "s", False),
+    ("on disk", "disk", "MB", False),
+)
+
+
+def decoder_flatten(engine: dict[str, Any], floors: dict[str, Any]) -> dict[str, float]:
+    r = engine.get("result")
+    if not r:
+        return {}
+    out = {
+        "prefill100": r["prefill_tokens_per_s"]["100"],
+        "prefill500": r["prefill_tokens_per_s"]["500"],
+        "decode": r["decode_ms_per_token"],
+        "bs8": r["batch8_tokens_per_s"],
+        "rss": r["peak_rss_mb"],
+        "cold": r["cold_start_s"],
+        "disk": engine["disk_bytes"] / MB,
+    }
+    floor = floors.get(str(engine["bits"]))
+    if floor:
+        out["floor_ratio"] = r["decode_ms_per_token"] / floor["floor_ms"]
+    if "served" in engine:
+        out["served"] = engine["served"]["tokens_per_s"]
+        out["served_p50"] = engine["served"]["p50_s"]
+    return out
+
+
+def _decoder_fmt(value: float, unit: str) -> str:
+    if unit == "×":
+        return f"{value:.2f}×"
+    if unit == "s":
+        return f"{value:.2f} s"
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def decoder_table(result: dict[str, Any]) -> str:
+    floors = result["floors"]
+    header = "| engine | " + " | ".join(f"{c[0]} ({c[2]})" for c in DECODER_COLUMNS) + " | same tokens |"
+    lines = [header, "| --- " * (len(DECODER_COLUMNS) + 2) + "|"]
+    for engine in result["engines"]:
+        values = decoder_flatten(engine, floors)
+        if not values:
+            lines.append(f"| {engine['label']} | {engine['status']}: {engine.get('error', '')[-100:]} |")
+            continue
+        cells = [_decoder_fmt(values[key], unit) if key in values else "n/a" for _, key, unit, _ in DECODER_COLUMNS]
+        agreement = engine.get("agreement")
+        cells.append(
+            f"{agreement['same']}/{agreement['outputs']} (prefix {agreement['mean_common_prefix']:.1f})"
+            if agreement
+            else "—"
+        )
+        lines.append(f"| {engine['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def decoder_targets(result: dict[str, Any], int4: tuple[str, ...], int8: tuple[str, ...]) -> str:
+    """The issue's targets: the best onnxmt row of a bit width against each rival of that width, per column; a
+    ratio above 1 means onnxmt is ahead by that factor, below 1 behind."""
+    floors = result["floors"]
+    values = {e["name"]: (e, decoder_flatten(e, floors)) for e in result["engines"]}
+    columns = [c for c in DECODER_COLUMNS if c[1] in ("prefill100", "prefill500", "decode", "bs8", "served", "rss")]
+    lines = ["| onnxmt row | rival | " + " | ".join(c[0] for c in columns) + " |", "| --- " * (len(columns) + 2) + "|"]
+    for bits, rivals in ((4, int4), (8, int8)):
+        ours = [(e, v) for e, v in values.values() if e["name"].startswith("onnxmt") and e["bits"] == bits and v]
+        if not ours:
+            continue
+        best_e, best = min(ours, key=lambda ev: ev[1]["decode"])
+        for rival in rivals:
+            if rival not in values or not values[rival][1]:
+                continue
+            theirs = values[rival][1]
+            cells = []
+            for _, key, _, higher in columns:
+                if key not in best or key not in theirs:
+                    cells.append("n/a")
+                    continue
+                ratio = best[key] / theirs[key] if higher else theirs[key] / best[key]
+                cells.append(f"{ratio:.2f}× {'ahead' if ratio >= 1 else 'behind'}")
+            lines.append(f"| {best_e['label']} | {values[rival][0]['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def decoder_legend(result: dict[str, Any]) -> str:
+    s, bw = result["settings"], result["bandwidth"]
+    floors = "; ".join(
+        f"{bits}-bit: {f['read_per_step'] / MB:.0f} MB a step ({f['graph']}) = {f['floor_ms']:.1f} ms"
+        for bits, f in sorted(result["floors"].items(), key=lambda kv: int(kv[0]))
+    )
+    loads = [la[0] for la in result["machine"]["load_average_during"]]
+    return (
+        f"A random model with {s['model_name']}'s architecture, {s['source_lang']} → {s['target_lang']} prompts (its "
+        f"chat template around FLORES text, the same ids for every engine). Prefill: prompt tokens / time to the first "
+        f"new token, prompts of 100 and 500 tokens. Decode bs1: (time of {s['max_new_tokens']} new tokens − time of "
+        f"1) / {s['max_new_tokens'] - 1}, the 100-token prompt. bs8: 8 prompts of 100 tokens, {s['max_new_tokens']} "
+        f"new tokens each, generated tokens/s. Every engine greedy, eos suppressed, exactly {s['max_new_tokens']} "
+        f"tokens; {s['threads']} threads; each figure the median of {s['repeats']} runs in each of {s['rounds']} "
+        f"interleaved rounds (a fresh process per row and round), then the median of the rounds. Served: "
+        f"{s['clients']} concurrent clients, 2 requests each, {s['max_new_tokens']} new tokens a request, tokens/s "
+        f"over the wall clock and the p50 request latency (onnxmt serve; llama-server --parallel; n/a: no server "
+        f"measured). Peak RSS and cold start: a fresh process that loads the model and decodes the 100-token prompt. "
+        f"× floor: decode ms/token over the floor of the row's bit width, the bytes a batch-1 step reads from onnxmt's "
+        f"graph of that width over the memory bandwidth measured in the same run (STREAM copy, {s['threads']} "
+        f"threads, {bw['bytes_per_s'] / 1e9:.1f} GB/s, median of {len(bw['samples'])}): {floors}. Same tokens: greedy "
+        f"outputs (the 100-token prompt's and the batch's) equal to the fp32 reference's, and their mean common "
+        f"prefix; random weights make near-ties, so int4/int8 rows part ways early. Load average during the run: "
+        f"{min(loads):.2f}–{max(loads):.2f} (median {sorted(loads)[len(loads) // 2]:.2f})."
+    )
+
+
+def decoder_chart(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    engines = [e for e in result["engines"] if e.get("result")]
+    values = [decoder_flatten(e, result["floors"]) for e in engines]
+    panels = [c for c in DECODER_COLUMNS if c[1] != "served_p50"]
+    fig, axes = plt.subplots(3, 3, figsize=(16, 12))
+    colors = plt.get_cmap("tab20").colors
+    for ax, (title, key, unit, higher) in zip(axes.flat, panels, strict=False):
+        ax.barh(
+            range(len(engines)), [v.get(key, 0.0) for v in values], color=[colors[i % 20] for i in range(len(engines))]
+        )
+        ax.set_yticks(range(len(engines)))
+        ax.set_yticklabels([e["label"] for e in engines], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(f"{title} ({unit}, {'higher' if higher else 'lower'} is better)", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    m = result["machine"]
+    fig.suptitle(
+        f"onnxmt decoder-only benchmark, random {result['settings']['model_name']}-architecture model; {m['cpu']}, "
+        f"{result['settings']['threads']} threads",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_decoder(result: dict[str, Any], stem: Path) -> None:
+    """Print the decoder-only tables; write <stem>.json, .md and .png."""
+    import json
+
+    from decoder_bench import INT4_RIVALS, INT8_RIVALS
+
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    m = result["machine"]
+    text = decoder_table(result) + "\n\n" + decoder_targets(result, INT4_RIVALS, INT8_RIVALS) + "\n\n"
+    text += decoder_legend(result) + "\n"
+    for name, reason in result["skipped"].items():
+        text += f"\nNot measured: {name} ({reason[:300]})."
+    versions = ", ".join(f"{k} {v}" for k, v in result["bench_versions"].items() if v)
+    text += (
+        f"\n\nMachine: {m['cpu']}, {m['cores']} cores, SIMD {' '.join(m['simd'])}; load average "
+        f"{m['load_average'][0]:.2f} at start, {m['load_average_end'][0]:.2f} at the end. onnxmt "
+        f"{m['git_commit']}, onnxruntime {m['versions'].get('onnxruntime')}; {versions}.\n"
+    )
+    print(text)
+    # The model's name has dots (hy-mt1.5-1.8b): the suffixes are appended, not swapped.
+    stem.with_name(stem.name + ".md").write_text(text, encoding="utf-8")
+    stem.with_name(stem.name + ".json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    try:
+        decoder_chart(result, stem.with_name(stem.name + ".png"))
+    except ImportError:
+        print("no chart: pip install matplotlib", file=sys.stderr)

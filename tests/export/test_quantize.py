@@ -511,6 +511,16 @@ def test_int4_weight_only(tiny_onnx_dir: Path, int8_dir: Path, tmp_path: Path) -
     assert_damage_bounded(tiny_onnx_dir, out, max_error=0.5, top1=0.8, top5=0.55)
 
 
+def test_int4_accuracy_level_is_the_matmuls_attribute(tiny_onnx_dir: Path, tmp_path: Path) -> None:
+    # 4: activations quantized to int8 per block, integer products (onnxruntime-genai's CPU default).
+    out = _quantize(tiny_onnx_dir, tmp_path / "int4", int4=True, accuracy_level=4)
+    matmuls = [n for n in _graph(out / DECODER_FILE).node if n.op_type == "MatMulNBits"]
+    assert matmuls and all(onnx.helper.get_node_attr_value(n, "accuracy_level") == 4 for n in matmuls)
+    assert read_manifest(out).quantization["accuracy_level"] == 4
+    results = Translator(out).translate(TEXTS, max_new_tokens=8)
+    assert all(r.token_ids for r in results)
+
+
 def test_int4_without_onnx_ir_names_the_extra(
     tiny_onnx_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -533,6 +543,7 @@ def test_int4_without_onnx_ir_names_the_extra(
         ({"exclude": ("/MatMul_20_tie",)}, "did you mean /MatMul_20_tied"),
         ({"int4": True, "block_size": 24}, "power of two"),
         ({"int4": True, "per_row_scales": True}, "per_row_scales is for dynamic int8"),
+        ({"int4": True, "accuracy_level": 5}, "accuracy_level must be 0, 1, 2, 3 or 4"),
     ],
 )
 def test_bad_options_raise(tiny_onnx_dir: Path, tmp_path: Path, options: dict, message: str) -> None:

@@ -35,14 +35,16 @@ from .marian import load_eager
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
-    """Llama's RMSNorm (`w * x / rms`), or Gemma's (`x / rms * (1 + w)`)."""
-    normed = x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) / x.shape[-1] + eps)
+    """Llama's RMSNorm (`w * x / rms`), or Gemma's (`x / rms * (1 + w)`). The width is the weight's length, a
+    constant in the graph: `x.shape[-1]` would be traced as Shape, Gather and Cast before every norm (four a layer)."""
+    width = float(weight.shape[0])
+    normed = x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) / width + eps)
     return normed * (1.0 + weight) if gemma else weight * normed
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> torch.Tensor:
     """transformers' apply_rotary_pos_emb on (rows, new_len, heads, head_dim), cos/sin (rows, new_len, 1, head_dim)."""
-    half = x.shape[-1] // 2
+    half = head_dim // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 
@@ -159,23 +161,33 @@ class DecoderOnlyExport(nn.Module):
         return hidden, key, value
 
     def _mlp(self, mlp, x):
-        return _project(mlp.act_fn(_project(x, mlp.gate_proj)) * _project(x, mlp.up_proj), mlp.down_proj)
+        # gate and up as one MatMul on their weights side by side (the same dot products per column), split once:
+        # one kernel, and in int8 one quantization of x, instead of two.
+        inter = mlp.gate_proj.weight.shape[0]
+        gate_up = torch.matmul(x, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t())
+        return _project(mlp.act_fn(gate_up[:, :inter]) * gate_up[:, inter:], mlp.down_proj)
 
     def _attention(self, attn, x, rows, rope, mask, past):
         """Self-attention of `x` (rows * new_len, hidden) over the buffers and the new positions, out-projected;
         and the new positions' keys and values (rows, kv_heads, new_len, head_dim)."""
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         groups = heads // kv_heads
-        q = _project(x, attn.q_proj).reshape(rows, -1, heads, head_dim)  # (rows, new_len, heads, hd)
-        k = _project(x, attn.k_proj).reshape(rows, -1, kv_heads, head_dim)
-        v = _project(x, attn.v_proj).reshape(rows, -1, kv_heads, head_dim)
+        # Query, key and value as one MatMul on the three weights side by side (the same dot products per column),
+        # split once: one kernel (and in int8 one quantization of x) instead of three.
+        if attn.q_proj.bias is not None:
+            raise ValueError("decoder-only export: attention projections with a bias are not supported")
+        qkv = torch.matmul(x, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).t())
+        q_width, kv_width = heads * head_dim, kv_heads * head_dim
+        q = qkv[:, :q_width].reshape(rows, -1, heads, head_dim)  # (rows, new_len, heads, hd)
+        k = qkv[:, q_width : q_width + kv_width].reshape(rows, -1, kv_heads, head_dim)
+        v = qkv[:, q_width + kv_width :].reshape(rows, -1, kv_heads, head_dim)
         cos, sin = rope
         if self.family == "hunyuan_v1_dense":  # its q/k norms come after the rotation
-            q = _rms(_rotate(q, cos, sin), attn.query_layernorm.weight, self.eps, False)
-            k = _rms(_rotate(k, cos, sin), attn.key_layernorm.weight, self.eps, False)
+            q = _rms(_rotate(q, cos, sin, head_dim), attn.query_layernorm.weight, self.eps, False)
+            k = _rms(_rotate(k, cos, sin, head_dim), attn.key_layernorm.weight, self.eps, False)
         else:
-            q = _rotate(_rms(q, attn.q_norm.weight, self.eps, self.gemma), cos, sin)
-            k = _rotate(_rms(k, attn.k_norm.weight, self.eps, self.gemma), cos, sin)
+            q = _rotate(_rms(q, attn.q_norm.weight, self.eps, self.gemma), cos, sin, head_dim)
+            k = _rotate(_rms(k, attn.k_norm.weight, self.eps, self.gemma), cos, sin, head_dim)
         new_len = q.shape[1]
         # Query head h reads key head h // groups: a key head's queries stacked, (rows, kv, groups * new_len, hd).
         q = q.reshape(rows, new_len, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)

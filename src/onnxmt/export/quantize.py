@@ -79,6 +79,12 @@ class QuantizeOptions:
         False, help="Weight-only int4 (MatMulNBits, GatherBlockQuantized) instead of dynamic int8.", flags=("--int4",)
     )
     block_size: int = option(32, help="int4: weights per scale (a power of two, at least 16).")
+    # MatMulNBits' attribute: 0 leaves it unset (ONNX Runtime computes in fp32, the weights dequantized per block);
+    # 4 quantizes each row of activations to int8 per block and multiplies in integers (VNNI/AMX where the CPU has
+    # them), as onnxruntime-genai's CPU builds do. 1 (fp32), 2 (fp16) and 3 (bf16) name other compute types.
+    accuracy_level: int = option(
+        0, help="int4: MatMulNBits accuracy level (0: unset, fp32; 4: int8 activations).", min=0
+    )
     force: bool = option(False, help="Replace a non-empty OUTPUT_DIR.", flags=("--force",))
 
 
@@ -130,6 +136,8 @@ def _check_request(source: Path, output: Path, options: QuantizeOptions) -> Mani
         raise QuantizeError("per_row_scales is for dynamic int8; int4 is weight-only (no activation scales)")
     if options.int4 and (options.block_size < 16 or options.block_size & (options.block_size - 1)):
         raise QuantizeError(f"block_size must be a power of two, at least 16; got {options.block_size}")
+    if options.accuracy_level not in (0, 1, 2, 3, 4):
+        raise QuantizeError(f"accuracy_level must be 0, 1, 2, 3 or 4; got {options.accuracy_level}")
     if options.int4:
         _int4_quantizer()  # a missing package fails here, before anything is read or written
     manifest = read_manifest(source)
@@ -210,7 +218,11 @@ def _quantize_graph(model: Any, name: str, options: QuantizeOptions, tensors: Te
         nodes, kept_heads = _matmuls_for_int8(model, options, excluded, tensors)
     if nodes:
         members = groups(model.graph, nodes, by_input=not options.int4)
-        quantizer = _int4_group(options.block_size) if options.int4 else _int8_group(options.per_channel)
+        quantizer = (
+            _int4_group(options.block_size, options.accuracy_level)
+            if options.int4
+            else _int8_group(options.per_channel)
+        )
         total = sum(nbytes(i) for i in model.graph.initializer if i.name in _weights_of(members))
         done, start = [0, 0], time.monotonic()
 
@@ -626,7 +638,7 @@ def _int4_quantizer() -> Any:
     return MatMulNBitsQuantizer
 
 
-def _int4_group(block_size: int) -> Quantizer:
+def _int4_group(block_size: int, accuracy_level: int = 0) -> Quantizer:
     """ONNX Runtime's int4 weight-only quantizer on one node (groups.py)."""
 
     def run(model: Any, out: Path) -> None:
@@ -636,6 +648,7 @@ def _int4_group(block_size: int) -> Quantizer:
                 bits=4,
                 block_size=block_size,
                 is_symmetric=True,
+                accuracy_level=accuracy_level or None,
                 op_types_to_quantize=("MatMul", "Gather"),
                 quant_axes=(("MatMul", 0), ("Gather", 1)),
             )
@@ -671,6 +684,7 @@ def _record(manifest: Manifest, results: list[FileResult], options: QuantizeOpti
         if options.per_row_scales
         else "MatMulInteger; DynamicQuantizeMatMul and Gather on int8 rows for the vocabulary tables",
         "weights": f"int4 symmetric, blocks of {options.block_size}" if options.int4 else "QInt8",
+        "accuracy_level": options.accuracy_level if options.int4 else None,
         "per_channel": None if options.int4 else options.per_channel,
         # Per tensor: a sentence's output depends on its batch-mates (docs/serve.md); per row: it does not.
         "activation_scales": None if options.int4 else ("per row" if options.per_row_scales else "per tensor"),

@@ -1,0 +1,288 @@
+"""bench.py's decoder-only part (`--model hy-mt1.5-1.8b | qwen3-1.7b | translategemma-4b`): onnxmt beside
+llama.cpp, onnxruntime-genai, CTranslate2 and transformers on a random model with the real architecture.
+
+Every row runs in a fresh process (decoder_worker.py) per round, rounds interleaved (A B C, A B C, ...); each
+figure is the median of the rounds'. The served column starts `onnxmt serve` or `llama-server --parallel 8` and
+sends the same prompts from 8 concurrent clients (decoder_serve.py). The floor: the bytes a batch-1 step reads
+(the weights of the row's bit width, from onnxmt's graphs: every layer and the head; the embedding is a gather of
+one row) over the memory bandwidth measured in the same run (machine.bandwidth). See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import decoder_models as dm
+import machine
+import models
+
+HERE = Path(__file__).resolve().parent
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+INPUT_FILE = "flores200/devtest.eng_Latn"
+PROMPT_LENGTHS = (100, 500)
+BATCH = 8
+# The rows the issue's targets compare: onnxmt int4 against these, int8 against those.
+INT4_RIVALS = ("llama-q4_0", "llama-q4_k_m", "ortgenai-int4")
+INT8_RIVALS = ("llama-q8_0", "ct2-int8", "ortgenai-int8")
+
+
+def prompt_ids(model_dir: Path, texts: list[str], source: str, target: str) -> dict[str, Any]:
+    """The prompts every engine is given: the model's chat template around FLORES text, tokenized by onnxmt, cut
+    to exactly 100 and 500 tokens (the template's head and tail kept, the text's middle dropped); 8 prompts of
+    100 tokens from 8 other texts for the batch column."""
+    from onnxmt.runtime.decoder_only import Prompts
+    from onnxmt.runtime.modeldir import load_manifest
+
+    prompts = Prompts(model_dir, load_manifest(model_dir, verify=False))
+    a, b = prompts.ids("aaaa", source, target), prompts.ids("bbbb zz", source, target)
+    tail = next(k for k in range(1, len(a)) if a[-k - 1] != b[-k - 1])  # the template's ids after the text
+
+    def cut(text: str, length: int) -> list[int]:
+        ids = prompts.ids(text, source, target)
+        while len(ids) < length:
+            text += " " + text
+            ids = prompts.ids(text, source, target)
+        return ids[: length - tail] + ids[-tail:]
+
+    joined = " ".join(texts)
+    out: dict[str, Any] = {str(n): cut(joined, n) for n in PROMPT_LENGTHS}
+    out["batch"] = [cut(" ".join(texts[i * 4 :]), 100) for i in range(1, BATCH + 1)]
+    # The served column's requests: whole sentences, as a client sends them.
+    out["served_texts"] = texts[40:56]
+    out["served_ids"] = [prompts.ids(t, source, target) for t in out["served_texts"]]
+    return out
+
+
+def eos_ids(hf: Path) -> list[int]:
+    generation = json.loads((hf / "generation_config.json").read_text(encoding="utf-8"))
+    eos = generation.get("eos_token_id")
+    return eos if isinstance(eos, list) else [eos]
+
+
+def run_row(variant: dm.Variant, tools: dm.Tools, config: dict[str, Any], timeout: float) -> dict[str, Any]:
+    path = variant.path
+    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file() and not f.name.startswith(".")]
+    entry: dict[str, Any] = {
+        "name": variant.name,
+        "label": variant.label,
+        "bits": variant.bits,
+        "path": str(path),
+        "disk_bytes": sum(f.stat().st_size for f in files),
+        "status": "ok",
+    }
+    python = dm.python_of(variant, tools)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    if variant.kind == "onnxmt":
+        env["PYTHONPATH"] = str(HERE.parent / "src")
+    threads = str(config["threads"])
+    env |= {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
+    env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    with tempfile.TemporaryDirectory(prefix="onnxmt-bench-") as tmp:
+        cfg_path, result_path = Path(tmp) / "config.json", Path(tmp) / "result.json"
+        cfg = {**config, **variant.options, "engine": variant.kind, "path": str(path), "t0": time.time()}
+        cfg_path.write_text(json.dumps(cfg), encoding="utf-8")
+        command = [str(python), str(HERE / "decoder_worker.py"), str(cfg_path), str(result_path)]
+        try:
+            proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {**entry, "status": "failed", "error": f"timed out after {timeout:.0f} s"}
+        if proc.returncode != 0 or not result_path.is_file():
+            return {**entry, "status": "failed", "error": proc.stderr.strip()[-2000:]}
+        entry["result"] = json.loads(result_path.read_text(encoding="utf-8"))
+    return entry
+
+
+MEDIAN_KEYS = ("cold_start_s", "load_s", "peak_rss_mb", "rss_mb", "first_token_ms", "decode_ms_per_token")
+MEDIAN_KEYS += ("batch8_tokens_per_s", "peak_rss_end_mb")
+
+
+def merge_rounds(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from its rounds: every figure the median of the rounds'; the rounds' own under "rounds"."""
+    failed = [e for e in entries if e["status"] != "ok"]
+    if failed:
+        return failed[0]
+    results = [e["result"] for e in entries]
+    merged = dict(results[0])
+    for key in MEDIAN_KEYS:
+        merged[key] = statistics.median(r[key] for r in results)
+    merged["prefill_tokens_per_s"] = {
+        k: statistics.median(r["prefill_tokens_per_s"][k] for r in results) for k in results[0]["prefill_tokens_per_s"]
+    }
+    merged["rounds"] = [{k: r[k] for k in (*MEDIAN_KEYS, "prefill_tokens_per_s")} for r in results]
+    return {**entries[0], "result": merged}
+
+
+def agreement(rows: list[dict[str, Any]], reference: str) -> None:
+    """Each row's greedy tokens against the reference row's (fp32): how many of the 9 outputs (the 100-token
+    prompt's and the batch's 8) are equal, and the mean length of their common prefix."""
+    ref = next((r for r in rows if r["name"] == reference and r.get("result")), None)
+    if ref is None:
+        return
+    expected = [ref["result"]["tokens"]["100"], *ref["result"]["tokens"]["batch"]]
+    for row in rows:
+        if not row.get("result"):
+            continue
+        got = [row["result"]["tokens"]["100"], *row["result"]["tokens"]["batch"]]
+        pairs = list(zip(expected, got, strict=True))
+        prefixes = [next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), len(x)) for x, y in pairs]
+        row["agreement"] = {
+            "reference": reference,
+            "same": sum(x == y for x, y in pairs),
+            "outputs": len(expected),
+            "mean_common_prefix": statistics.mean(prefixes),
+        }
+
+
+def weight_bytes(directory: Path) -> dict[str, int]:
+    """The bytes of an onnxmt directory's graph weights a batch-1 step reads: every initializer but the
+    embedding's (a gather reads one row of it), split by kind."""
+    import onnx
+
+    manifest = json.loads((directory / "onnxmt.json").read_text(encoding="utf-8"))
+    graph_file = manifest["graphs"]["decoder"]["file"]
+    model = onnx.load(str(directory / graph_file), load_external_data=False)
+    graph = model.graph
+    gathered = {n.input[0] for n in graph.node if n.op_type in ("Gather", "GatherBlockQuantized")}
+    # GatherBlockQuantized's scales are its second input.
+    gathered |= {n.input[2] for n in graph.node if n.op_type == "GatherBlockQuantized" and len(n.input) > 2}
+    read = gathered_bytes = 0
+    for init in graph.initializer:
+        size = next((int(e.value) for e in init.external_data if e.key == "length"), None)
+        if size is None:
+            size = len(init.raw_data) or 4 * len(init.float_data)
+        if init.name in gathered:
+            gathered_bytes += size
+        else:
+            read += size
+    return {"read_per_step": read, "gathered": gathered_bytes}
+
+
+def floors(variants: list[dm.Variant], bandwidth: float) -> dict[str, Any]:
+    """ms/token at batch 1 per bit width: onnxmt's graph of that width's step bytes / bandwidth (bytes/s)."""
+    out: dict[str, Any] = {}
+    for v in variants:
+        if v.kind != "onnxmt":
+            continue
+        key = str(v.bits)
+        if key in out and v.bits == 4 and "b32" not in v.name:
+            continue  # int4: the block-32 graph's bytes, as the other engines' int4 (ortgenai block 32, Q4_0)
+        b = weight_bytes(v.path)
+        out[key] = {"graph": v.name, **b, "floor_ms": b["read_per_step"] / bandwidth * 1000}
+    return out
+
+
+def build_records(variants: list[dm.Variant]) -> dict[str, Any]:
+    records = {}
+    for v in variants:
+        for directory in (v.path, v.path.parent / "onnxmt-fp32"):
+            f = directory / dm.BUILD_FILE
+            if v.kind == "onnxmt" and f.is_file():
+                records[directory.name] = json.loads(f.read_text(encoding="utf-8"))
+    return records
+
+
+def main(args: Any, log: Any) -> int:
+    import decoder_serve
+    import report
+
+    info = machine.describe()
+    if info["load_average"][0] > 2.5:
+        log(f"warning: load average {info['load_average'][0]:.2f} before the run; figures will be noisy")
+    model = dm.DECODER_MODELS[args.model]
+    if args.quick:
+        model = dm.quick(model)
+    elif args.layers:
+        model = dm.smaller(model, args.layers)
+    tools = dm.Tools(args.bench_python if args.bench_python.is_file() else None, args.llama_cpp)
+    int4 = [tuple(int(x) for x in pair.split(":")) for pair in args.int4.split(",")]
+    wanted = set(args.engines.split(",")) if args.engines else None
+    variants, skipped = dm.prepare(args.decoder_cache, model, tools, int4, wanted, log)  # type: ignore[arg-type]
+    os.sync()
+    if args.rounds == 0:  # --rounds 0: build the models only
+        log(f"built: {', '.join(v.name for v in variants)}; skipped: {skipped}")
+        return 0
+    hf = args.decoder_cache / model.name / "hf"
+    texts = models.read_lines(args.data / INPUT_FILE, 200)
+    reference_dir = next((v.path for v in variants if v.kind == "onnxmt"), None)
+    if reference_dir is None:
+        log("error: no onnxmt row to take the prompts from")
+        return 2
+    prompts = prompt_ids(reference_dir, texts, model.source_lang, model.target_lang)
+    config = {
+        "prompts": prompts,
+        "max_new_tokens": args.tokens,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "eos_ids": eos_ids(hf),
+        "source_lang": model.source_lang,
+        "target_lang": model.target_lang,
+    }
+    log(f"measuring memory bandwidth ({args.threads} threads)")
+    bandwidth = [machine.bandwidth(args.threads)]
+    rounds: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
+    served: dict[str, list[dict[str, Any]]] = {}
+    loads = [os.getloadavg()]
+    for r in range(args.rounds):
+        for v in variants:
+            if rounds[v.name] and rounds[v.name][-1]["status"] != "ok":
+                continue
+            log(f"running {v.label} (round {r + 1} of {args.rounds})")
+            started = time.monotonic()
+            entry = run_row(v, tools, config, args.timeout)
+            loads.append(os.getloadavg())
+            log(f"  {entry['status']} in {time.monotonic() - started:.0f} s" + (
+                f": {entry.get('error', '')[-800:]}" if entry["status"] != "ok" else ""))  # fmt: skip
+            rounds[v.name].append(entry)
+        if args.served:
+            for v in variants:
+                if decoder_serve.serves(v):
+                    log(f"serving {v.label} to {args.clients} clients (round {r + 1})")
+                    figure = decoder_serve.measure(v, tools, prompts, model, args, log)
+                    served.setdefault(v.name, []).append(figure)
+                    loads.append(os.getloadavg())
+        bandwidth.append(machine.bandwidth(args.threads))
+    rows = [merge_rounds(rounds[v.name]) for v in variants]
+    for row in rows:
+        if row["name"] in served:
+            row["served"] = decoder_serve.merge(served[row["name"]])
+    agreement(rows, "transformers" if any(v.name == "transformers" for v in variants) else "onnxmt-fp32")
+    bw = statistics.median(bandwidth)
+    result = {
+        "mode": "quick" if args.quick else model.name,
+        "kind": "decoder-only",
+        "settings": {
+            "model_name": model.name,
+            "model": {k: v for k, v in model.spec.__dict__.items()},
+            "prompt_lengths": list(PROMPT_LENGTHS),
+            "batch": BATCH,
+            "max_new_tokens": args.tokens,
+            "threads": args.threads,
+            "repeats": args.repeats,
+            "rounds": args.rounds,
+            "clients": args.clients if args.served else None,
+            "source_lang": model.source_lang,
+            "target_lang": model.target_lang,
+            "eos_ids": config["eos_ids"],
+        },
+        "machine": {**info, "load_average_during": loads, "load_average_end": os.getloadavg()},
+        "bandwidth": {"bytes_per_s": bw, "samples": bandwidth},
+        "floors": floors(variants, bw),
+        "builds": build_records(variants),
+        "engines": rows,
+        "skipped": skipped,
+        "bench_versions": {p: dm.bench_version(tools, p) for p in ("llama_cpp_python", "onnxruntime-genai",
+                                                                   "ctranslate2", "torch", "transformers")},
+    }  # fmt: skip
+    report.write_decoder(result, args.out / result["mode"])
+    failed = [r["name"] for r in rows if r["status"] != "ok"]
+    if failed:
+        log(f"failed: {', '.join(failed)}")
+        return 1
+    return 0
