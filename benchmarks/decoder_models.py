@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from models import Log, _hash_files, cached, in_child
-from onnxmt.testing.decoder_only import DecoderOnlySpec, build_decoder_only
+from onnxmt.testing.decoder_only import BENCHMARK_FAMILIES, DecoderOnlySpec, build_decoder_only
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ class DecoderModel:
 HY_MT_1_8B = DecoderModel(
     "hy-mt1.5-1.8b",
     DecoderOnlySpec(
-        family="hy_mt",
+        family=BENCHMARK_FAMILIES["hy-mt1.5-1.8b"],
         hidden_size=2048,
         layers=32,
         heads=16,
@@ -70,7 +70,7 @@ HY_MT_1_8B = DecoderModel(
 QWEN3_1_7B = DecoderModel(
     "qwen3-1.7b",
     DecoderOnlySpec(
-        family="qwen3",
+        family=BENCHMARK_FAMILIES["qwen3-1.7b"],
         hidden_size=2048,
         layers=28,
         heads=16,
@@ -85,7 +85,7 @@ QWEN3_1_7B = DecoderModel(
 TRANSLATEGEMMA_4B = DecoderModel(
     "translategemma-4b",
     DecoderOnlySpec(
-        family="gemma3_text",
+        family=BENCHMARK_FAMILIES["translategemma-4b"],
         hidden_size=2560,
         layers=34,
         heads=8,
@@ -113,9 +113,8 @@ def smaller(model: DecoderModel, layers: int) -> DecoderModel:
 
 def quick(model: DecoderModel) -> DecoderModel:
     """--quick: the family's tiny test model (widths of tens), seconds to build and run."""
-    spec = DecoderOnlySpec(family=model.spec.family, max_position_embeddings=2048)
-    if model.spec.family == "gemma3_text":
-        spec = replace(spec, sliding_window=1024)
+    # A real window (only Gemma 3 reads it): the tiny model's 8 positions would make every prompt cross it.
+    spec = DecoderOnlySpec(family=model.spec.family, max_position_embeddings=2048, sliding_window=1024)
     return replace(model, name=f"{model.name}-quick", spec=spec)
 
 

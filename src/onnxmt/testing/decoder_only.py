@@ -235,6 +235,11 @@ GEMMA_IMAGE_TOKENS = ("<start_of_image>", "<end_of_image>")
 GEMMA_IMAGE_SOFT_TOKEN = "<image_soft_token>"  # the last id, as in Gemma 3's vocabulary (262144)
 
 
+# The test-model family of each real architecture the benchmarks build at full size (benchmarks/decoder_models.py):
+# a family is named in its own modules only (tests/architectures/test_registry.py).
+BENCHMARK_FAMILIES = {"hy-mt1.5-1.8b": "hy_mt", "qwen3-1.7b": "qwen3", "translategemma-4b": "gemma3_text"}
+
+
 @dataclass(frozen=True, kw_only=True)
 class DecoderOnlySpec:
     """A tiny random decoder-only translator; `family`: "hy_mt" (HY-MT1.5-1.8B), "hy_mt_7b" (HY-MT1.5-7B's
