@@ -29,8 +29,6 @@ INPUT_FILE = "flores200/devtest.eng_Latn"
 PROMPT_LENGTHS = (100, 500)
 BATCH = 8
 # The rows the targets compare: onnxmt int4 against these, int8 against those.
-INT4_RIVALS = ("llama-q4_0", "llama-q4_k_m", "ortgenai-int4")
-INT8_RIVALS = ("llama-q8_0", "ct2-int8", "ortgenai-int8")
 
 
 def prompt_ids(model_dir: Path, texts: list[str], source: str, target: str) -> dict[str, Any]:

@@ -6,6 +6,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# The engines each onnxmt decoder-only row is compared with (its bit width's).
+INT4_RIVALS = ("llama-q4_0", "llama-q4_k_m", "ortgenai-int4")
+INT8_RIVALS = ("llama-q8_0", "ct2-int8", "ortgenai-int8")
+
 MB = 1024 * 1024
 
 
@@ -315,8 +319,6 @@ def decoder_chart(result: dict[str, Any], path: Path) -> None:
 def write_decoder(result: dict[str, Any], stem: Path) -> None:
     """Print the decoder-only tables; write <stem>.json, .md and .png."""
     import json
-
-    from decoder_bench import INT4_RIVALS, INT8_RIVALS
 
     stem.parent.mkdir(parents=True, exist_ok=True)
     m = result["machine"]
