@@ -201,7 +201,7 @@ def test_beam_widths_share_the_time_by_request() -> None:
     assert greedy_time / (greedy_time + beam_time) == pytest.approx(1 / 3, abs=0.03)
 
 
-def test_a_width_that_starts_has_no_credit_saved() -> None:
+def test_a_width_that_starts_has_one_turn_of_credit_and_none_saved() -> None:
     s = Scheduler(BatchLimits(max_texts=32))
     for _ in range(100):
         s.stepped(s.next_width([4]), 0.05, 1)
@@ -210,7 +210,23 @@ def test_a_width_that_starts_has_no_credit_saved() -> None:
         width = s.next_width([1, 4])
         picks.append(width)
         s.stepped(width, 0.05, 1)
-    assert picks.count(1) == 5  # alternates from the start, instead of greedy steps only for 5 s of saved credit
+    # One turn owed (what the running request got from one step), then they alternate; not greedy steps only for
+    # the 5 s of credit the idle greedy width would have saved.
+    assert picks == [1, 1, 4, 1, 4, 1, 4, 1, 4, 1]
+
+
+def test_a_one_text_request_beside_a_long_beam_batch_takes_its_turn_at_once() -> None:
+    """A greedy request that starts beside a 128-row beam batch of three requests (a step of 90 ms, 30 ms to each)
+    takes 30 ms of its 7 ms steps before the beam batch steps again, then shares the time by request."""
+    s = Scheduler(BatchLimits(max_texts=32))
+    for _ in range(20):
+        s.stepped(s.next_width([4]), 0.09, 3)
+    picks = []
+    for _ in range(12):
+        width = s.next_width([1, 4])
+        picks.append(width)
+        s.stepped(width, {1: 0.007, 4: 0.09}[width], {1: 1, 4: 3}[width])
+    assert picks == [1, 1, 1, 1, 1, 4, 1, 1, 1, 1, 4, 1]
 
 
 def test_a_full_batch_of_one_text_requests_takes_no_reserved_place() -> None:

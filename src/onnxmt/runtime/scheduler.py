@@ -20,7 +20,8 @@ Fairness is a property of admission:
   least progress: the least work lost) leaves and waits again at the front of its request. Its translation is
   computed again from the start, and is the same (a row's results do not depend on its batch).
 - Beam widths run in separate batches (one decoder call holds one width) and share the time by request: each
-  width's step time is charged to it divided by the requests it runs, and the width charged least steps next.
+  width's step time is charged to it divided by the requests it runs, and the width charged least steps next; a
+  width that starts is owed one turn (what each running request got from one step), none saved from idle time.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class Scheduler:
         self.texts = 0  # texts running
         self.cost = 0  # their tokens x beams
         self._charged: dict[int, float] = {}  # beam width -> seconds charged
+        self._turn: dict[int, float] = {}  # beam width -> what its last step charged each of its requests
 
     def add(self, request: Request) -> None:
         self.requests.append(request)
@@ -207,16 +209,22 @@ class Scheduler:
 
     def next_width(self, widths: Iterable[int]) -> int:
         """Which beam width's batch steps next, of `widths` (those with rows): the one charged least. A width that
-        starts is charged as the least charged running one, so that it has no credit saved from idle time."""
+        starts is charged as the least charged running one less one turn (the most a running width's last step
+        charged each of its requests): a request that arrives is owed what each running request got from one step,
+        so that a one-text request beside a long beam batch takes its first steps at once, but it has no credit
+        saved from idle time."""
         widths = list(widths)
         floor = min((self._charged[w] for w in widths if w in self._charged), default=0.0)
+        turn = max((self._turn.get(w, 0.0) for w in widths if w in self._charged), default=0.0)
         for w in widths:
-            self._charged[w] = max(self._charged.get(w, floor), floor)
+            self._charged[w] = max(self._charged.get(w, floor - turn), floor - turn)
         for w in list(self._charged):
             if w not in widths:
                 del self._charged[w]
+                self._turn.pop(w, None)
         return min(widths, key=lambda w: (self._charged[w], w))
 
     def stepped(self, width: int, seconds: float, requests: int) -> None:
         """Charge a step of `width` that took `seconds` for `requests` requests."""
-        self._charged[width] = self._charged.get(width, 0.0) + seconds / max(requests, 1)
+        self._turn[width] = seconds / max(requests, 1)
+        self._charged[width] = self._charged.get(width, 0.0) + self._turn[width]
