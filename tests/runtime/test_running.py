@@ -259,19 +259,18 @@ def test_old_decoders_are_refused(tiny_concat_onnx_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("beams", [1, 3])
-def test_a_refilled_batch_translates_as_fixed_batches_within_the_limits(
-    tiny_multi_onnx_dir: Path, beams: int, monkeypatch: pytest.MonkeyPatch
+def test_the_librarys_running_batch_translates_as_alone_within_the_limits(
+    hy_mt_onnx_dir: Path, beams: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`generate(refill=True)`: one running batch the next texts join as others finish, never more than
-    batch_size texts nor more than max_batch_cost running; the same translations as sorted fixed batches (fp32);
-    a text cancelled before its turn is never started."""
-    translator = Translator(tiny_multi_onnx_dir)
-    targets = ["cmn_Hans", "yue_Hant", "cmn_Hant"]
-    texts = ENGLISH[:18]
+    """`generate` of a decoder-only model (the library's path through the scheduler and the running batch): the
+    next texts join as others finish, never more than batch_size texts nor more than max_batch_cost running; each
+    text's translation the same as alone (fp32); a text cancelled before its turn is never started."""
+    translator = Translator(hy_mt_onnx_dir)
+    texts = ENGLISH[:10]
     prepared = translator.prepare(
-        texts, beams=beams, max_new_tokens=14, target_lang=[targets[i % 3] for i in range(len(texts))]
+        texts, beams=beams, max_new_tokens=10, source_lang="en", target_lang=["zh", "fr"] * (len(texts) // 2)
     )
-    fixed = {e.index: e.translation for e in translator.generate(prepared, batch_size=4) if e.translation}
+    alone = {i: next(e.translation for e in translator.generate([p]) if e.translation) for i, p in enumerate(prepared)}
     running: list[int] = []
     step = RunningBatch.step
 
@@ -283,15 +282,15 @@ def test_a_refilled_batch_translates_as_fixed_batches_within_the_limits(
     gone = CancelToken()
     gone.cancel()
     cancel = [gone if i == 7 else None for i in range(len(texts))]
-    events = list(translator.generate(prepared, batch_size=4, refill=True, cancel=cancel))
-    refilled = {e.index: e.translation for e in events if e.translation}
-    assert sorted(refilled) == list(range(len(texts)))
-    assert refilled[7].cancelled and refilled[7].token_ids == []
+    events = list(translator.generate(prepared, batch_size=4, cancel=cancel))
+    together = {e.index: e.translation for e in events if e.translation}
+    assert sorted(together) == list(range(len(texts)))
+    assert together[7].cancelled and together[7].token_ids == []
     for i in set(range(len(texts))) - {7}:
-        assert refilled[i].token_ids == fixed[i].token_ids, i
-    assert max(running) == 4 and len(running) < sum(len(t.token_ids) for t in fixed.values())  # shared steps
+        assert together[i].token_ids == alone[i].token_ids, i
+    assert max(running) == 4 and len(running) < sum(len(t.token_ids) for t in alone.values())  # shared steps
     # A cost budget of twice the cheapest text: never three running (a text alone always fits).
     running.clear()
     budget = 2 * min(p.cost for p in prepared)
-    list(translator.generate(prepared, batch_size=16, max_batch_cost=budget, refill=True))
+    list(translator.generate(prepared, batch_size=16, max_batch_cost=budget))
     assert 1 <= max(running) <= 2

@@ -344,15 +344,16 @@ class Translator:
         batch_size: int | None = None,
         max_batch_cost: int | None = None,
         in_order: bool = False,
-        refill: bool = False,
     ) -> Generator[Event, None, None]:
         """The decoding of prepared texts, step by step: an `Event` with each new token of a text (greedy search;
         beam search knows its best hypothesis only at the end) and one with its `Translation` when it is done.
         Texts run in decoder batches of at most `batch_size` texts and `max_batch_cost` tokens x beams (default:
         this translator's DecodeOptions), sorted by length so that padding stays small, or, `in_order`, of
-        consecutive texts with the first alone, so that the first text comes soonest (streams). `refill`
-        (decoders of format 4): one running batch, the next texts by length joining as others finish, within the
-        same limits (runtime/running.py). Closing the iterator stops the batch running at its next step."""
+        consecutive texts with the first alone, so that the first text comes soonest (streams). A decoder-only
+        model's texts run in running batches that the scheduler fills (its rows start at their prompts' lengths).
+        Encoder-decoders keep sorted fixed batches offline: one running batch refilled as texts finish measured
+        0.82-1.04x their speed (docs/benchmarks.md). Closing the iterator stops the batch running at its next
+        step."""
         tokens = _tokens(cancel, len(prepared)) or [None] * len(prepared)
         todo = []
         for i, item in enumerate(prepared):
@@ -361,8 +362,7 @@ class Translator:
             else:
                 todo.append(i)
         batching = self._batching({"batch_size": batch_size, "max_batch_cost": max_batch_cost})
-        # A decoder-only model's texts always run in a running batch: its rows start at their prompts' lengths.
-        if self.graphs.decoder_only or (refill and self.capabilities.in_flight and not in_order):
+        if self.graphs.decoder_only:
             yield from self._running(prepared, todo, tokens, **batching)
             return
         for batch in _batches(prepared, todo, in_order=in_order, **batching):
