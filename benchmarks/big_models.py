@@ -1,9 +1,16 @@
 """Peak resident memory of each step that takes a large model from its checkpoint to a served directory: export,
-quantize (int8, per-row int8, int4) and validate, against the bytes of its fp32 weights.
+quantize (int8, per-row int8, int4) and validate, against the bytes of its fp32 weights; and the service's memory
+at rest with the int4 directory loaded, against its files on disk.
 
     python benchmarks/big_models.py --model nllb-200-3.3B
     python benchmarks/big_models.py --model nllb-200-distilled-600M --steps export,int8,validate
-    (steps: export, int8, int8-rows, int4, validate, export-int8 = `export --quantize int8`)
+    python benchmarks/big_models.py --model qwen3-1.7b --steps export,int8,int4,validate,serve
+    (steps: export, int8, int8-rows, int4, validate, export-int8 = `export --quantize int8`, serve)
+
+The decoder-only models (hy-mt1.5-1.8b, qwen3-1.7b, translategemma-4b) are decoder_models.py's, their sources
+shared with `bench.py --model NAME` (in --decoder-cache). `serve`: `onnxmt serve` on the int4 directory (the int4
+step's), its RSS once ready ("at rest") and after one translation and a second of rest, against the bytes of the
+directory's files.
 
 The model is a random one with the real architecture (benchmarks/models.py's specs, built once into
 benchmarks/.cache/). Each step runs `onnxmt` in a fresh child process; its peak RSS is the kernel's (wait4's
@@ -24,10 +31,14 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import httpx
+
+import decoder_models
 import models
+from load import free_port
 from machine import describe as describe_machine
 from onnxmt.testing import (
     MADLAD_400_3B,
@@ -46,12 +57,26 @@ MODELS = {
     "nllb-200-3.3B": NLLB_200_3_3B,
     "madlad400-3b-mt": MADLAD_400_3B,
 }
+DECODER_ONLY = {
+    m.name: m for m in (decoder_models.HY_MT_1_8B, decoder_models.QWEN3_1_7B, decoder_models.TRANSLATEGEMMA_4B)
+}
 # Step -> the targets of "Big models on a 24 GB machine", as a multiple of the fp32 weight bytes (validate: of its
 # larger side, each side's peak measured alone by validate_sides.py).
-TARGETS = {"export": 1.25, "int8": 0.5, "int8-rows": 0.5, "int4": 0.5, "validate": 1.1, "export-int8": 1.25}
+# serve: of the int4 directory's files.
+TARGETS = {
+    "export": 1.25,
+    "int8": 0.5,
+    "int8-rows": 0.5,
+    "int4": 0.5,
+    "validate": 1.1,
+    "export-int8": 1.25,
+    "serve": 1.2,
+}
 STEPS = tuple(TARGETS)
 TARGETS_LANG = {"madlad400-3b-mt": ["--target-lang", "zh"], "nllb-200-3.3B": ["--target-lang", "zho_Hans"]}
 TARGETS_LANG["nllb-200-1.3B"] = TARGETS_LANG["nllb-200-distilled-600M"] = TARGETS_LANG["nllb-200-3.3B"]
+for _m in DECODER_ONLY.values():
+    TARGETS_LANG[_m.name] = ["--source-lang", _m.source_lang, "--target-lang", _m.target_lang]
 VALIDATE_TEXTS = [
     "The river is long and the mountain is high.",
     "Where is the doctor?",
@@ -102,13 +127,66 @@ def build(model: str, directory: str) -> None:
     build_random_model(Path(directory), MODELS[model])
 
 
+def source_model(model: str, decoder_cache: Path) -> Path:
+    """The model's random checkpoint, built once (in a child: Linux carries a parent's peak RSS over to the
+    children it forks, ru_maxrss, and the build holds the whole model)."""
+    if model in DECODER_ONLY:
+        spec = DECODER_ONLY[model].spec
+        key = {"spec": asdict(spec), "builder": models._hash_files(REPO / "src" / "onnxmt" / "testing")}
+        out = decoder_cache / model / "hf"  # bench.py --model's source
+        return models.cached(out, key, lambda o: models.in_child(decoder_models.build_hf, o, spec), print)
+    source = CACHE / f"{model}-random" / "hf"  # the source bench.py's int8 rows of the same model use
+    if not (source / "config.json").is_file():
+        key = models.source_key(MODELS[model], None)
+        models.cached(source, key, lambda out: models.in_child(build, model, str(out)), print)
+    return source
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def served(model_dir: Path, translate: dict[str, str]) -> tuple[float, float, float]:
+    """`onnxmt serve MODEL_DIR` in a child: seconds to ready, its RSS in MB once ready and after one translation
+    (`translate`: the request's fields) and a second of rest."""
+    port = free_port()
+    command = [sys.executable, "-m", "onnxmt.cli", "serve", str(model_dir), "--port", str(port)]
+    print(f"== serve: {' '.join(command)}", flush=True)
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url, start = f"http://127.0.0.1:{port}", time.perf_counter()
+    try:
+        while True:
+            if child.poll() is not None:
+                raise SystemExit(f"onnxmt serve exited with {child.returncode}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        ready = time.perf_counter() - start
+        time.sleep(1)
+        at_rest = rss_mb(child.pid)
+        answer = httpx.post(f"{url}/translate", json={"q": "Where is the train station?", **translate}, timeout=600)
+        answer.raise_for_status()
+        time.sleep(1)
+        return ready, at_rest, rss_mb(child.pid)
+    finally:
+        child.terminate()
+        child.wait(60)
+
+
 def weight_bytes(model_dir: Path) -> int:
     return sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=sorted(MODELS), default="nllb-200-3.3B")
+    parser.add_argument("--model", choices=sorted(MODELS) + sorted(DECODER_ONLY), default="nllb-200-3.3B")
+    parser.add_argument("--decoder-cache", type=Path, default=Path("/work/bench-models"), help="decoder-only sources")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     parser.add_argument("--keep", action="store_true", help="keep the exported directories (disk: 2x the weights)")
     args = parser.parse_args()
@@ -117,13 +195,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown steps {sorted(unknown)}; choose from {', '.join(STEPS)}")
 
-    # The source bench.py's int8 rows of the same model use (any random model of the architecture will do here).
-    source = CACHE / f"{args.model}-random" / "hf"
-    if not (source / "config.json").is_file():
-        # In a child: Linux carries a parent's peak RSS over to the children it forks (ru_maxrss), and the
-        # build holds the whole model.
-        key = models.source_key(MODELS[args.model], None)
-        models.cached(source, key, lambda out: models.in_child(build, args.model, str(out)), print)
+    source = source_model(args.model, args.decoder_cache)
     weights = weight_bytes(source)
     work = CACHE / f"{args.model}-big"
     fp32 = work / "fp32"
@@ -159,6 +231,9 @@ def main() -> None:
     for name in STEPS:
         if name not in steps:
             continue
+        if name == "serve":
+            results.append(serve_step(work / "int4", args.model))
+            continue
         arguments = commands[name][len(onnxmt) + 1 :]
         sides = validate_sides(arguments, work / "reference-side") if name == "validate" else None
         print(f"== {name}: {' '.join(commands[name])}", flush=True)
@@ -174,6 +249,21 @@ def main() -> None:
     report(args.model, weights, results)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def serve_step(int4: Path, model: str) -> Step:
+    if not (int4 / "onnxmt.json").is_file():
+        raise SystemExit("the serve step serves the int4 step's directory: run it with --steps int4,serve (or --keep)")
+    files = sum(p.stat().st_size for p in int4.iterdir() if p.is_file())
+    languages = TARGETS_LANG.get(model, [])
+    fields = {"source": "auto", "target": "en"}
+    if languages:
+        pairs = dict(zip(languages[::2], languages[1::2], strict=True))
+        fields = {"source": pairs.get("--source-lang", "auto"), "target": pairs["--target-lang"].split("_")[0]}
+    ready, at_rest, after = served(int4, fields)
+    basis = f"the int4 files ({files / 2**20:,.0f} MB); at rest once ready {at_rest:,.0f} MB, after a request"
+    print(f"   ready in {ready:.0f} s; RSS at rest {at_rest:.0f} MB, after a request {after:.0f} MB", flush=True)
+    return Step("serve", round(ready, 1), round(after), round(after * 2**20 / files, 3), TARGETS["serve"], basis)
 
 
 def report(model: str, weights: int, results: list[Step]) -> None:

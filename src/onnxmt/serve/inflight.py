@@ -194,10 +194,11 @@ class InflightBatcher(Batcher):
         if decision:
             self._interrupt = True  # the inference thread ends its round: the scheduler has a change to make
         fitting = [(self._entries[id(job)], t) for r, t in decision.admit if r is request]
-        if fitting and self.scheduler.texts and not self._open_calls:
-            # It joins at the next step: sent alone now, if the encoder is idle, so that its call runs while the
-            # running rows step. (Into an idle batch, the loop admits and encodes at once; while the encoder is busy,
-            # it is encoded with the texts admitted or waiting beside it.)
+        if fitting and self.scheduler.texts:
+            # It joins at the next step: sent to the encoder now, so that its call runs while the running rows step
+            # (into an idle batch, the loop admits and encodes at once). While the encoder is busy, a one-text
+            # request's text joins a queued call of one-text requests that has not started (`_submit`), which runs
+            # before bigger requests' calls: under a flood they are still encoded in batches.
             self._encode(fitting, ahead=False)
         else:
             self._encode([])
@@ -340,8 +341,24 @@ class InflightBatcher(Batcher):
                 self._submit(group[start : start + size])
 
     def _submit(self, texts: list[tuple[_Entry, int]]) -> None:
-        """One encoder call for `texts`, queued for the encoder thread (`_run_call`)."""
+        """One encoder call for `texts`, queued for the encoder thread (`_run_call`); texts of one-text requests
+        join a queued call of such texts that has not started, if it has room (up to `max_texts`)."""
         loop = asyncio.get_running_loop()
+        if not self.translator.graphs.decoder_only and all(len(e.request.costs) == 1 for e, _ in texts):
+            with self._calls_lock:  # the encoder thread takes a call out of the queue before it starts it
+                pooled = (
+                    c
+                    for c in self._calls
+                    if c.work is None
+                    and len(c.texts) + len(texts) <= self.limits.max_texts
+                    and all(len(e.request.costs) == 1 for e, _ in c.texts)
+                )
+                call = next(pooled, None)
+                if call is not None:
+                    call.texts.extend(texts)  # the list its `encoded` callback reads too
+                    for entry, text in texts:
+                        entry.encoding[text] = call.future
+                    return
         left = sum(len(e.job.texts[e.todo[t]].ids) for e, t in texts) if self.translator.graphs.decoder_only else 0
         call = _Call(texts, Future(), left)
         work = call.future
