@@ -1,8 +1,8 @@
 """Peak resident memory of each step that takes a large model from its checkpoint to a served directory: export,
 quantize (int8, per-row int8, int4) and validate, against the bytes of its fp32 weights.
 
-    python benchmarks/big_models.py --model nllb-200-3.3B
-    python benchmarks/big_models.py --model nllb-200-distilled-600M --steps export,int8,validate
+    python benchmarks/bench.py big-models --model nllb-200-3.3B
+    python benchmarks/bench.py big-models --model nllb-200-distilled-600M --steps export,int8,validate
     (steps: export, int8, int8-rows, int4, validate, export-int8 = `export --quantize int8`)
 
 The model is a random one with the real architecture (benchmarks/models.py's specs, built once into
@@ -87,7 +87,7 @@ def run(command: list[str]) -> tuple[float, float]:
 def validate_sides(validate_args: list[str], state: Path) -> dict[str, float]:
     """The peak RSS in MB of each side of `onnxmt validate VALIDATE_ARGS`, each alone in a fresh process: PyTorch's
     (load, generate, teacher-forced logits) and ONNX Runtime's (load, translate, logits, report)."""
-    script = [sys.executable, str(Path(__file__).with_name("validate_sides.py"))]
+    script = [sys.executable, str(Path(__file__).with_name("bench.py")), "validate-sides"]
     sides = {}
     for side in ("reference", "onnx"):
         print(f"== validate, {side} side alone", flush=True)
@@ -106,12 +106,14 @@ def weight_bytes(model_dir: Path) -> int:
     return sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="bench.py big-models", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", choices=sorted(MODELS), default="nllb-200-3.3B")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     parser.add_argument("--keep", action="store_true", help="keep the exported directories (disk: 2x the weights)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     steps = args.steps.split(",")
     unknown = set(steps) - set(STEPS)
     if unknown:
@@ -206,7 +208,3 @@ def report(model: str, weights: int, results: list[Step]) -> None:
     (RESULTS / f"{model}.md").write_text(text, encoding="utf-8")
     data = {"model": model, "weight_bytes": weights, "machine": machine, "steps": [s.__dict__ for s in results]}
     (RESULTS / f"{model}.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
-if __name__ == "__main__":
-    main()

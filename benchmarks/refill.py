@@ -1,6 +1,6 @@
 """Long inputs offline: sorted fixed batches against one running batch refilled as texts finish.
 
-    python benchmarks/refill.py MODEL_DIR --target zh                 # greedy and beam 4, 3 interleaved rounds
+    python benchmarks/bench.py refill MODEL_DIR --target zh                 # greedy and beam 4, 3 interleaved rounds
 
 `Translator.generate` (and so `translate`, `translate_iter`) decodes in fixed batches of `--batch-size` texts
 sorted by source length: a batch runs until its longest text is done, its finished rows dropped, so it shrinks as
@@ -132,8 +132,10 @@ def timed(translator: Translator, texts: list[str], refill: bool, **decoding: An
     return seconds, [outputs[i] for i in range(len(texts))]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="bench.py refill", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("model_dir", type=Path)
     p.add_argument("--texts", type=int, default=256)
     p.add_argument("--tokens", type=int, default=32, help="new tokens per text, uniform workload")
@@ -145,7 +147,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--name", default=None)
     p.add_argument("--out", type=Path, default=HERE / "results")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     runtime = RuntimeOptions(threads=args.threads)
     batching = DecodeOptions(batch_size=args.batch_size)
     texts = sentences(args.texts, "en")
@@ -205,7 +207,3 @@ def main() -> None:
             f"{r['same_tokens']}/{len(texts)} |"
         )
     print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()

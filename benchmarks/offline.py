@@ -4,10 +4,11 @@
     python benchmarks/bench.py --quick     # tiny model, 2 sentences, seconds: checks the harness still works
     python benchmarks/bench.py --model nllb-200-distilled-600M   # NLLB-200's architecture (eng_Latn -> zho_Hans)
     python benchmarks/bench.py --model nllb-200-1.3B             # NLLB-200-1.3B's (24+24 layers, 5.5 GB in fp32)
-    python benchmarks/bench.py --model nllb-200-3.3B --sentences 16 --latency-sentences 6 --tokens 20 \
+    python benchmarks/bench.py --model nllb-200-3.3B --sentences 16 --latency-sentences 6 --tokens 20 \\
         --repeats 1 --rounds 2 --batch-sizes 8   # a 3B model: int8 rows only (onnxmt and CTranslate2), ~1 h
-    python benchmarks/bench.py --model hy-mt1.5-1.8b --rounds 3   # decoder-only: onnxmt beside llama.cpp,
-        # onnxruntime-genai, CTranslate2 and transformers (decoder_bench.py; also qwen3-1.7b, translategemma-4b)
+
+`bench.py offline`, the harness's default command (`bench.py --model X` is `bench.py offline --model X`).
+Decoder-only models (HY-MT, Qwen3, TranslateGemma) have their own: `bench.py decoder` (decoder_bench.py).
 
 Builds (once, cached) a random model with the chosen architecture and its conversions, runs every engine
 available here through benchmarks/worker.py, prints a Markdown table with ratios to onnxmt and writes
@@ -20,18 +21,16 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import decoder_models
 import machine
 import models
 import report
+import worker
 
 HERE = Path(__file__).resolve().parent
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -104,7 +103,7 @@ def _child_env(engine: Engine, threads: int) -> dict[str, str]:
 
 
 def run_engine(engine: Engine, config: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run worker.py for `engine` in a fresh process; the engine's entry for the result JSON."""
+    """worker.py for `engine` in a fresh process; the engine's entry for the result JSON."""
     entry: dict[str, Any] = {
         "name": engine.name,
         "label": engine.label,
@@ -114,22 +113,9 @@ def run_engine(engine: Engine, config: dict[str, Any], timeout: float) -> dict[s
         ),
         "status": "ok",
     }
-    with tempfile.TemporaryDirectory(prefix="onnxmt-bench-") as tmp:
-        cfg_path, result_path = Path(tmp) / "config.json", Path(tmp) / "result.json"
-        command = [str(engine.python), str(HERE / "worker.py"), str(cfg_path), str(result_path)]
-        cfg = {**config, **engine.options, "engine": engine.kind, "model_dir": str(engine.model_dir)}
-        cfg["t0"] = time.time()  # cold start counts from here: process creation, imports, loading, first batch
-        cfg_path.write_text(json.dumps(cfg), encoding="utf-8")
-        try:
-            proc = subprocess.run(
-                command, env=_child_env(engine, config["threads"]), capture_output=True, text=True, timeout=timeout
-            )
-        except subprocess.TimeoutExpired:
-            return {**entry, "status": "failed", "error": f"timed out after {timeout:.0f} s"}
-        if proc.returncode != 0 or not result_path.is_file():
-            return {**entry, "status": "failed", "error": proc.stderr.strip()[-2000:]}
-        entry["result"] = json.loads(result_path.read_text(encoding="utf-8"))
-    return entry
+    cfg = {**config, **engine.options, "engine": engine.kind, "model_dir": str(engine.model_dir)}
+    env = _child_env(engine, config["threads"])
+    return {**entry, **worker.launch(HERE / "worker.py", engine.python, cfg, env, timeout)}
 
 
 def merge_rounds(entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -181,11 +167,25 @@ def same_outputs(ref: list[list[int]], out: list[list[int]], n: int) -> int:
     return sum(a[: n - 1] == b[: n - 1] for a, b in zip(ref, out, strict=True))
 
 
+def _seq2seq_model(name: str) -> str:
+    """--model's value: an encoder-decoder architecture; a decoder-only one is `bench.py decoder`'s."""
+    if name in models.MODELS:
+        return name
+    import decoder_models
+
+    if name in decoder_models.DECODER_MODELS:
+        raise argparse.ArgumentTypeError(f"{name} is decoder-only: python benchmarks/bench.py decoder --model {name}")
+    raise argparse.ArgumentTypeError(f"{name!r}: choose from {', '.join(sorted(models.MODELS))}")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="bench.py offline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument(
         "--model",
-        choices=sorted(models.MODELS) + sorted(decoder_models.DECODER_MODELS),
+        type=_seq2seq_model,
+        metavar="{" + ",".join(sorted(models.MODELS)) + "}",
         default="opus-mt-en-zh",
         help="whose architecture the random model has (default opus-mt-en-zh)",
     )
@@ -224,29 +224,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("ONNXMT_BENCH_CACHE") or HERE / ".cache"))
     p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (flores200/, tatoeba/)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per engine process")
-    d = p.add_argument_group("decoder-only models (hy-mt1.5-1.8b, qwen3-1.7b, translategemma-4b)")
-    d.add_argument("--layers", type=int, help="the architecture with fewer layers: a smoke run of the harness")
-    d.add_argument(
-        "--int4", default="32:4,32:0", help="onnxmt int4 rows, BLOCK:ACCURACY_LEVEL pairs (default 32:4,32:0)"
-    )
-    d.add_argument(
-        "--bench-python",
-        type=Path,
-        default=Path("/work/bench-venv/bin/python"),
-        help="the other engines' venv's interpreter (llama-cpp-python, onnxruntime-genai, CTranslate2, torch)",
-    )
-    d.add_argument(
-        "--llama-cpp", type=Path, help="llama.cpp source tree, its build/bin holding llama-quantize, -server"
-    )
-    d.add_argument("--decoder-cache", type=Path, default=Path("/work/bench-models"), help="where the models go")
-    d.add_argument("--served", action=argparse.BooleanOptionalAction, default=True, help="the served column")
-    d.add_argument("--clients", type=int, default=8, help="concurrent clients of the served column")
-    d.add_argument("--serve-requests", type=int, default=2, help="requests each client sends")
     args = p.parse_args(argv)
-    if args.model in decoder_models.DECODER_MODELS:
-        args.tokens = args.tokens or (4 if args.quick else 32)
-        args.repeats = args.repeats or (1 if args.quick else 3)
-        return args
     extras = []
     for extra in args.onnxmt:
         name, sep, directory = extra.partition("=")
@@ -271,10 +249,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     mode = "quick" if args.quick else "full"
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
-    if args.model in decoder_models.DECODER_MODELS:
-        import decoder_bench
-
-        return decoder_bench.main(args, log)
     info = machine.describe()
     if info["load_average"][0] > 0.5:
         log(f"warning: load average {info['load_average'][0]:.2f} before the run; figures will be noisy")
@@ -388,7 +362,3 @@ def write(result: dict[str, Any], stem: Path) -> None:
         report.chart(result, stem.with_suffix(".png"))
     except ImportError:
         print("no chart: pip install matplotlib (or onnxmt[bench])", file=sys.stderr)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
