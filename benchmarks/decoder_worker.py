@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from worker import peak_rss_mb, run_from_argv, status_mb, versions
+from worker import peak_rss_mb, pytorch, run_from_argv, status_mb, versions
 
 # Greedy tokens for a batch of prompts (equal lengths in every call the worker makes): exactly n per prompt.
 Generate = Callable[[Sequence[Sequence[int]], int], list[list[int]]]
@@ -175,12 +175,9 @@ def load_ctranslate2(cfg: dict[str, Any]) -> Generate:
 
 
 def load_transformers(cfg: dict[str, Any]) -> Generate:
-    import torch
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(cfg["threads"])
-    torch.set_num_interop_threads(1)
-    torch.set_grad_enabled(False)
+    torch = pytorch(cfg["threads"])
     model = AutoModelForCausalLM.from_pretrained(cfg["path"], dtype=torch.float32).eval()
 
     def generate(prompts: Sequence[Sequence[int]], n: int) -> list[list[int]]:

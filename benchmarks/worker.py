@@ -153,13 +153,20 @@ def _task_prefix(model_dir: Path, target: str | None) -> str | None:
     return None
 
 
-def load_transformers(cfg: dict[str, Any]) -> TranslateFn:
+def pytorch(threads: int) -> Any:
+    """torch on `threads` intra-op threads and one inter-op thread, without gradients: every transformers row's."""
     import torch
-    from transformers import AutoModelForSeq2SeqLM
 
-    torch.set_num_threads(cfg["threads"])
+    torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
     torch.set_grad_enabled(False)
+    return torch
+
+
+def load_transformers(cfg: dict[str, Any]) -> TranslateFn:
+    from transformers import AutoModelForSeq2SeqLM
+
+    torch = pytorch(cfg["threads"])
     # float32 whatever the checkpoint's dtype (opus-mt-tc-big ships float16; transformers 5 would load it so).
     model = AutoModelForSeq2SeqLM.from_pretrained(cfg["model_dir"], dtype=torch.float32).eval()
     return _hf_generate(model, cfg)
