@@ -33,7 +33,6 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 INPUT_FILE = "flores200/devtest.eng_Latn"
 PROMPT_LENGTHS = (100, 500)
 BATCH = 8
-# The rows the targets compare: onnxmt int4 against these, int8 against those.
 
 
 def prompt_ids(model_dir: Path, texts: list[str], source: str, target: str) -> dict[str, Any]:
