@@ -70,6 +70,17 @@ def test_count_refuses_runs_that_stopped_early() -> None:
 
 
 @pytest.mark.timeout(300)
+def test_decoder_with_rounds_0_builds_its_rows_only(tmp_path: Path) -> None:
+    # bench.py decoder's own flags reach its build: the family's tiny test model and onnxmt's export of it, no run.
+    command = [*BENCH, "decoder", "--model", "qwen3-1.7b", "--quick", "--rounds", "0", "--engines", "onnxmt-fp32"]
+    command += ["--decoder-cache", str(tmp_path), "--bench-python", str(tmp_path / "no-venv" / "python")]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "built: onnxmt-fp32;" in done.stderr
+    assert len(list(tmp_path.glob("*/onnxmt-fp32/onnxmt.json"))) == 1
+
+
+@pytest.mark.timeout(300)
 def test_quick_run_writes_table_json_and_chart(tmp_path: Path) -> None:
     data = shared_data("flores200").parent
     proc = subprocess.run(
