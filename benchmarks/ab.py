@@ -1,6 +1,6 @@
 """Two versions of onnxmt's run side, side by side in one run: how much did a change buy?
 
-    python benchmarks/ab.py HEAD~1 HEAD MODEL_DIR [MODEL_DIR ...]
+    python benchmarks/bench.py ab HEAD~1 HEAD MODEL_DIR [MODEL_DIR ...]
 
 Each git ref's `src/` is extracted to a temporary folder and runs in its own fresh process on the same model
 directories and inputs (FLORES devtest, decoding forced to --tokens new tokens, 2 threads), alternating A and B for
@@ -70,8 +70,10 @@ def _unit(key: str) -> str:
     return "MB" if key == "peak MB" else "ms" if key.endswith("bs1") else "tok/s"
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="bench.py ab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("ref_a")
     p.add_argument("ref_b")
     p.add_argument("models", nargs="+")
@@ -83,7 +85,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=HERE / "results" / "ab.json")
     p.add_argument("--source-lang", help="for models that need it (NLLB: eng_Latn)")
     p.add_argument("--target-lang", help="for multi-target models (NLLB: zho_Hans)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not args.data.is_file():
         print(f"error: {args.data} not found; pass --data", file=sys.stderr)
         return 2
@@ -107,7 +109,3 @@ def main() -> int:
     rows = [{"ref": ref, "model": model, **values} for (ref, model), values in best.items()]
     args.out.write_text(json.dumps({"tokens": args.tokens, "threads": args.threads, "rows": rows}, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

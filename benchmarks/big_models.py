@@ -2,15 +2,15 @@
 quantize (int8, per-row int8, int4) and validate, against the bytes of its fp32 weights; and the service's memory
 at rest with the int4 directory loaded, against its files on disk.
 
-    python benchmarks/big_models.py --model nllb-200-3.3B
-    python benchmarks/big_models.py --model nllb-200-distilled-600M --steps export,int8,validate
-    python benchmarks/big_models.py --model qwen3-1.7b --steps export,int8,int4,validate,serve
+    python benchmarks/bench.py big-models --model nllb-200-3.3B
+    python benchmarks/bench.py big-models --model nllb-200-distilled-600M --steps export,int8,validate
+    python benchmarks/bench.py big-models --model qwen3-1.7b --steps export,int8,int4,validate,serve
     (steps: export, int8, int8-rows, int4, validate, export-int8 = `export --quantize int8`, serve)
 
 The decoder-only models (hy-mt1.5-1.8b, qwen3-1.7b, translategemma-4b) are decoder_models.py's, their sources
-shared with `bench.py --model NAME` (in --decoder-cache). `serve`: `onnxmt serve` on the int4 directory (the int4
-step's), its RSS once ready ("at rest") and after one translation and a second of rest, against the bytes of the
-directory's files.
+shared with `bench.py decoder --model NAME` (in --decoder-cache). `serve`: `onnxmt serve` on the int4 directory
+(the int4 step's), its RSS once ready ("at rest") and after one translation and a second of rest, against the
+bytes of the directory's files.
 
 The model is a random one with the real architecture (benchmarks/models.py's specs, built once into
 benchmarks/.cache/). Each step runs `onnxmt` in a fresh child process; its peak RSS is the kernel's (wait4's
@@ -112,7 +112,7 @@ def run(command: list[str]) -> tuple[float, float]:
 def validate_sides(validate_args: list[str], state: Path) -> dict[str, float]:
     """The peak RSS in MB of each side of `onnxmt validate VALIDATE_ARGS`, each alone in a fresh process: PyTorch's
     (load, generate, teacher-forced logits) and ONNX Runtime's (load, translate, logits, report)."""
-    script = [sys.executable, str(Path(__file__).with_name("validate_sides.py"))]
+    script = [sys.executable, str(Path(__file__).with_name("bench.py")), "validate-sides"]
     sides = {}
     for side in ("reference", "onnx"):
         print(f"== validate, {side} side alone", flush=True)
@@ -183,13 +183,15 @@ def weight_bytes(model_dir: Path) -> int:
     return sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="bench.py big-models", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", choices=sorted(MODELS) + sorted(DECODER_ONLY), default="nllb-200-3.3B")
     parser.add_argument("--decoder-cache", type=Path, default=Path("/work/bench-models"), help="decoder-only sources")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     parser.add_argument("--keep", action="store_true", help="keep the exported directories (disk: 2x the weights)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     steps = args.steps.split(",")
     unknown = set(steps) - set(STEPS)
     if unknown:
@@ -296,7 +298,3 @@ def report(model: str, weights: int, results: list[Step]) -> None:
     (RESULTS / f"{model}.md").write_text(text, encoding="utf-8")
     data = {"model": model, "weight_bytes": weights, "machine": machine, "steps": [s.__dict__ for s in results]}
     (RESULTS / f"{model}.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
-if __name__ == "__main__":
-    main()

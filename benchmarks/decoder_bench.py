@@ -1,20 +1,24 @@
-"""bench.py's decoder-only part (`--model hy-mt1.5-1.8b | qwen3-1.7b | translategemma-4b`): onnxmt beside
-llama.cpp, onnxruntime-genai, CTranslate2 and transformers on a random model with the real architecture.
+"""`bench.py decoder`: onnxmt beside llama.cpp, onnxruntime-genai, CTranslate2 and transformers on a random
+decoder-only model with the real architecture (HY-MT1.5-1.8B, Qwen3-1.7B, TranslateGemma-4B).
+
+    python benchmarks/bench.py decoder --model hy-mt1.5-1.8b --rounds 3 --llama-cpp LLAMA_CPP_DIR
+    python benchmarks/bench.py decoder --model qwen3-1.7b --layers 4 --rounds 1   # a smoke run
+    python benchmarks/bench.py decoder --model translategemma-4b --rounds 0       # build only
 
 Every row runs in a fresh process (decoder_worker.py) per round, rounds interleaved (A B C, A B C, ...); each
 figure is the median of the rounds'. The served column starts `onnxmt serve` or `llama-server --parallel 8` and
 sends the same prompts from 8 concurrent clients (decoder_serve.py). The floor: the bytes a batch-1 step reads
 (the weights of the row's bit width, from onnxmt's graphs: every layer and the head; the embedding is a gather of
-one row) over the memory bandwidth measured in the same run (machine.bandwidth). See docs/benchmarks.md.
+one row) over the memory bandwidth measured in the same run (machine.bandwidth). See benchmarks/README.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
-import subprocess
-import tempfile
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,13 +26,13 @@ from typing import Any
 import decoder_models as dm
 import machine
 import models
+import worker
 
 HERE = Path(__file__).resolve().parent
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 INPUT_FILE = "flores200/devtest.eng_Latn"
 PROMPT_LENGTHS = (100, 500)
 BATCH = 8
-# The rows the issue's targets compare: onnxmt int4 against these, int8 against those.
 
 
 def prompt_ids(model_dir: Path, texts: list[str], source: str, target: str) -> dict[str, Any]:
@@ -82,19 +86,8 @@ def run_row(variant: dm.Variant, tools: dm.Tools, config: dict[str, Any], timeou
     threads = str(config["threads"])
     env |= {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
     env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    with tempfile.TemporaryDirectory(prefix="onnxmt-bench-") as tmp:
-        cfg_path, result_path = Path(tmp) / "config.json", Path(tmp) / "result.json"
-        cfg = {**config, **variant.options, "engine": variant.kind, "path": str(path), "t0": time.time()}
-        cfg_path.write_text(json.dumps(cfg), encoding="utf-8")
-        command = [str(python), str(HERE / "decoder_worker.py"), str(cfg_path), str(result_path)]
-        try:
-            proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {**entry, "status": "failed", "error": f"timed out after {timeout:.0f} s"}
-        if proc.returncode != 0 or not result_path.is_file():
-            return {**entry, "status": "failed", "error": proc.stderr.strip()[-2000:]}
-        entry["result"] = json.loads(result_path.read_text(encoding="utf-8"))
-    return entry
+    cfg = {**config, **variant.options, "engine": variant.kind, "path": str(path)}
+    return {**entry, **worker.launch(HERE / "decoder_worker.py", python, cfg, env, timeout)}
 
 
 MEDIAN_KEYS = ("cold_start_s", "load_s", "peak_rss_mb", "rss_mb", "first_token_ms", "decode_ms_per_token")
@@ -186,9 +179,47 @@ def build_records(variants: list[dm.Variant]) -> dict[str, Any]:
     return records
 
 
-def main(args: Any, log: Any) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench.py decoder", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", choices=sorted(dm.DECODER_MODELS), required=True, help="whose architecture")
+    p.add_argument("--quick", action="store_true", help="the family's tiny test model, 4 tokens, 1 repeat")
+    p.add_argument("--layers", type=int, help="the architecture with fewer layers: a smoke run of the harness")
+    p.add_argument("--tokens", type=int, help="new tokens forced per prompt (default 32; quick 4)")
+    p.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
+    p.add_argument("--repeats", type=int, help="runs per figure (default 3; quick 1)")
+    p.add_argument("--rounds", type=int, default=1, help="every row this many times, interleaved; 0: build only")
+    p.add_argument("--engines", help="comma-separated row names to run (default: all available)")
+    p.add_argument("--int4", default="32:4,32:0", help="onnxmt int4 rows, BLOCK:ACCURACY_LEVEL pairs")
+    p.add_argument(
+        "--bench-python",
+        type=Path,
+        default=Path("/work/bench-venv/bin/python"),
+        help="the other engines' venv's interpreter (llama-cpp-python, onnxruntime-genai, CTranslate2, torch)",
+    )
+    p.add_argument(
+        "--llama-cpp", type=Path, help="llama.cpp source tree, its build/bin holding llama-quantize, -server"
+    )
+    p.add_argument("--decoder-cache", type=Path, default=Path("/work/bench-models"), help="where the models go")
+    p.add_argument("--served", action=argparse.BooleanOptionalAction, default=True, help="the served column")
+    p.add_argument("--clients", type=int, default=8, help="concurrent clients of the served column")
+    p.add_argument("--serve-requests", type=int, default=2, help="requests each client sends")
+    p.add_argument("--out", type=Path, default=HERE / "results", help="where <model>.json/.md go")
+    p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (flores200/)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per row's process")
+    args = p.parse_args(argv)
+    args.tokens = args.tokens or (4 if args.quick else 32)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
     import decoder_serve
     import report
+
+    args = parse_args(argv)
+    log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
 
     info = machine.describe()
     if info["load_average"][0] > 2.5:

@@ -1,4 +1,4 @@
-"""The decoder-only models of `bench.py --model hy-mt1.5-1.8b | qwen3-1.7b | translategemma-4b`: a random model with
+"""The models of `bench.py decoder --model hy-mt1.5-1.8b | qwen3-1.7b | translategemma-4b`: a random model with
 the exact architecture of HY-MT1.5-1.8B, Qwen3-1.7B or TranslateGemma-4B's text decoder, and every engine's
 conversion of it, built once and cached (models.cached: a `.bench-key` file written last).
 

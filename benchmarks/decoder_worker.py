@@ -1,10 +1,11 @@
 """One decoder-only engine, measured in a fresh process: `python decoder_worker.py CONFIG.json RESULT.json`.
 
-bench.py starts it once per row and round, with the interpreter of the environment the engine lives in (onnxmt in
-the project's, llama-cpp-python, onnxruntime-genai, CTranslate2 and transformers in the bench venv), so it imports
-nothing but the standard library at the top. Every engine is given the same prompt ids (no tokenizer is timed: the
-prompts are the model's chat template around a text, tokenized once by the parent), decodes greedily, with every
-eos id suppressed, exactly `n` new tokens per prompt, on `threads` threads.
+`bench.py decoder` starts it (worker.launch) once per row and round, with the interpreter of the environment the
+engine lives in (onnxmt in the project's, llama-cpp-python, onnxruntime-genai, CTranslate2 and transformers in the
+bench venv), so it imports nothing but the standard library and worker.py (which imports nothing else) at the top.
+Every engine is given the same prompt ids (no tokenizer is timed: the prompts are the model's chat template around
+a text, tokenized once by the parent), decodes greedily, with every eos id suppressed, exactly `n` new tokens per
+prompt, on `threads` threads.
 
 Order of work: import + load + the 100-token prompt with n new tokens -> cold start and peak RSS; then, after a
 warm-up, per figure the median of `repeats` runs:
@@ -15,7 +16,6 @@ warm-up, per figure the median of `repeats` runs:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
@@ -23,27 +23,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from worker import peak_rss_mb, pytorch, run_from_argv, status_mb, versions
+
 # Greedy tokens for a batch of prompts (equal lengths in every call the worker makes): exactly n per prompt.
 Generate = Callable[[Sequence[Sequence[int]], int], list[list[int]]]
-
-
-def _status_mb(key: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _versions(*names: str) -> dict[str, str]:
-    found = {}
-    for name in names:
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            found[name] = metadata.version(name)
-    return found
 
 
 def load_onnxmt(cfg: dict[str, Any]) -> Generate:
@@ -189,12 +175,9 @@ def load_ctranslate2(cfg: dict[str, Any]) -> Generate:
 
 
 def load_transformers(cfg: dict[str, Any]) -> Generate:
-    import torch
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(cfg["threads"])
-    torch.set_num_interop_threads(1)
-    torch.set_grad_enabled(False)
+    torch = pytorch(cfg["threads"])
     model = AutoModelForCausalLM.from_pretrained(cfg["path"], dtype=torch.float32).eval()
 
     def generate(prompts: Sequence[Sequence[int]], n: int) -> list[list[int]]:
@@ -252,8 +235,8 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     cold = {
         "cold_start_s": time.time() - cfg["t0"],
         "load_s": loaded - start,
-        "peak_rss_mb": _status_mb("VmHWM"),
-        "rss_mb": _status_mb("VmRSS"),
+        "peak_rss_mb": peak_rss_mb(),
+        "rss_mb": status_mb("VmRSS") or 0.0,
     }
     prefill = {}
     for length in ("100", "500"):
@@ -275,20 +258,13 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "first_token_ms": one * 1000,
         "decode_ms_per_token": (many - one) / (n - 1) * 1000,
         "batch8_tokens_per_s": statistics.median(rates),
-        "peak_rss_end_mb": _status_mb("VmHWM"),
+        "peak_rss_end_mb": peak_rss_mb(),
         "tokens": {"100": first[0], "batch": batch_tokens},
-        "versions": {"python": platform.python_version(), **_versions(*packages)},
+        "versions": {"python": platform.python_version(), **versions(*packages)},
         "executable": sys.executable,
         "pid": os.getpid(),
     }
 
 
-def main() -> None:
-    config_path, result_path = sys.argv[1:3]
-    cfg = json.loads(Path(config_path).read_text(encoding="utf-8"))
-    result = run(cfg)
-    Path(result_path).write_text(json.dumps(result, indent=1), encoding="utf-8")
-
-
 if __name__ == "__main__":
-    main()
+    run_from_argv(run)

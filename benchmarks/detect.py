@@ -5,7 +5,7 @@ the languages given (read at run time from the FLORES directory, never copied), 
 words, or four characters of Chinese: what a person types into a box), and reports accuracy, time per text, load
 time and the process's peak RSS.
 
-    python benchmarks/detect.py --flores ../shared/data/flores200 --name detect
+    python benchmarks/bench.py detect --flores ../shared/data/flores200 --name detect
 """
 
 from __future__ import annotations
@@ -120,20 +120,21 @@ def markdown(results: list[dict], machine: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench.py detect", description=__doc__.splitlines()[0])
     parser.add_argument("--flores", type=Path, default=Path(__file__).parents[2] / "shared/data/flores200")
     parser.add_argument("--name", default="detect", help="results go to benchmarks/results/NAME/")
     parser.add_argument("--detectors", nargs="*", default=list(DETECTORS))
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process: run one detector, print JSON
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     languages = list(FLORES.values())
     if args.one:
         print(json.dumps(run_one(args.one, args.flores, languages)))
         return
     results = []
     for name in args.detectors:
-        command = [sys.executable, __file__, "--one", name, "--flores", str(args.flores)]
+        command = [sys.executable, str(Path(__file__).with_name("bench.py")), "detect", "--one", name]
+        command += ["--flores", str(args.flores)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             results.append({"detector": name, "error": done.stderr.strip().splitlines()[-1:]})
@@ -146,7 +147,3 @@ def main() -> None:
     (out / "detect.json").write_text(json.dumps({"machine": machine, "results": results}, indent=2) + "\n")
     (out / "detect.md").write_text(markdown(results, machine))
     print(markdown(results, machine))
-
-
-if __name__ == "__main__":
-    main()

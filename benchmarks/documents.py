@@ -6,7 +6,7 @@ number of new tokens (`--new-tokens`, min = max): all runs do the same decoder w
 The model directory is one `python benchmarks/bench.py` builds and caches (its `onnxmt-fp32`), or any onnxmt
 export.
 
-    python benchmarks/documents.py --model benchmarks/.cache/opus-mt-en-zh-random/onnxmt-fp32 \\
+    python benchmarks/bench.py documents --model benchmarks/.cache/opus-mt-en-zh-random/onnxmt-fp32 \\
         --flores ../shared/data/flores200 --sentences 50 --name documents
 """
 
@@ -83,8 +83,8 @@ def markdown(rows: list[dict], info: dict) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench.py documents", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--flores", type=Path, default=Path(__file__).parents[2] / "shared" / "data" / "flores200")
     parser.add_argument("--sentences", type=int, default=50)
@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--name", default="documents", help="results go to benchmarks/results/NAME/")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     translator = Translator(args.model, RuntimeOptions(threads=args.threads), DecodeOptions(batch_size=args.batch_size))
     text = document(args.flores, args.sentences, args.per_paragraph)
     translator.translate(["Warm-up sentence."], max_new_tokens=2)
@@ -111,7 +111,3 @@ def main() -> None:
     )
     (out / "documents.md").write_text(markdown(rows, info))
     print(markdown(rows, info))
-
-
-if __name__ == "__main__":
-    main()

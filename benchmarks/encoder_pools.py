@@ -2,8 +2,8 @@
 against the offline call's sorted batches, by encoder threads and by what one more call is counted as in padded
 tokens when rows are grouped by length (`encoder_groups`).
 
-    python benchmarks/encoder_pools.py MODEL_DIR                              # 1 and 2 threads, 16 and 128 tokens
-    python benchmarks/encoder_pools.py MODEL_DIR --threads 1 --call-tokens 0 8 16 32 64 128 256
+    python benchmarks/bench.py encoder-pools MODEL_DIR                              # 1 and 2 threads, 16 and 128 tokens
+    python benchmarks/bench.py encoder-pools MODEL_DIR --threads 1 --call-tokens 0 8 16 32 64 128 256
 
 In one process, no HTTP: 192 FLORES devtest sentences (generated ones without ../shared/data) encoded through
 `encode_texts`, the service's path, in pools of `--pool` texts in FLORES order, and sorted by length in batches of
@@ -25,8 +25,10 @@ from load import sentences
 HERE = Path(__file__).resolve().parent
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="bench.py encoder-pools", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("model_dir", type=Path)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="encoder threads")
     p.add_argument("--call-tokens", type=int, nargs="+", default=[16, 128])
@@ -36,7 +38,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--name", default=None)
     p.add_argument("--out", type=Path, default=HERE / "results")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     from onnxmt import RuntimeOptions, Translator
     from onnxmt.runtime import graphs
     from onnxmt.runtime.running import encode_texts
@@ -85,7 +87,3 @@ def main() -> None:
             row = [medians[f"{t} thread(s), {c} tokens a call, {o}"] for o in orders]
             print(f"| {t} | {c} | {row[0]} ms | {row[1]} ms |")
     print(f"\nwrote {path}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """Does a sentence's translation depend on what it is batched with? Batch 1 against sorted and random batches.
 
-    python benchmarks/int8_batch.py            # opus-mt-en-zh architecture (random weights), ~15 min on 2 cores
-    python benchmarks/int8_batch.py --quick    # tiny model, a few sentences: checks the script still works
+    python benchmarks/bench.py int8-batch            # opus-mt-en-zh architecture (random weights), ~15 min on 2 cores
+    python benchmarks/bench.py int8-batch --quick    # tiny model, a few sentences: checks the script still works
 
 Dynamic int8 (`DynamicQuantizeLinear`, `DynamicQuantizeMatMul`, `MatMulIntegerToFloat`) quantizes each activation
 tensor with one scale and zero point computed over the whole tensor: every row of the batch, padding included. A
@@ -437,7 +437,9 @@ def speed_markdown(result: dict, settings: dict, info: dict) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="bench.py int8-batch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="tiny model, 4 sentences per source, 5 tokens")
     p.add_argument("--sentences", type=int, help="sentences from each source (default 48; quick 4)")
     p.add_argument("--tokens", type=int, help="forced new tokens (default 30; quick 5)")
@@ -528,7 +530,3 @@ def speed(dirs: dict[str, Path], texts: list[str], args: argparse.Namespace, inf
     (out / "int8_speed.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     log(f"wrote {out}/int8_speed.md and .json")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Limits and failure behaviour of `onnxmt serve`, measured: the cost budget, cancellation, SIGTERM.
 
-    python benchmarks/limits.py MODEL_DIR [--timeout 10] [--name NAME]
-    python benchmarks/limits.py MODEL_DIR --ceiling --name int8-ceiling     # case 4 alone: minutes on 2 cores
+    python benchmarks/bench.py limits MODEL_DIR [--timeout 10] [--name NAME]
+    python benchmarks/bench.py limits MODEL_DIR --ceiling --name int8-ceiling     # case 4 alone: minutes on 2 cores
 
 Starts `onnxmt serve MODEL_DIR` on a free loopback port for each case, and writes
 benchmarks/results/limits/<name>.json with the figures docs/serve.md quotes:
@@ -127,13 +127,15 @@ def case(model_dir: Path, log: Path, run: Any, **settings: Any) -> dict[str, Any
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="bench.py limits", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--name", default="int8")
     parser.add_argument("--ceiling", action="store_true", help="run case 4 (a batch at the full budget) alone")
-    a = parser.parse_args()
+    a = parser.parse_args(argv)
     log = Path(tempfile.mkdtemp(prefix="onnxmt-limits-")) / "server.log"
     out: dict[str, Any] = {"machine": machine.describe()}
     if a.ceiling:
@@ -203,7 +205,3 @@ def write(out: dict[str, Any], name: str) -> None:
     target = HERE / "results" / "limits" / f"{name}.json"
     target.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {target}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,9 +1,9 @@
 """Load test of `onnxmt serve`: throughput, latency percentiles, errors and server memory at a few concurrency levels.
 
-    python benchmarks/load.py MODEL_DIR                          # concurrency 1, 4, 16, 64; 200 requests each
-    python benchmarks/load.py MODEL_DIR --concurrency 1 8 --requests 100 --duration 30 --max-new-tokens 30
-    python benchmarks/load.py EN_ZH_DIR ZH_EN_DIR --pair en:zh --pair zh:en   # two models, directions alternating
-    python benchmarks/load.py MODEL_DIR --concurrency 64 --requests 100000 --output-length median   # real lengths
+    python benchmarks/bench.py load MODEL_DIR                          # concurrency 1, 4, 16, 64; 200 requests each
+    python benchmarks/bench.py load MODEL_DIR --concurrency 1 8 --requests 100 --duration 30 --max-new-tokens 30
+    python benchmarks/bench.py load EN_ZH_DIR ZH_EN_DIR --pair en:zh --pair zh:en   # two models, directions alternating
+    python benchmarks/bench.py load MODEL_DIR --concurrency 64 --requests 100000 --output-length median   # real lengths
 
 Starts its own server (`onnxmt serve MODEL_DIR [MODEL_DIR ...]`) on a free port of 127.0.0.1 — traffic never
 leaves the machine — and stops it with SIGTERM at the end. Every level is bounded by `--requests` and by
@@ -248,8 +248,10 @@ def table(levels: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="bench.py load", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("model_dirs", type=Path, nargs="+", metavar="MODEL_DIR", help="passed to onnxmt serve")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--requests", type=int, default=200, help="most requests per concurrency level")
@@ -273,7 +275,7 @@ def main() -> None:
     )
     p.add_argument("--name", default=None, help="results file name: results/load-NAME.json (default: model dir)")
     p.add_argument("--out", type=Path, default=HERE / "results")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     fields = {"target": args.target, "beams": args.beams, "max_new_tokens": args.max_new_tokens}
     body: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
@@ -369,7 +371,3 @@ def main() -> None:
         f"server RSS: {server_start['rss_mb']} MB at start, {server_end['rss_mb']} MB at the end "
         f"(peak {server_end['peak_rss_mb']} MB); exit code {exit_code} after SIGTERM; wrote {path}"
     )
-
-
-if __name__ == "__main__":
-    main()

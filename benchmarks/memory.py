@@ -1,6 +1,6 @@
 """Memory of onnxmt's run side, with its memory settings as they are and each one undone, in fresh processes.
 
-    python benchmarks/memory.py MODEL_DIR [MODEL_DIR ...]
+    python benchmarks/bench.py memory MODEL_DIR [MODEL_DIR ...]
 
 Variants: `default` (load-time memory given back: `runtime.sessions.release_load_memory`; ORT's CPU arena on),
 `arena off`, `no release`. Each loads the model (RSS and peak after loading), translates a greedy batch of 8 (the
@@ -11,6 +11,7 @@ columns (`RssAnon`) leave out file-backed pages: the libraries' code and the mem
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -78,13 +79,15 @@ COLUMNS = {
 }
 
 
-def main() -> int:
-    if len(sys.argv) < 2:
-        print(__doc__, file=sys.stderr)
-        return 2
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="bench.py memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("models", nargs="+", metavar="MODEL_DIR")
+    args = p.parse_args(argv)
     print("| model | variant | " + " | ".join(COLUMNS.values()) + " |")
     print("| --- | --- | " + " | ".join("---" for _ in COLUMNS) + " |")
-    for model in sys.argv[1:]:
+    for model in args.models:
         for variant in VARIANTS:
             cmd = [sys.executable, "-c", WORKER, model, variant, str(DATA)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -94,7 +97,3 @@ def main() -> int:
             r = json.loads(proc.stdout.splitlines()[-1])
             print(f"| {Path(model).name} | {variant} | " + " | ".join(str(r[k]) for k in COLUMNS) + " |")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

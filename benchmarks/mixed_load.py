@@ -1,8 +1,8 @@
 """Mixed traffic against `onnxmt serve`: what a client sending short texts feels while others send long ones.
 
-    python benchmarks/mixed_load.py MODEL_DIR                        # 12 long clients, beam 4, 60 s
-    python benchmarks/mixed_load.py MODEL_DIR --long-clients 16 --beams 1 --duration 30
-    python benchmarks/mixed_load.py MODEL_DIR --scenario big-request --target zh     # fairness, see below
+    python benchmarks/bench.py mixed-load MODEL_DIR                        # 12 long clients, beam 4, 60 s
+    python benchmarks/bench.py mixed-load MODEL_DIR --long-clients 16 --beams 1 --duration 30
+    python benchmarks/bench.py mixed-load MODEL_DIR --scenario big-request --target zh     # fairness, see below
 
 Scenarios other than `long-clients` measure fairness: a one-text greedy request of `--short-tokens` new tokens
 sent back to back (`--short-beams`) while big work runs, again and again: `big-request`, one request of
@@ -155,8 +155,10 @@ def describe(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="bench.py mixed-load", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("model_dir", type=Path)
     p.add_argument("--long-clients", type=int, default=12)
     p.add_argument("--long-tokens", type=int, nargs=2, default=[48, 60], metavar=("MIN", "MAX"))
@@ -181,7 +183,7 @@ def main() -> None:
     p.add_argument("--big-alone", type=int, default=3, help="fairness scenarios: runs of the big work alone")
     p.add_argument("--name", default=None)
     p.add_argument("--out", type=Path, default=HERE / "results")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     body: dict[str, Any] = {"beams": args.beams, **languages(args)}
     texts = sentences(500, "en")
     port = free_port()
@@ -253,7 +255,3 @@ def main() -> None:
         f"{result['generated_tokens_per_s']} generated tokens/s, {result['rows_per_step']} rows per step; wrote {path}",
         file=sys.stdout,
     )
-
-
-if __name__ == "__main__":
-    main()

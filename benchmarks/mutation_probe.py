@@ -1,10 +1,10 @@
 """A mutation probe: small, meaningful changes to the code (mutants), one at a time, each against the test files that
 should notice it; a mutant no test kills is a rule the suite does not hold.
 
-    python benchmarks/mutation_probe.py                 # every mutant (~20 min on 2 cores), then a table
-    python benchmarks/mutation_probe.py --list          # the mutants, without running them
-    python benchmarks/mutation_probe.py --only S1 L4    # some of them
-    python benchmarks/mutation_probe.py --all-killers   # every failing test of each mutant, not only the first
+    python benchmarks/bench.py mutation                 # every mutant (~20 min on 2 cores), then a table
+    python benchmarks/bench.py mutation --list          # the mutants, without running them
+    python benchmarks/bench.py mutation --only S1 L4    # some of them
+    python benchmarks/bench.py mutation --all-killers   # every failing test of each mutant, not only the first
 
 The mutants cover what the parity tests against transformers do not: admission and scheduling (runtime/scheduler.py,
 serve/inflight.py), the service's limits, document splitting and joining (documents/), and quantization
@@ -234,15 +234,15 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench.py mutation", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants (S1, L4, ...)")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--all-killers", action="store_true", help="run every test of a mutant, not up to the first")
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
     parser.add_argument("--timeout", type=float, default=900, help="seconds a mutant's run may take (then: killed)")
     parser.add_argument("--json", type=Path, help="also write the outcomes here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     mutants = [m for m in MUTANTS if not args.only or m.name in args.only]
     if args.list or not mutants:
         for m in MUTANTS:
@@ -259,7 +259,3 @@ def main() -> None:
         ]  # fmt: skip
         args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     sys.exit(0 if all(o.killed for o in outcomes) else 1)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,11 +1,11 @@
-"""The small probes behind figures in docs/performance.md, one script with a subcommand each:
+"""The small probes behind figures in docs/performance.md, `bench.py probes PROBE`:
 
-    python benchmarks/probes.py steps DIR [DIR ...]     # decoder step and encoder time of model directories
-    python benchmarks/probes.py vocab-ops               # log-softmax and top-k over the vocabulary
-    python benchmarks/probes.py attention               # separate attention ops against ORT's fused ones
-    python benchmarks/probes.py rss-stages DIR [DIR ...] # resident memory stage by stage, onnxmt and CTranslate2
+    python benchmarks/bench.py probes steps DIR [DIR ...]      # decoder step and encoder time of directories
+    python benchmarks/bench.py probes vocab-ops                # log-softmax and top-k over the vocabulary
+    python benchmarks/bench.py probes attention                # separate attention ops against ORT's fused ones
+    python benchmarks/bench.py probes rss-stages DIR [DIR ...] # resident memory by stage, onnxmt and CTranslate2
 
-`python benchmarks/probes.py COMMAND --help` says more. They share interleaved timing (`interleaved`: the calls
+`python benchmarks/bench.py probes PROBE --help` says more. They share interleaved timing (`interleaved`: the calls
 take turns, so the machine's drift hits them alike) and their Markdown output (`emit`).
 """
 
@@ -61,7 +61,7 @@ STEPS_DOC = """\
 Decoder step and encoder time of several model directories, interleaved in one process: what did a graph
 change buy?
 
-    python benchmarks/probes.py steps DIR [DIR ...] [--rows 1,8,128] [--past 15] [--steps 40]
+    python benchmarks/bench.py probes steps DIR [DIR ...] [--rows 1,8,128] [--past 15] [--steps 40]
 
 For each number of rows, each directory's Translator encodes that many FLORES devtest sentences (one row each),
 runs `--past` decoder steps to fill the self-attention cache, then times `--steps` more calls of the decoder on
@@ -87,7 +87,7 @@ def filled_cache(translator: Translator, ids: np.ndarray, mask: np.ndarray, past
 
 
 def _steps(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="probes.py steps", description=STEPS_DOC)
+    p = argparse.ArgumentParser(prog="bench.py probes steps", description=STEPS_DOC)
     p.add_argument("models", nargs="+", type=Path)
     p.add_argument("--rows", default="1,8,128", help="decoder rows (sentences) per step, comma-separated")
     p.add_argument("--past", type=int, default=15, help="cached positions when timing starts")
@@ -128,7 +128,7 @@ VOCAB_OPS_DOC = """\
 The vocabulary ops beam search runs at every step, timed side by side: log-softmax, the plain TopK and the
 chunked TopK (`runtime/ops/topk_chunked.onnx`) at several chunk lengths.
 
-    python benchmarks/probes.py vocab-ops [--vocab 65001] [--out results/vocab_ops.md]
+    python benchmarks/bench.py probes vocab-ops [--vocab 65001] [--out results/vocab_ops.md]
 
 Rows of log-probabilities over opus-mt's 65001 entries, k = 8 (beam search keeps 2 x 4 candidates per row), 2
 threads, spinning off. Prints the median milliseconds per call and checks that every variant returns the plain
@@ -139,7 +139,7 @@ CHUNKS = (47, 141, 461, 1383)  # divisors of 65001
 
 
 def _vocab_ops(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="probes.py vocab-ops", description=VOCAB_OPS_DOC)
+    p = argparse.ArgumentParser(prog="bench.py probes vocab-ops", description=VOCAB_OPS_DOC)
     p.add_argument("--vocab", type=int, default=65001)
     p.add_argument("--out", type=Path, help="also write the table here")
     args = p.parse_args(argv)
@@ -181,7 +181,7 @@ ATTENTION_DOC = """\
 One decoder self-attention block at one new token: the separate ops onnxmt's export produces vs ORT's fused
 attention ops (com.microsoft), side by side in one process.
 
-    python benchmarks/probes.py attention [--out results/attention.md]
+    python benchmarks/bench.py probes attention [--out results/attention.md]
 
 8 heads of 64 (opus-mt), 15 cached positions, 2 threads, spinning off. Prints the median time of each at 1, 8 and
 128 rows and the largest difference between its outputs and the separate ops'. Used to size the attention-fusion
@@ -306,7 +306,7 @@ def in_place(sess: ort.InferenceSession, feed: dict, extra: dict) -> Callable[[]
 
 
 def _attention(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="probes.py attention", description=ATTENTION_DOC)
+    p = argparse.ArgumentParser(prog="bench.py probes attention", description=ATTENTION_DOC)
     p.add_argument("--out", type=Path, help="also write the table here")
     args = p.parse_args(argv)
     separate, mha, gqa, dmmha = (session(m) for m in (separate_model(), mha_model(), gqa_model(), dmmha_model()))
@@ -349,7 +349,7 @@ def _attention(argv: list[str]) -> None:
 RSS_STAGES_DOC = """\
 Where each engine's resident memory comes from, stage by stage, in fresh processes: onnxmt and CTranslate2.
 
-    python benchmarks/probes.py rss-stages MODEL_DIR [MODEL_DIR ...] [--out FILE.md]
+    python benchmarks/bench.py probes rss-stages MODEL_DIR [MODEL_DIR ...] [--out FILE.md]
 
 A directory with `onnxmt.json` runs on onnxmt's Translator, one with `model.bin` on CTranslate2 (with its
 sentencepiece models, as bench.py's worker does). Each process, with 2 threads and 30 forced tokens:
@@ -431,7 +431,7 @@ def measure(model: Path, data: Path) -> list[dict]:
 
 
 def _rss_stages(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="probes.py rss-stages", description=RSS_STAGES_DOC)
+    p = argparse.ArgumentParser(prog="bench.py probes rss-stages", description=RSS_STAGES_DOC)
     p.add_argument("models", nargs="+", type=Path)
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--out", type=Path, help="also write the table to this file")
@@ -457,11 +457,11 @@ COMMANDS: dict[str, Callable[[list[str]], None]] = {
 }
 
 
-def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-        raise SystemExit(__doc__.split("\n\n")[0] + "\n\ncommands: " + ", ".join(COMMANDS))
-    COMMANDS[sys.argv[1]](sys.argv[2:])
-
-
-if __name__ == "__main__":
-    main()
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
+    if not argv or argv[0] not in COMMANDS:
+        raise SystemExit(__doc__.split("\n\n")[0] + "\n\nprobes: " + ", ".join(COMMANDS))
+    COMMANDS[argv[0]](argv[1:])

@@ -165,7 +165,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-# The decoder-only table (bench.py --model hy-mt1.5-1.8b and the other decoder-only models; decoder_bench.py).
+# The decoder-only table (bench.py decoder --model hy-mt1.5-1.8b and the other decoder-only models).
 # (header, key, unit, higher is better)
 DECODER_COLUMNS = (
     ("prefill 100", "prefill100", "tok/s", True),

@@ -1,7 +1,7 @@
 """Where a command's peak resident memory is set: RSS sampled together with the main thread's Python stack.
 
-    python benchmarks/rss_trace.py [--interval 0.02] [--out FILE.json] -- export SOURCE OUT --force
-    python benchmarks/rss_trace.py -- quantize MODEL_DIR OUT --force
+    python benchmarks/bench.py rss-trace [--interval 0.02] [--out FILE.json] -- export SOURCE OUT --force
+    python benchmarks/bench.py rss-trace -- quantize MODEL_DIR OUT --force
 
 The arguments after `--` are an `onnxmt` command line; it runs in this process, and a thread reads the RSS
 (`/proc/self/statm`: file-backed pages included, as the kernel's peak counts them) every `--interval` seconds with
@@ -28,7 +28,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker import _peak_rss_mb as hwm_mb  # VmHWM, as bench.py's worker reads it
+from worker import peak_rss_mb as hwm_mb  # VmHWM, as the offline benchmark's worker reads it
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -68,12 +68,14 @@ class Trace:
             self.peak_stack = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in stack[-12:]]
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="bench.py rss-trace", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--interval", type=float, default=0.02, help="seconds between samples (default 0.02)")
     p.add_argument("--out", type=Path, help="write the trace here as JSON")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then an onnxmt command line")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("give an onnxmt command line after --")
@@ -128,7 +130,3 @@ def main() -> int:
         }
         args.out.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

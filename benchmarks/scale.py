@@ -1,7 +1,7 @@
 """Ray's overhead on one machine: `onnxmt translate-corpus` with 1 and 2 workers against the plain CLI.
 
-    python benchmarks/scale.py MODEL_DIR                       # 400 FLORES sentences, greedy, 32 new tokens each
-    python benchmarks/scale.py MODEL_DIR --lines 4000 --rounds 1 --name int8-4000
+    python benchmarks/bench.py scale MODEL_DIR                       # 400 FLORES sentences, greedy, 32 new tokens each
+    python benchmarks/bench.py scale MODEL_DIR --lines 4000 --rounds 1 --name int8-4000
 
 More lines than FLORES devtest has (1,012) cycle through it again. Each engine also translates `--startup-lines`
 lines (8): that run's wall clock is its fixed cost (the process, the model, Ray's local cluster), reported apart,
@@ -39,8 +39,10 @@ def run(command: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="bench.py scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("model_dir", type=Path)
     p.add_argument("--lines", type=int, default=400)
     p.add_argument("--beams", type=int, default=1)
@@ -48,7 +50,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--startup-lines", type=int, default=8)
     p.add_argument("--name", default="int8")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     cores = os.cpu_count() or 1
     work = Path(tempfile.mkdtemp(prefix="onnxmt-scale-"))
     corpus = work / "corpus.txt"
@@ -122,7 +124,3 @@ def main() -> None:
             f"{r['steady_sentences_per_s']} | {r['steady_vs_cli']}x | {'yes' if r['identical_to_cli'] else 'NO'} |"
         )
     print(f"\nwrote {target}")
-
-
-if __name__ == "__main__":
-    main()

@@ -7,7 +7,7 @@ against its precision (a few FLORES lines hold two sentences, so no segmenter re
 misses against its recall. Lossless: the share of paragraphs whose pieces join back to the exact text. Speed is
 characters per second over all paragraphs, after one warm-up pass.
 
-    python benchmarks/segment.py --flores ../shared/data/flores200 --name segment
+    python benchmarks/bench.py segment --flores ../shared/data/flores200 --name segment
 
 wtpsplit is not a candidate here: it needs transformers (or its ONNX variant, onnxruntime plus a SaT model) and
 downloads its model weights from the hub at first use, which the run side cannot depend on.
@@ -128,13 +128,13 @@ def markdown(results: list[dict], per: int, n: int) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench.py segment", description=__doc__.split("\n\n")[0])
     parser.add_argument("--flores", type=Path, default=Path(__file__).parents[2] / "shared" / "data" / "flores200")
     parser.add_argument("--per-paragraph", type=int, default=5)
     parser.add_argument("--segmenters", default="regex,pysbd,sentencex,blingfire")
     parser.add_argument("--name", default="segment", help="results go to benchmarks/results/NAME/")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     results = []
     n = 0
     for suffix, (lang, joiner) in LANGS.items():
@@ -152,7 +152,3 @@ def main() -> None:
     (out / "segment.json").write_text(json.dumps({"machine": describe(), "results": results}, indent=2) + "\n")
     (out / "segment.md").write_text(markdown(results, args.per_paragraph, n))
     print(markdown(results, args.per_paragraph, n))
-
-
-if __name__ == "__main__":
-    main()

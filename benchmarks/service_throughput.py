@@ -1,7 +1,7 @@
 """The service's throughput under many clients against the library's offline throughput, same model and decoding.
 
-    python benchmarks/service_throughput.py MODEL_DIR --target zh              # 32 and 64 clients, beam 4, 3 rounds
-    python benchmarks/service_throughput.py MODEL_DIR --target zh --beams 1 --compare ONNXMT_ENCODER_THREADS=2
+    python benchmarks/bench.py throughput MODEL_DIR --target zh              # 32 and 64 clients, beam 4, 3 rounds
+    python benchmarks/bench.py throughput MODEL_DIR --target zh --beams 1 --compare ONNXMT_ENCODER_THREADS=2
 
 Offline: one `Translator.translate` call over N texts (batches of `--batch-size`, sorted by length). Service: `onnxmt
 serve` on 127.0.0.1 (`--max-batch-size` = `--batch-size`), C clients sending the same N texts one per request, with
@@ -38,8 +38,10 @@ from load import batch_sizes, free_port, run_level, sentences, start_server
 HERE = Path(__file__).resolve().parent
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="bench.py throughput", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("model_dir", type=Path)
     p.add_argument("--concurrency", type=int, nargs="+", default=[32, 64])
     p.add_argument("--texts", type=int, default=192)
@@ -52,7 +54,7 @@ def main() -> None:
     p.add_argument("--compare", default=None, metavar="VAR=VALUE[,VAR=VALUE]", help="a second server's settings")
     p.add_argument("--name", default=None)
     p.add_argument("--out", type=Path, default=HERE / "results")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     from onnxmt import DecodeOptions, RuntimeOptions, Translator
 
     texts = sentences(args.texts, "en")
@@ -163,7 +165,3 @@ def _server(model_dir: Path, settings: dict[str, str]) -> tuple[subprocess.Popen
         os.environ.clear()
         os.environ.update(saved)
     return process, f"http://127.0.0.1:{port}"
-
-
-if __name__ == "__main__":
-    main()

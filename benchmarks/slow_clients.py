@@ -1,7 +1,7 @@
 """Slow clients against `onnxmt serve`: N sockets that never finish their request, while a normal client keeps
 translating. Measures how the normal client fares, and when the server closes the slow sockets.
 
-    python benchmarks/slow_clients.py MODEL_DIR --sockets 200 --request-timeout 10
+    python benchmarks/bench.py slow-clients MODEL_DIR --sockets 200 --request-timeout 10
 
 Three kinds of slow socket, a third each: partial headers (one header line, then a byte every second), a body
 shorter than its Content-Length (a byte every second), and a connection that sends nothing. Writes
@@ -26,15 +26,17 @@ import httpx
 KINDS = ("partial headers", "short body", "silent")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="bench.py slow-clients", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--sockets", type=int, default=200)
     parser.add_argument("--request-timeout", type=float, default=10.0)
     parser.add_argument("--max-connections", type=int, default=1000)
     parser.add_argument("--name", default="tiny")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     port = _free_port()
     env = {**os.environ, "ONNXMT_ACCESS_LOG": "false"}
     command = [sys.executable, "-m", "onnxmt.cli", "serve", str(args.model_dir), "--port", str(port)]
@@ -181,7 +183,3 @@ def _wait_ready(url: str) -> None:
             pass
         time.sleep(0.2)
     raise SystemExit("the server was not ready within 120 s")
-
-
-if __name__ == "__main__":
-    main()

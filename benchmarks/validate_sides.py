@@ -1,8 +1,8 @@
 """`onnxmt validate` cut in its two sides, each in a process of its own, so that their peaks can be measured apart:
 the target "validate's peak <= 1.1x the larger side" needs the sides' own peaks, not the weight bytes.
 
-    python benchmarks/validate_sides.py reference STATE -- VALIDATE_ARGS...   # PyTorch's side, saved to STATE
-    python benchmarks/validate_sides.py onnx STATE -- VALIDATE_ARGS...        # ONNX Runtime's side, from STATE
+    python benchmarks/bench.py validate-sides reference STATE -- VALIDATE_ARGS...   # PyTorch's side, saved to STATE
+    python benchmarks/bench.py validate-sides onnx STATE -- VALIDATE_ARGS...        # ONNX Runtime's side, from STATE
 
 VALIDATE_ARGS are `onnxmt validate`'s own (the model directory, --reference, --input, ...). `reference` runs
 validate until its reference side returns (transformers' outputs and teacher-forced logits), saves that side's
@@ -28,12 +28,14 @@ class _Saved(Exception):
     """The reference side is saved: stop before the ONNX side."""
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="bench.py validate-sides", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("side", choices=("reference", "onnx"))
     p.add_argument("state", type=Path, help="a directory for the reference side's outputs and logits")
     p.add_argument("validate_args", nargs=argparse.REMAINDER, help="-- then `onnxmt validate`'s arguments")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     validate_args = args.validate_args[1:] if args.validate_args[:1] == ["--"] else args.validate_args
     state: Path = args.state
     real = validate_module._reference_side
@@ -62,7 +64,3 @@ def main() -> int:
     if "torch" in sys.modules:
         raise SystemExit("the ONNX side imported torch: its peak would not be the ONNX side's alone")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

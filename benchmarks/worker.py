@@ -1,12 +1,15 @@
-"""One engine, measured in a fresh process: `python worker.py CONFIG.json RESULT.json`.
+"""One engine, measured in a fresh process: `python worker.py CONFIG.json RESULT.json`; `launch` starts it.
 
-bench.py starts this script once per engine, with the interpreter of the environment the engine lives in (the
+`bench.py offline` starts this script once per engine, with the interpreter of the environment the engine lives in (the
 Optimum rows run in a venv with transformers 4.57), so it imports nothing but the standard library at the top and
 the engine's own packages inside the adapter. Every engine gets the same texts, in the same batches, with decoding
 forced to exactly `max_new_tokens` steps, and `threads` intra-op threads.
 
 Order of work: import + load + translate the first `cold_batch` texts (greedy) -> cold start and peak RSS, as a user
 starting a process sees them; then batch-1 latency per sentence and batched throughput, after one warm-up call each.
+
+The protocol (a config file in, a result file out: `launch` in the parent, `run_from_argv` in the child) and the
+process's own figures (`peak_rss_mb`, `versions`) serve decoder_worker.py too.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from importlib import metadata
@@ -29,13 +34,44 @@ from typing import Any
 TranslateFn = Callable[[Sequence[str], int], list[list[int]]]
 
 
-def _peak_rss_mb() -> float:
+def launch(script: Path, python: Path, cfg: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """`python script CONFIG RESULT` in a fresh process given `cfg` (and "t0", now: cold start counts from here);
+    {"status": "ok", "result": ...} or {"status": "failed", "error": ...}."""
+    with tempfile.TemporaryDirectory(prefix="onnxmt-bench-") as tmp:
+        cfg_path, result_path = Path(tmp) / "config.json", Path(tmp) / "result.json"
+        cfg_path.write_text(json.dumps({**cfg, "t0": time.time()}), encoding="utf-8")
+        command = [str(python), str(script), str(cfg_path), str(result_path)]
+        try:
+            proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"status": "failed", "error": f"timed out after {timeout:.0f} s"}
+        if proc.returncode != 0 or not result_path.is_file():
+            return {"status": "failed", "error": proc.stderr.strip()[-2000:]}
+        return {"status": "ok", "result": json.loads(result_path.read_text(encoding="utf-8"))}
+
+
+def run_from_argv(run: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """The child's side of `launch`: the config from argv[1] through `run` into the result file argv[2]."""
+    config_path, result_path = sys.argv[1:3]
+    cfg = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    result = run(cfg)
+    Path(result_path).write_text(json.dumps(result, indent=1), encoding="utf-8")
+
+
+def status_mb(key: str) -> float | None:
+    """A figure of /proc/self/status in MB (VmHWM: the peak RSS; VmRSS: the RSS now); None where there is none."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def peak_rss_mb() -> float:
     # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over from the parent across fork + exec, so a
     # worker started by a parent that holds torch and a model would report the parent's peak.
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux: KiB on most systems
+    peak = status_mb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB mostly
 
 
 def _resident_by_mapping(top: int = 6) -> dict[str, float]:
@@ -56,7 +92,7 @@ def _resident_by_mapping(top: int = 6) -> dict[str, float]:
     return {k: round(v, 1) for k, v in sorted(sizes.items(), key=lambda kv: -kv[1])[:top]}
 
 
-def _versions(*names: str) -> dict[str, str]:
+def versions(*names: str) -> dict[str, str]:
     found = {}
     for name in names:
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -117,13 +153,20 @@ def _task_prefix(model_dir: Path, target: str | None) -> str | None:
     return None
 
 
-def load_transformers(cfg: dict[str, Any]) -> TranslateFn:
+def pytorch(threads: int) -> Any:
+    """torch on `threads` intra-op threads and one inter-op thread, without gradients: every transformers row's."""
     import torch
-    from transformers import AutoModelForSeq2SeqLM
 
-    torch.set_num_threads(cfg["threads"])
+    torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
     torch.set_grad_enabled(False)
+    return torch
+
+
+def load_transformers(cfg: dict[str, Any]) -> TranslateFn:
+    from transformers import AutoModelForSeq2SeqLM
+
+    torch = pytorch(cfg["threads"])
     # float32 whatever the checkpoint's dtype (opus-mt-tc-big ships float16; transformers 5 would load it so).
     model = AutoModelForSeq2SeqLM.from_pretrained(cfg["model_dir"], dtype=torch.float32).eval()
     return _hf_generate(model, cfg)
@@ -284,39 +327,32 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "cold_start_s": time.time() - cfg["t0"],
         "load_s": loaded - start,
         "first_batch_s": time.perf_counter() - loaded,
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": peak_rss_mb(),
     }
     # The peak after each column: which one sets the whole run's.
     peaks = {"cold batch": cold["peak_rss_mb"]}
     latency = {}
     for beams in cfg["beams"]:
         latency[str(beams)] = measure_latency(translate, texts[: cfg["latency_texts"]], beams, cfg["repeats"], n)
-        peaks[f"beam {beams} latency"] = _peak_rss_mb()
+        peaks[f"beam {beams} latency"] = peak_rss_mb()
     throughput = {}
     for beams in cfg["beams"]:
         for bs in cfg["batch_sizes"]:
             throughput[f"{beams}x{bs}"] = measure_throughput(translate, by_length, beams, bs, cfg["repeats"], n)
-            peaks[f"beam {beams} bs{bs}"] = _peak_rss_mb()
+            peaks[f"beam {beams} bs{bs}"] = peak_rss_mb()
     return {
         **cold,
         "latency": latency,
         "throughput": throughput,
-        "peak_rss_end_mb": _peak_rss_mb(),
+        "peak_rss_end_mb": peak_rss_mb(),
         "peak_rss_after_column_mb": peaks,
         "resident_end_mb": _resident_by_mapping(),
         "cold_batch_tokens": first,  # greedy output of the first texts, to check that engines agree
-        "versions": {"python": platform.python_version(), **_versions(*packages)},
+        "versions": {"python": platform.python_version(), **versions(*packages)},
         "executable": sys.executable,
         "pid": os.getpid(),
     }
 
 
-def main() -> None:
-    config_path, result_path = sys.argv[1:3]
-    cfg = json.loads(Path(config_path).read_text(encoding="utf-8"))
-    result = run(cfg)
-    Path(result_path).write_text(json.dumps(result, indent=1), encoding="utf-8")
-
-
 if __name__ == "__main__":
-    main()
+    run_from_argv(run)

@@ -1,4 +1,5 @@
-"""benchmarks/bench.py --quick end to end, so the full benchmark cannot rot unnoticed.
+"""benchmarks/bench.py, the harness: its commands' --help, and --quick end to end (offline, its default command) so
+that the full benchmark cannot rot unnoticed, with the smaller commands on the tiny model.
 
 The tiny models are cached in benchmarks/.cache (gitignored) like the full run's; engines that are not installed
 (CTranslate2, the Optimum venv) are left out, onnxmt and transformers must run.
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,13 +20,42 @@ import pytest
 from onnxmt import Translator
 from onnxmt.documents.translate import counting, plan_texts
 from tests.helpers import ROOT
-from tests.helpers.skips import IN_CI, importorskip, shared_data
+from tests.helpers.skips import IN_CI, shared_data
 
 BENCHMARKS = ROOT / "benchmarks"
+BENCH = [sys.executable, str(BENCHMARKS / "bench.py")]
 sys.path.insert(0, str(BENCHMARKS))
 
+import bench  # noqa: E402
 import report  # noqa: E402
 import worker  # noqa: E402
+
+
+def test_help_lists_every_command_in_80_columns() -> None:
+    done = subprocess.run([*BENCH, "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    listed = [line.split()[0] for line in lines if line.startswith("  ")]
+    assert listed == list(bench.COMMANDS)
+    assert all((BENCHMARKS / f"{command.module}.py").is_file() for command in bench.COMMANDS.values())
+    unknown = subprocess.run([*BENCH, "nosuch"], capture_output=True, text=True)
+    assert unknown.returncode == 2 and "unknown command 'nosuch'" in unknown.stderr
+
+
+@pytest.mark.parametrize("name", list(bench.COMMANDS))
+def test_every_command_answers_help(name: str) -> None:
+    done = subprocess.run([*BENCH, name, "--help"], capture_output=True, text=True)
+    missing = re.search(r"No module named '([\w.]+)'", done.stderr)
+    if missing and not IN_CI:
+        pytest.skip(f"{name} needs {missing[1]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"bench.py {name}" in done.stdout
+
+
+def test_a_decoder_only_model_is_the_decoder_commands() -> None:
+    done = subprocess.run([*BENCH, "--model", "hy-mt1.5-1.8b"], capture_output=True, text=True)
+    assert done.returncode == 2 and "bench.py decoder --model hy-mt1.5-1.8b" in done.stderr
 
 
 def test_percentile_interpolates_like_numpy() -> None:
@@ -38,10 +70,21 @@ def test_count_refuses_runs_that_stopped_early() -> None:
 
 
 @pytest.mark.timeout(300)
+def test_decoder_with_rounds_0_builds_its_rows_only(tmp_path: Path) -> None:
+    # bench.py decoder's own flags reach its build: the family's tiny test model and onnxmt's export of it, no run.
+    command = [*BENCH, "decoder", "--model", "qwen3-1.7b", "--quick", "--rounds", "0", "--engines", "onnxmt-fp32"]
+    command += ["--decoder-cache", str(tmp_path), "--bench-python", str(tmp_path / "no-venv" / "python")]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "built: onnxmt-fp32;" in done.stderr
+    assert len(list(tmp_path.glob("*/onnxmt-fp32/onnxmt.json"))) == 1
+
+
+@pytest.mark.timeout(300)
 def test_quick_run_writes_table_json_and_chart(tmp_path: Path) -> None:
     data = shared_data("flores200").parent
     proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "bench.py"), "--quick", "--out", str(tmp_path), "--data", str(data)],
+        [*BENCH, "--quick", "--out", str(tmp_path), "--data", str(data)],  # offline, the default command
         capture_output=True,
         text=True,
     )
@@ -66,6 +109,13 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: Path) -> None:
     if IN_CI or importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "quick.png").stat().st_size > 10_000
     assert set(result["machine"]) >= {"cpu", "simd", "versions", "load_average"}
+    # The peak after each column, named by column; what the process held at its end, by mapping.
+    onnxmt = engines["onnxmt-fp32"]["result"]
+    peaks = onnxmt["peak_rss_after_column_mb"]
+    assert list(peaks) == ["cold batch", "beam 1 latency", "beam 4 latency", "beam 1 bs2", "beam 4 bs2"]
+    assert all(v > 0 for v in peaks.values()) and onnxmt["peak_rss_end_mb"] >= onnxmt["peak_rss_mb"]
+    assert "[heap]" in onnxmt["resident_end_mb"] and sum(onnxmt["resident_end_mb"].values()) > 0
+    assert len({e["result"]["pid"] for e in engines.values()}) == len(engines)  # each engine in its own process
 
 
 @pytest.mark.timeout(300)
@@ -73,7 +123,7 @@ def test_quick_int8_only_model_runs_onnxmt_int8_against_ctranslate2_int8(tmp_pat
     # The 3B tables (--model madlad400-3b-mt, nllb-200-3.3B): onnxmt's int8 straight from `export --quantize int8`,
     # CTranslate2's int8, no fp32 rows; the ratios are to onnxmt int8.
     data = shared_data("flores200").parent
-    command = [sys.executable, str(BENCHMARKS / "bench.py"), "--quick", "--model", "madlad400-3b-mt"]
+    command = [*BENCH, "offline", "--quick", "--model", "madlad400-3b-mt"]
     proc = subprocess.run(
         [*command, "--no-envsize", "--out", str(tmp_path), "--data", str(data)], capture_output=True, text=True
     )
@@ -108,10 +158,10 @@ def _entry(cold: float, latency: float, tps: float, runs: list[float]) -> dict:
 
 
 def test_rounds_merge_into_medians() -> None:
-    import bench
+    import offline
 
     entries = [_entry(1.0, 30.0, 500.0, [500.0]), _entry(3.0, 10.0, 700.0, [700.0]), _entry(2.0, 20.0, 900.0, [900.0])]
-    merged = bench.merge_rounds(entries)
+    merged = offline.merge_rounds(entries)
     r = merged["result"]
     assert (r["cold_start_s"], r["load_s"], r["peak_rss_mb"]) == (2.0, 1.0, 102.0)
     assert r["latency"]["1"] == {"median_ms": 20.0, "p90_ms": 40.0, "samples": 60}
@@ -119,17 +169,17 @@ def test_rounds_merge_into_medians() -> None:
     assert [round(f["cold"], 1) for f in r["rounds"]] == [1.0, 3.0, 2.0]  # each round's own figures are kept
     assert report.flatten(merged)["tps1x8"] == 700.0
     # One round: the entry as it is; a failed round makes the engine's entry failed.
-    assert bench.merge_rounds(entries[:1]) is entries[0]
+    assert offline.merge_rounds(entries[:1]) is entries[0]
     failed = {**entries[1], "status": "failed", "error": "boom"}
-    assert bench.merge_rounds([entries[0], failed])["status"] == "failed"
+    assert offline.merge_rounds([entries[0], failed])["status"] == "failed"
 
 
 @pytest.mark.timeout(300)
 def test_int8_batch_quick_run(tmp_path: Path) -> None:
-    # benchmarks/int8_batch.py on the tiny model: fp32 and per-row int8 never change with the batch.
+    # bench.py int8-batch on the tiny model: fp32 and per-row int8 never change with the batch.
     shared_data("flores200")
     models = "onnxmt fp32,onnxmt int8,onnxmt int8 per-row"
-    command = [sys.executable, str(BENCHMARKS / "int8_batch.py"), "--quick", "--models", models]
+    command = [*BENCH, "int8-batch", "--quick", "--models", models]
     proc = subprocess.run([*command, "--out", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "int8-batch-quick" / "int8_batch.json").read_text())
@@ -141,9 +191,9 @@ def test_int8_batch_quick_run(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_service_throughput_compares_a_second_servers_settings(tiny_onnx_dir: Path, tmp_path: Path) -> None:
-    # benchmarks/service_throughput.py --compare on the tiny model: both servers run every round, each round's
+    # bench.py throughput --compare on the tiny model: both servers run every round, each round's
     # compared figure is divided by the first server's, and the second server ran with its settings (/info).
-    command = [sys.executable, str(BENCHMARKS / "service_throughput.py"), str(tiny_onnx_dir), "--texts", "8"]
+    command = [*BENCH, "throughput", str(tiny_onnx_dir), "--texts", "8"]
     command += ["--tokens", "4", "--beams", "1", "--concurrency", "2", "--rounds", "2", "--batch-size", "4"]
     command += ["--compare", "ONNXMT_ENCODER_THREADS=2,ONNXMT_THREADS=2", "--name", "t", "--out", str(tmp_path)]
     proc = subprocess.run(command, capture_output=True, text=True)
@@ -162,8 +212,8 @@ def test_service_throughput_compares_a_second_servers_settings(tiny_onnx_dir: Pa
 
 
 def test_encoder_pools_quick_run(tiny_onnx_dir: Path, tmp_path: Path) -> None:
-    # benchmarks/encoder_pools.py on the tiny model: every setting timed in every round.
-    command = [sys.executable, str(BENCHMARKS / "encoder_pools.py"), str(tiny_onnx_dir), "--texts", "12"]
+    # bench.py encoder-pools on the tiny model: every setting timed in every round.
+    command = [*BENCH, "encoder-pools", str(tiny_onnx_dir), "--texts", "12"]
     command += ["--pool", "4", "--rounds", "2", "--call-tokens", "0", "16", "--name", "t", "--out", str(tmp_path)]
     proc = subprocess.run(command, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -174,9 +224,9 @@ def test_encoder_pools_quick_run(tiny_onnx_dir: Path, tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_load_run_bounds_outputs_by_source_length(tiny_onnx_dir: Path, tmp_path: Path) -> None:
-    # benchmarks/load.py end to end on the tiny model: every request answered, and with --output-length source no
+    # bench.py load end to end on the tiny model: every request answered, and with --output-length source no
     # request generates more tokens than its source has (the server's own counter).
-    command = [sys.executable, str(BENCHMARKS / "load.py"), str(tiny_onnx_dir), "--concurrency", "1", "4"]
+    command = [*BENCH, "load", str(tiny_onnx_dir), "--concurrency", "1", "4"]
     command += ["--requests", "12", "--duration", "60", "--output-length", "source", "--name", "t", "--out"]
     proc = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -212,7 +262,7 @@ def test_nllb_quick_run_matches_transformers_and_ctranslate2(tmp_path: Path) -> 
     transformers' src_lang + forced_bos_token_id, CTranslate2's source token + target prefix) does the same work and
     the fp32 engines return the same tokens."""
     data = shared_data("flores200").parent
-    command = [sys.executable, str(BENCHMARKS / "bench.py"), "--model", "nllb-200-distilled-600M", "--quick"]
+    command = [*BENCH, "offline", "--model", "nllb-200-distilled-600M", "--quick"]
     proc = subprocess.run([*command, "--out", str(tmp_path), "--data", str(data)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "quick.json").read_text())
@@ -228,54 +278,17 @@ def test_nllb_quick_run_matches_transformers_and_ctranslate2(tmp_path: Path) -> 
     assert "nllb-200-distilled-600M's architecture, eng_Latn → zho_Hans" in proc.stdout
 
 
-def test_beam_peak_compares_directories(tiny_hf_dir: Path, tiny_onnx_dir: Path, tmp_path: Path) -> None:
-    """benchmarks/beam_peak.py: one fresh worker per directory, a row each with its peaks and speed, and the same
-    tokens for the same directory given twice; a CTranslate2 conversion of the same model in the same run (--ct2)
-    returns the same tokens as onnxmt."""
-    importorskip("ctranslate2")
-    sys.path.insert(0, str(BENCHMARKS))
-    import models
-
-    ct2 = tmp_path / "ct2"
-    models.convert_ct2(tiny_hf_dir, ct2, "float32", models.MODELS["opus-mt-en-zh"][0].spm_files)
-    # FLORES sentences cut to their first words: the tiny model has 64 positions, and CTranslate2 does not truncate.
-    data = tmp_path / "data"
-    (data / "flores200").mkdir(parents=True)
-    lines = (shared_data("flores200") / "devtest.eng_Latn").read_text(encoding="utf-8").splitlines()[:4]
-    (data / "flores200" / "devtest.eng_Latn").write_text("".join(" ".join(x.split()[:4]) + "\n" for x in lines))
-    out = tmp_path / "peak.json"
-    command = [sys.executable, str(BENCHMARKS / "beam_peak.py"), str(tiny_onnx_dir), str(tiny_onnx_dir)]
-    flags = ["--sentences", "4", "--batch-size", "2", "--tokens", "3", "--data", str(data), "--out", str(out)]
-    proc = subprocess.run([*command, *flags, "--ct2", f"{ct2}=float32"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
-    assert [r["engine"] for r in rows] == ["onnxmt", "onnxmt", "ctranslate2"]
-    assert all(r["same_tokens"] for r in rows)
-    assert rows[2]["result"]["pid"] != rows[0]["result"]["pid"] and f"| {ct2} |" in proc.stdout
-    for row in rows[:2]:
-        result = row["result"]
-        assert result["peak_rss_end_mb"] >= result["peak_rss_mb"] > 0
-        assert result["throughput"]["4x2"]["tokens_per_s"] > 0
-    assert rows[0]["result"]["pid"] != rows[1]["result"]["pid"]  # each directory in its own process
-    # The peak after each column, named by column; what the process held at its end, by mapping.
-    peaks = rows[0]["result"]["peak_rss_after_column_mb"]
-    assert list(peaks) == ["cold batch", "beam 4 latency", "beam 4 bs2"] and all(v > 0 for v in peaks.values())
-    resident = rows[0]["result"]["resident_end_mb"]
-    assert "[heap]" in resident and 0 < sum(resident.values()) <= rows[0]["result"]["peak_rss_end_mb"]
-    assert proc.stdout.count(f"| {tiny_onnx_dir} |") == 2
-
-
 def test_validate_sides_give_validates_report_with_no_torch_on_the_onnx_side(
     tiny_hf_dir: Path, tiny_onnx_dir: Path, tmp_path: Path
 ) -> None:
-    """benchmarks/validate_sides.py (big_models.py's "larger side" of validate): the reference side alone saves what
+    """bench.py validate-sides (big-models' "larger side" of validate): the reference side alone saves what
     validate computes, and the ONNX side run from it, without importing torch, reports what validate reports."""
     texts = tmp_path / "texts.txt"
     texts.write_text("Where is the doctor?\nThe river is long and the mountain is high.\n", encoding="utf-8")
     common = [str(tiny_onnx_dir), "--reference", str(tiny_hf_dir), "--input", str(texts), "--min-identical", "0"]
     common += ["--max-new-tokens", "8"]
     state = tmp_path / "state"
-    script = [sys.executable, str(BENCHMARKS / "validate_sides.py")]
+    script = [*BENCH, "validate-sides"]
     for side in ("reference", "onnx"):
         report = ["--report", str(tmp_path / side)]
         proc = subprocess.run([*script, side, str(state), "--", *common, *report], capture_output=True, text=True)

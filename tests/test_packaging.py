@@ -56,6 +56,9 @@ def test_sdist_and_wheel_carry_the_package_and_its_metadata(dist: Path) -> None:
     metadata = Parser().parsestr(zipfile.ZipFile(wheel).read(metadata_name).decode())
     assert metadata["License-Expression"] == "Apache-2.0"
     assert "Typing :: Typed" in metadata.get_all("Classifier")
+    urls = dict(url.split(", ", 1) for url in metadata.get_all("Project-URL"))
+    assert set(urls) == {"Homepage", "Documentation", "Issues", "Source"}
+    assert all(url.startswith(urls["Homepage"]) for url in urls.values()), urls  # all in the one repository
     extras = set(metadata.get_all("Provides-Extra"))
     assert {"export", "serve", "documents", "eval", "bench", "ray", "dev"} <= extras
     with tarfile.open(sdist) as archive:

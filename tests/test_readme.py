@@ -193,5 +193,5 @@ def test_every_block_is_collected() -> None:
     service."""
     idents = [ident for ident, _, _ in BLOCKS]
     assert len(BLOCKS) >= 10
-    for expected in ("top", "set-up", "without-the-hub-2", "use-it-as-a-library", "serve-over-http"):
+    for expected in ("top", "set-up", "without-the-hub", "use-it-as-a-library", "serve-over-http"):
         assert expected in idents, idents

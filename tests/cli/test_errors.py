@@ -28,6 +28,14 @@ def test_binary_and_non_utf8_input_name_the_source(tiny_onnx_dir: Path, tmp_path
     assert one_line_error(run_cli(*model, "-i", str(tmp_path))) == f"{tmp_path} is a directory; --input takes a file"
 
 
+def test_an_argument_that_is_not_utf8_is_one_line(tiny_onnx_dir: Path) -> None:
+    # Python hands such bytes over as lone surrogates (surrogateescape), which no tokenizer can encode: the byte
+    # 0xff, and the three bytes a lone surrogate U+D800 would be in UTF-8, as a shell passes them on.
+    for raw in ("\udcff", "\udced\udca0\udc80"):
+        done = run_cli("translate", "-m", str(tiny_onnx_dir), "--max-new-tokens", "3", "fine", f"a{raw}b")
+        assert one_line_error(done) == "text argument 2 is not UTF-8 text"
+
+
 def test_stdin_keeps_working_for_good_text(tiny_onnx_dir: Path) -> None:
     done = run_cli("translate", "-m", str(tiny_onnx_dir), "--max-new-tokens", "3", input="\ufeffHello\r\n\nworld\n")
     assert done.returncode == 0, done.stderr

@@ -254,3 +254,8 @@ def test_a_plan_carries_each_sentences_ids_and_bounds_their_total(translator: Tr
     # Twice the text, twice the tokens: the bound scales with the document, as the cost it stands for.
     doubled = plan_texts([text + " " + text], counting(translator), DocumentLimits(max_tokens=2 * total + 2))
     assert 2 * total - 2 <= sum(doubled.tokens) <= 2 * total + 2
+
+
+def test_a_lone_surrogate_is_a_value_error_before_the_sentence_splitter(translator: Translator) -> None:
+    with pytest.raises(ValueError, match=r"texts\[0\] is not valid Unicode text: a lone surrogate"):
+        translate_document(translator, "Hello. \udc00 there.")

@@ -1,8 +1,7 @@
 """The hostile documents of tests/serve/test_documents_hostile.py (zip and XML bombs, long unbroken text, blank-line
-floods, many small cues, entity runs, unclosed markup), which benchmarks/hostile_documents.py sends one by one too,
-and the resident memory of a server's process tree. Building them needs python-docx. And hostile model directories
-(sizes, external data, links out, corrupted weights) for tests/runtime/test_dircheck.py and
-tests/serve/test_hostile_models.py."""
+floods, many small cues, entity runs, unclosed markup) and the resident memory of a server's process tree. Building
+them needs python-docx. And hostile model directories (sizes, external data, links out, corrupted weights) for
+tests/runtime/test_dircheck.py and tests/serve/test_hostile_models.py."""
 
 from __future__ import annotations
 

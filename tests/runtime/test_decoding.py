@@ -402,7 +402,7 @@ def test_cache_buffers_grow_by_a_chunk_to_whole_key_blocks_and_not_past_the_limi
 
 def test_a_cache_buffer_can_be_stepped_again(buffered: Translator) -> None:
     # The step writes the new key/value into the buffers past the cache's length, never below it: stepping the
-    # same cache again (as benchmarks/steps.py does) gives the same logits.
+    # same cache again (as `bench.py probes steps` does) gives the same logits.
     ids = np.array([[5, 6, 7, 0]], dtype=np.int64)
     cache = buffered.graphs.encode(ids, np.ones_like(ids))
     for token in (11, 12, 13):

@@ -125,6 +125,16 @@ def test_wrong_types_raise_type_error(translator: Translator, texts: object, mes
         translator.translate(texts)  # type: ignore[arg-type]
 
 
+def test_a_lone_surrogate_is_a_value_error_naming_the_text(translator: Translator) -> None:
+    # "\ud800" is legal in JSON and in a str, not text: sentencepiece would fail with a pybind11 cast error.
+    message = r"texts\[1\] is not valid Unicode text: a lone surrogate '\\ud800' at position 1"
+    with pytest.raises(ValueError, match=message):
+        translator.translate(["fine", "a\ud800b"])
+    with pytest.raises(ValueError, match="lone surrogate"):
+        list(translator.translate_iter(["\udfff"]))
+    assert translator.translate(["a\U0001f600b"], max_new_tokens=2)[0].text is not None  # a pair is text
+
+
 def test_invalid_settings_raise_value_error(translator: Translator) -> None:
     with pytest.raises(ValueError, match="num_return_sequences"):
         translator.translate(["a"], beams=2, num_return_sequences=3)

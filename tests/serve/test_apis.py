@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from onnxmt.serve.prompts import read_chat
@@ -40,6 +41,21 @@ def test_schemathesis_finds_no_server_error_on_the_apis(server: Server, tmp_path
     assert out.returncode == 0, report
     summary = re.search(r"(\d+) generated, (\d+) passed", report)
     assert summary and int(summary[1]) > 50 and summary[1] == summary[2], report
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v2/translate", '{"text": ["fine", "a\\ud800"], "target_lang": "ZH"}', "text"),
+        ("/language/translate/v2", '{"q": "a\\udc00", "target": "zh"}', "q"),
+        ("/v1/chat/completions", '{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}', "messages"),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_the_field(server: Server, path: str, body: str, field: str) -> None:
+    # Legal JSON, not text: refused before any tokenizer sees it, in each API's own error shape.
+    answer = httpx.post(server.url + path, content=body, headers={"Content-Type": "application/json"}, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert f"{field} is not valid Unicode text (it holds a lone surrogate)" in answer.text
 
 
 def user(text: str) -> dict[str, str]:

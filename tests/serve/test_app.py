@@ -652,8 +652,8 @@ def test_page_translates_in_headless_chromium(server: Server, translator: Transl
 
 
 def test_load_script(tiny_onnx_dir: Path, tmp_path: Path) -> None:
-    script = ROOT / "benchmarks" / "load.py"
-    command = [sys.executable, str(script), str(tiny_onnx_dir), "--concurrency", "1", "4", "--requests", "8"]
+    script = ROOT / "benchmarks" / "bench.py"
+    command = [sys.executable, str(script), "load", str(tiny_onnx_dir), "--concurrency", "1", "4", "--requests", "8"]
     command += ["--duration", "30", "--max-new-tokens", "5", "--name", "test", "--out", str(tmp_path)]
     out = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

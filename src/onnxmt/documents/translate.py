@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..architectures import PARAGRAPH, SENTENCE, Prompt, check_text_unit, text_unit
 from ..languages import parse
+from ..tokenization.base import check_unicode
 from .limits import DEFAULT_LIMITS, DocumentLimits
 from .segment import Piece, fit, join, split_sentences
 
@@ -109,6 +110,7 @@ def plan_texts(
     """`texts` cut into the model's units of text (`counting.unit`): sentences, or paragraphs (lines, see
     `split_lines`), each fitting the model; DocumentTooLarge past `limits`."""
     limits.check_texts(len(texts))
+    check_unicode(texts)  # before the sentence splitter, which cannot take a lone surrogate either
     encode = counting.encoder(tokenizer)
     fits = _surely_fits(lambda text: len(encode(text)), counting.limit)
     if counting.unit == PARAGRAPH:

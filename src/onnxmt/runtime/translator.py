@@ -16,6 +16,7 @@ import numpy as np
 from ..architectures import LanguageScheme, Prompt, scheme_for
 from ..architectures.decoder_only import check_request, glossary_pairs
 from ..manifest import Manifest, ModelDirError, read_manifest, verify_files
+from ..tokenization.base import check_unicode
 from .cache import Cache
 from .cancel import CancelToken
 from .capabilities import Capabilities
@@ -541,6 +542,7 @@ def _check_texts(texts: object) -> None:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"texts[{i}] is {type(text).__name__}, expected str")
+    check_unicode(texts)
 
 
 def open_graphs(

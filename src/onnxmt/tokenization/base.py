@@ -59,6 +59,20 @@ class Truncating:
         return ids[excess:] if self.truncation_side == "left" else ids[:-excess]
 
 
+def check_unicode(texts: Sequence[str]) -> None:
+    """ValueError naming the first text that holds a lone surrogate (`"\\ud800"`: legal in JSON and in a Python str,
+    not text; no tokenizer can encode it). Refused, as the service refuses it, rather than replaced with U+FFFD
+    behind the caller's back."""
+    for i, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"texts[{i}] is not valid Unicode text: a lone surrogate {text[e.start]!r} at position {e.start}"
+                " (from bytes decoded with errors='surrogateescape'? decode them with errors='replace')"
+            ) from None
+
+
 def clean_up_tokenization(text: str) -> str:
     for before, after in (
         (" .", "."),
