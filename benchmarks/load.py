@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,10 +142,13 @@ async def run_level(
     requests: int,
     duration: float,
     lengths: list[list[int]] | None = None,
+    at_last_send: Callable[[], Any] | None = None,
+    marks: dict[str, Any] | None = None,
 ):
     """`concurrency` clients sending requests back to back until `requests` are sent or `duration` has passed;
     request i has body i mod len(bodies), with a text of that body's source language (`texts[i mod n]`) and, with
-    `lengths`, that text's max_new_tokens."""
+    `lengths`, that text's max_new_tokens. `at_last_send` (with `marks`): called (in a thread) as the last request
+    is about to be sent, while every client is still busy; `marks` gets its value and the seconds since the start."""
     latencies: list[float] = []
     errors: dict[str, int] = {}
     sent = 0
@@ -159,6 +163,9 @@ async def run_level(
             if lengths is not None:
                 fields["max_new_tokens"] = lengths[sent % len(bodies)][index]
             sent += 1
+            if sent == requests and at_last_send is not None and marks is not None:
+                marks["seconds"] = time.monotonic() - (deadline - duration)
+                marks["value"] = await asyncio.to_thread(at_last_send)
             started = time.perf_counter()
             try:
                 async with client.post("/translate", json=fields) as response:

@@ -8,7 +8,9 @@ serve` on 127.0.0.1 (`--max-batch-size` = `--batch-size`), C clients sending the
 the same decoding (`max_new_tokens` `--tokens`: a random model rarely ends a text sooner). Tokens/s count the tokens
 generated (the service's from its /metrics counter), so they compare the same work. Rounds interleave offline and
 each concurrency; medians are reported, with the load average, and "per round": the median over rounds of each
-round's service figure over its offline one (adjacent runs share the machine's speed, which drifts between rounds).
+round's service figure over its offline one (adjacent runs share the machine's speed, which drifts between rounds);
+"sustained": the same until the last request is sent, while all C clients are busy (the rest of a service run is
+its drain, fewer and fewer clients, which the offline call's equal-length batches do not have).
 Where the service's time goes: decoder rows per step, ms per step, and the step share (the running batch's steps'
 seconds over the wall clock; the rest is encoding, HTTP and the event loop). Every other round runs the
 concurrency levels in reverse order (the machine's speed drifts within a round too). `--compare VAR=VALUE[,...]`
@@ -28,7 +30,9 @@ import statistics
 import subprocess
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -76,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     # Where the service's time goes, per concurrency and round: decoder rows per step, and the share of the
     # wall clock spent in the running batch's steps (the rest: encoding, HTTP, the event loop, idle waits).
     shapes: dict[str, list[dict[str, float]]] = {key: [] for key in keys}
+    sustained: dict[str, list[float]] = {key: [] for key in keys}
     try:
         translator.translate(texts[:4], target_lang=target)  # warm-up, all sides
         for _, url in servers.values():
@@ -93,12 +98,21 @@ def main(argv: list[str] | None = None) -> None:
             levels = args.concurrency if round_ % 2 == 0 else args.concurrency[::-1]
             for concurrency, (name, (_, url)) in ((c, server) for c in levels for server in order):
                 before = batch_sizes(url)
-                latencies, errors, elapsed = asyncio.run(run_level(url, [body], [texts], concurrency, len(texts), 600))
+                marks: dict[str, Any] = {}
+                latencies, errors, elapsed = asyncio.run(
+                    run_level(
+                        url, [body], [texts], concurrency, len(texts), 600, None, partial(batch_sizes, url), marks
+                    )
+                )
                 if errors or len(latencies) != len(texts):
                     raise SystemExit(f"{name}, {concurrency} clients: {errors}, {len(latencies)} answered")
                 after = batch_sizes(url)
                 generated = after["generated_tokens"] - before["generated_tokens"]
                 figures[f"{name} {concurrency}"].append(generated / elapsed)
+                # Sustained: until the last request is sent, while every client is busy (the rest of a run is its
+                # drain, fewer and fewer clients: the offline call has no such tail with texts of equal lengths).
+                at_last = marks["value"]["generated_tokens"] - before["generated_tokens"]
+                sustained[f"{name} {concurrency}"].append(at_last / marks["seconds"])
                 steps = after["steps"] - before["steps"]
                 shapes[f"{name} {concurrency}"].append({
                     "rows_per_step": (after["step_rows"] - before["step_rows"]) / max(steps, 1),
@@ -124,6 +138,11 @@ def main(argv: list[str] | None = None) -> None:
             for k, v in figures.items()
             if k != "offline"
         },
+        "sustained_tokens_per_s": sustained,
+        # Each round's sustained figure over its offline one.
+        "sustained_round_ratios": {
+            k: [round(a / b, 3) for a, b in zip(v, figures["offline"], strict=True)] for k, v in sustained.items()
+        },
         "shapes": shapes,
         "servers": running,
         "compared_over_service": {
@@ -139,14 +158,18 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"service-throughput-{args.name or args.model_dir.name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print("| | tokens/s (median) | / offline | per round | rows/step | ms/step | step share | encoder calls |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| | tokens/s (median) | / offline | per round | sustained, per round | rows/step | ms/step | step share "
+        "| encoder calls |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for key, value in medians.items():
         shape = {k: statistics.median(r[k] for r in shapes[key]) for k in shapes[key][0]} if key in shapes else {}
         cells = [f"{shape[k]:.{d}f}" if shape else "" for k, d in
                  (("rows_per_step", 1), ("ms_per_step", 1), ("step_share", 2), ("encoder_calls", 0))]  # fmt: skip
         rounds = f"{statistics.median(result['round_ratios'][key]):.2f}" if key in shapes else ""
-        print(f"| {key} | {value} | {result['ratios'][key]:.2f} | {rounds} | " + " | ".join(cells) + " |")
+        held = f"{statistics.median(result['sustained_round_ratios'][key]):.2f}" if key in shapes else ""
+        print(f"| {key} | {value} | {result['ratios'][key]:.2f} | {rounds} | {held} | " + " | ".join(cells) + " |")
     for c, ratios in result["compared_over_service"].items():
         median = statistics.median(ratios)
         print(f"\ncompared ({args.compare}) over service, {c}: per round {ratios}, median {median:.3f}")
