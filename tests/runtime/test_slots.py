@@ -3,9 +3,12 @@ live rows hold what concatenating and gathering the caches would hold, wherever 
 
 from __future__ import annotations
 
-import numpy as np
+import importlib
 
-from onnxmt.runtime.cache import Cache
+import numpy as np
+import pytest
+
+from onnxmt.runtime.cache import Cache, buffer_zeros
 from onnxmt.runtime.slots import CacheSlots
 
 HEADS, DIM, LAYERS = 2, 3, 2
@@ -146,3 +149,29 @@ def test_a_wider_source_reallocates_the_cross_attention_buffers_only() -> None:
     assert slots.kv is not kv and slots.cross is cross  # longer: the self-attention cache only
     sentences = [(t.mask[0], *(a[0] for a in t.cross_kv or ())) for t in (narrow, narrow, wide)]
     _same_live(slots, rows, sentences)
+
+
+def test_cache_buffers_are_allocated_in_small_pages_and_numpys_setting_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large cache buffer is allocated with numpy's transparent-huge-page advice off (slow first writes where the
+    kernel compacts memory to find huge pages), a small one as numpy allocates; numpy's setting is restored, on or
+    off, and the buffer is zeros."""
+    multiarray = importlib.import_module("numpy._core.multiarray")
+    seen: list[bool] = []
+    real = np.zeros
+
+    def zeros(*args: object, **kwargs: object) -> np.ndarray:
+        seen.append(bool(multiarray._get_madvise_hugepage()))
+        return real(*args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(np, "zeros", zeros)
+    for setting in (True, False):
+        previous = multiarray._set_madvise_hugepage(setting)
+        try:
+            big = buffer_zeros((64, 8, 64, 64), np.float32)  # 8 MB
+            small = buffer_zeros((2, 8, 64, 64), np.float32)
+            assert multiarray._get_madvise_hugepage() is setting
+        finally:
+            multiarray._set_madvise_hugepage(previous)
+        assert big.shape == (64, 8, 64, 64) and big.dtype == np.float32 and not big.any()
+        assert not small.any()
+    assert seen == [False, True, False, False]

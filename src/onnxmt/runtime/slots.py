@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cache import SELF_KV_CHUNK, Cache, aligned, next_capacity
+from .cache import SELF_KV_CHUNK, Cache, aligned, buffer_zeros, next_capacity
 
 
 @dataclass
@@ -214,7 +214,7 @@ def _more(capacity: int, needed: int) -> int:
 
 def _copied(a: np.ndarray, shape: tuple[int, ...], live: int, keep: int) -> np.ndarray:
     """A zeroed array of `shape` holding `a`'s first `live` rows and first `keep` places along axis 2."""
-    out = np.zeros(shape, a.dtype)
+    out = buffer_zeros(shape, a.dtype)
     index = (slice(0, live), slice(None), slice(0, keep))
     out[index] = a[index]
     return out
