@@ -33,7 +33,7 @@ def header_key(request: Request, *schemes: str) -> str | None:
 def check_key(service: Service, key: str | None, status: int, message: str) -> None:
     """When keys are on, `key` must be one: ApiError `status` with `message` otherwise."""
     try:
-        service.check_key(key)
+        service.quota.check_key(key)
     except ApiError as e:
         raise ApiError(status, message) from e
 

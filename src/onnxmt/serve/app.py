@@ -72,13 +72,13 @@ async def _authorize(request: Request, *, always: bool = False) -> Fields:
     body holds. A key in the query string is checked before the body is even read."""
     service = _service(request)
     options = service.options
-    needs_key = (always or options.protect_all) and service.keys_on
+    needs_key = (always or options.protect_all) and service.quota.keys_on()
     query_key = query_api_key(request)
     if needs_key and query_key is not None:
-        service.check_key(query_key)
+        service.quota.check_key(query_key)
     fields = await read_fields(request)
     if needs_key and query_key is None:
-        service.check_key(fields.data.get("api_key"))
+        service.quota.check_key(fields.data.get("api_key"))
     return fields
 
 

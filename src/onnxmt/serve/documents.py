@@ -137,7 +137,7 @@ def _chunks(
     service: Service, plan: Plan, cost: Cost, first: int | None = None, size: int | None = None
 ) -> Iterator[tuple[list[str], list[Sequence[int]]]]:
     """The plan's sentences (and their source ids) as consecutive requests, each under every model's request limit
-    (--max-request-cost, capped by --max-cache-mb: Service.cost_limits) and of at most `size` texts (default and
+    (--max-request-cost, capped by --max-cache-mb: serve/costs.py) and of at most `size` texts (default and
     at most: --max-texts); the first of at most `first`."""
     limit = service.smallest_request_limit()
     size = min(size or service.options.max_texts, service.options.max_texts)
@@ -175,11 +175,11 @@ async def translate_file(request: Request) -> JSONResponse:
     .htm, .md, .docx."""
     service = _service(request)
     query_key = query_api_key(request)
-    if service.keys_on and query_key is not None:
-        service.check_key(query_key)
+    if service.quota.keys_on() and query_key is not None:
+        service.quota.check_key(query_key)
     fields, upload = await _upload(request)
-    if service.keys_on and query_key is None:
-        service.check_key(fields.get("api_key"))
+    if service.quota.keys_on() and query_key is None:
+        service.quota.check_key(fields.get("api_key"))
     if upload is None:
         raise ApiError(400, "Invalid request: missing file parameter (a multipart upload named file)")
     filename = Path(upload.filename or "").name
@@ -260,7 +260,7 @@ async def download_file(request: Request) -> Response:
     service = _service(request)
     if service.options.protect_all:
         fields = await read_fields(request)
-        service.check_key(query_api_key(request) or fields.data.get("api_key"))
+        service.quota.check_key(query_api_key(request) or fields.data.get("api_key"))
     name = request.path_params["filename"]
     # Only names the store made: nothing else on the disk can be named.
     path = service.downloads.path(name)
@@ -281,11 +281,11 @@ async def translate_stream(request: Request) -> Response:
     the first piece is an ordinary error answer; one after it, an `event: error` with `{"error", "status"}`."""
     service = _service(request)
     query_key = query_api_key(request)
-    if service.keys_on and query_key is not None:
-        service.check_key(query_key)
+    if service.quota.keys_on() and query_key is not None:
+        service.quota.check_key(query_key)
     fields = await read_fields(request)
-    if service.keys_on and query_key is None:
-        service.check_key(fields.data.get("api_key"))
+    if service.quota.keys_on() and query_key is None:
+        service.quota.check_key(fields.data.get("api_key"))
     parsed = parse_translate(fields.checked(), service.options, form=fields.form)
     if parsed.batch:
         raise ApiError(400, "Invalid request: /translate/stream translates one text: q must be a string")
