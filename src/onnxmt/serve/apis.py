@@ -89,16 +89,9 @@ async def translate_texts(
     /languages names it, or None when the source was given). With `on_partial` (a stream) the response watches
     for the client's disconnect itself and cancels the translation, so it is not watched here too."""
     service = service_of(request)
+    kind = "html" if html else "text"
     parsed = TranslateRequest(
-        texts=texts,
-        batch=True,
-        source=source,
-        target=target,
-        api_key=None,
-        alternatives=0,
-        beams=beams,
-        max_new_tokens=max_new_tokens,
-        format="html" if html else "text",
+        texts, batch=True, source=source, target=target, beams=beams, max_new_tokens=max_new_tokens, format=kind
     )
     gone = partial(_gone, request)
     if html:

@@ -30,11 +30,11 @@ from ..documents.segment import Piece
 from ..documents.stream import Joiner, Update
 from ..documents.translate import Plan, join_texts
 from .downloads import TooLargeToStore
-from .fields import query_api_key, read_fields, with_api_key
+from .fields import encodable, query_api_key, read_fields, with_api_key
 from .limits import charge
 from .pool import RETRY_AFTER
-from .protocol import ApiError, TranslateRequest, parse_translate
-from .schemas import ErrorAnswer, decoding_property, errors, translate_request
+from .protocol import UPLOAD_FIELDS, ApiError, TranslateRequest, parse_translate
+from .schemas import ErrorAnswer, errors, translate_request, upload_request
 from .service import Service
 from .workers import ClientLeft, JobError, WorkerBusy, WorkerGone, WorkerTimeout
 
@@ -239,20 +239,11 @@ async def _upload(request: Request) -> tuple[dict[str, Any], UploadFile | None]:
             raise ApiError(400, "Invalid request: file must be a file upload, not a form field")
         else:
             fields[key] = value
-    kept = ("source", "target", "api_key", "beams", "max_new_tokens", "glossary", "context")
-    for key in ("format", *kept):
-        field = fields.get(key)
-        if isinstance(field, str) and not _encodable(field):
-            raise ApiError(400, f"Invalid request: {key} is not valid Unicode text")
-    return {k: v for k, v in with_api_key(fields).items() if k in kept}, upload
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    kept = {k: v for k, v in with_api_key(fields).items() if k in UPLOAD_FIELDS}
+    bad = next((k for k, v in kept.items() if not encodable(v)), None)
+    if bad is not None:
+        raise ApiError(400, f"Invalid request: {bad} is not valid Unicode text")
+    return kept, upload
 
 
 async def download_file(request: Request) -> Response:
@@ -366,32 +357,7 @@ def _sse(data: dict[str, Any], event: str | None = None) -> str:
     return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-UPLOAD_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {
-                        "file": {"type": "string", "format": "binary", "description": ", ".join(FORMATS)},
-                        "source": {"type": "string", "examples": ["en"]},
-                        "target": {"type": "string", "examples": ["zh"]},
-                        "api_key": {"type": "string"},
-                        "beams": decoding_property("beams"),
-                        "max_new_tokens": decoding_property("max_new_tokens"),
-                        "glossary": {
-                            "type": "string",
-                            "description": "JSON: [[source, target], ...] or {source: target}",
-                        },
-                        "context": {"type": "string"},
-                    },
-                }
-            }
-        },
-    }
-}
+UPLOAD_BODY = upload_request(", ".join(FORMATS))
 Answers = dict[int | str, dict[str, Any]]
 FILE_ANSWER: Answers = {
     200: {
