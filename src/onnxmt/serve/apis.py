@@ -11,14 +11,10 @@ from typing import Any
 from starlette.requests import Request
 
 from .documents import translate_html_request
+from .handlers import gone, service_of
 from .limits import LimitExceeded, charge
 from .protocol import ApiError, TranslateRequest, type_name
 from .service import Service
-
-
-def service_of(request: Request) -> Service:
-    service: Service = request.app.state.service
-    return service
 
 
 def header_key(request: Request, *schemes: str) -> str | None:
@@ -93,11 +89,11 @@ async def translate_texts(
     parsed = TranslateRequest(
         texts, batch=True, source=source, target=target, beams=beams, max_new_tokens=max_new_tokens, format=kind
     )
-    gone = partial(_gone, request)
+    disconnected = partial(gone, request)
     if html:
-        answer = await translate_html_request(service, parsed, gone)
+        answer = await translate_html_request(service, parsed, disconnected)
     else:
-        answer = await service.translate(parsed, None if on_partial else gone, on_partial=on_partial)
+        answer = await service.translate(parsed, None if on_partial else disconnected, on_partial=on_partial)
     detected = answer.get("detectedLanguage")
     language = detected[0]["language"] if detected else None
     return list(answer["translatedText"]), language
@@ -107,12 +103,6 @@ async def detect_language(request: Request, text: str) -> tuple[str, float]:
     """(the language /languages names it by, confidence 0-100) of `text`."""
     best = (await service_of(request).detect(text))[0].libretranslate()
     return str(best["language"]), float(best["confidence"])
-
-
-async def _gone(request: Request) -> None:
-    """Returns when the client has disconnected (the body is read by now: the next message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def language_names(service: Service) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:

@@ -20,13 +20,13 @@ from .apis import (
     count,
     header_key,
     language_names,
-    service_of,
     string_of,
     texts_of,
     translate_texts,
 )
 from .errors import error_responses
 from .fields import read_fields
+from .handlers import service_of
 from .protocol import ApiError
 
 QUOTA_EXCEEDED = 456  # DeepL's status for a spent character quota

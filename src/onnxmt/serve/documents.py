@@ -31,6 +31,7 @@ from ..documents.stream import Joiner, Update
 from ..documents.translate import Plan, join_texts
 from .downloads import TooLargeToStore
 from .fields import encodable, query_api_key, read_fields, with_api_key
+from .handlers import authorize, gone, request_key, service_of
 from .limits import charge
 from .pool import RETRY_AFTER
 from .protocol import UPLOAD_FIELDS, ApiError, TranslateRequest, parse_translate
@@ -52,11 +53,6 @@ MEDIA_TYPES = {
     "markdown": "text/markdown; charset=utf-8",
     "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
 }
-
-
-def _service(request: Request) -> Service:
-    service: Service = request.app.state.service
-    return service
 
 
 async def _in_worker(
@@ -173,7 +169,7 @@ async def translate_file(request: Request) -> JSONResponse:
     """Translate an uploaded file (LibreTranslate's API: multipart fields `file`, `source`, `target`, `api_key`);
     the answer's `translatedFileUrl` downloads the translation. Formats by extension: .txt, .srt, .vtt, .html,
     .htm, .md, .docx."""
-    service = _service(request)
+    service = service_of(request)
     query_key = query_api_key(request)
     if service.quota.keys_on() and query_key is not None:
         service.quota.check_key(query_key)
@@ -192,18 +188,12 @@ async def translate_file(request: Request) -> JSONResponse:
     await charge(request, service.quota, query_key or fields.get("api_key"), 0)
     data = await upload.read()
     service.require_ready()
-    result, _ = await translate_document(service, parsed, kind, data, partial(_gone, request))
+    result, _ = await translate_document(service, parsed, kind, data, partial(gone, request))
     try:
         name = await asyncio.to_thread(service.downloads.store, filename, result)
     except TooLargeToStore as e:
         raise ApiError(413, str(e)) from e
     return JSONResponse({"translatedFileUrl": _download_url(request, service, name)})
-
-
-async def _gone(request: Request) -> None:
-    """Returns when the client has disconnected (the body is read by now: the next message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _download_url(request: Request, service: Service, name: str) -> str:
@@ -248,7 +238,7 @@ async def _upload(request: Request) -> tuple[dict[str, Any], UploadFile | None]:
 
 async def download_file(request: Request) -> Response:
     """A translated file, by the name `translatedFileUrl` gave (kept --keep-files-seconds)."""
-    service = _service(request)
+    service = service_of(request)
     if service.options.protect_all:
         fields = await read_fields(request)
         service.quota.check_key(query_api_key(request) or fields.data.get("api_key"))
@@ -270,23 +260,18 @@ async def translate_stream(request: Request) -> Response:
     piece}` with each piece of the translation as soon as it is known (token by token with greedy search on a model
     batched in flight, else sentence by sentence), then `event: done` with the whole translation. An error before
     the first piece is an ordinary error answer; one after it, an `event: error` with `{"error", "status"}`."""
-    service = _service(request)
-    query_key = query_api_key(request)
-    if service.quota.keys_on() and query_key is not None:
-        service.quota.check_key(query_key)
-    fields = await read_fields(request)
-    if service.quota.keys_on() and query_key is None:
-        service.quota.check_key(fields.data.get("api_key"))
+    service = service_of(request)
+    fields = await authorize(request, always=True)
     parsed = parse_translate(fields.checked(), service.options, form=fields.form)
     if parsed.batch:
         raise ApiError(400, "Invalid request: /translate/stream translates one text: q must be a string")
-    await charge(request, service.quota, query_key or fields.data.get("api_key"), len(parsed.texts[0]))
+    await charge(request, service.quota, request_key(request, fields), len(parsed.texts[0]))
     if parsed.format != "text":
         raise ApiError(400, "Invalid request: /translate/stream translates text; format must be text")
     catalog, _ = service.require_ready()
     # The text's language detected once, on the whole text: its sentences are translated from it, not each from
     # what a detector makes of it alone.
-    parsed, plan, cost, _ = await _plan(service, parsed, prepare.TEXTS, parsed.texts, partial(_gone, request))
+    parsed, plan, cost, _ = await _plan(service, parsed, prepare.TEXTS, parsed.texts, partial(gone, request))
     pivot = catalog.route(parsed.source, parsed.target).pivot  # said in the last event, as /translate says it
     updates = _updates(service, parsed, plan, cost)
     # The first update before the answer starts: errors until then (400, 413, 503) keep their status.

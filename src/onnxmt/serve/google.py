@@ -22,13 +22,13 @@ from .apis import (
     count,
     detect_language,
     language_names,
-    service_of,
     string_of,
     texts_of,
     translate_texts,
 )
 from .errors import error_responses
 from .fields import read_fields
+from .handlers import service_of
 from .protocol import ApiError
 
 # /languages' codes as Google names them.

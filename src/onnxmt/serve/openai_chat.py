@@ -26,9 +26,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
-from .apis import check_key, count, header_key, service_of, string_of, texts_of, translate_texts, type_name
+from .apis import check_key, count, header_key, string_of, texts_of, translate_texts, type_name
 from .errors import error_responses
 from .fields import read_fields
+from .handlers import service_of
 from .prompts import read_chat
 from .protocol import ApiError
 
