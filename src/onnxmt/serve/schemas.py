@@ -160,6 +160,12 @@ def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "properties": properties}
 
 
+def json_body(required: list[str], properties: dict[str, Any], *, needed: bool = True) -> dict[str, Any]:
+    """An OpenAPI request body of one JSON object (the DeepL, Google and OpenAI APIs' own, written by hand)."""
+    schema = {"type": "object", "required": required, "properties": properties}
+    return {"required": needed, "content": {"application/json": {"schema": schema}}}
+
+
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     descriptions = {
         400: "Malformed body, wrong types, unknown language, or a limit exceeded",
