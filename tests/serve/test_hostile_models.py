@@ -89,9 +89,10 @@ def test_languages_and_frontend_settings_are_made_once(
 
 def test_catalog_lists_once(tiny_multi_onnx_dir: Path, tiny_zh_en_onnx_dir: Path) -> None:
     from onnxmt.runtime.modeldir import load_manifest
-    from onnxmt.serve.loading import entry
+    from onnxmt.serve.loading import model_entry
 
-    entries = [entry(d, d.name, load_manifest(d, verify=False)) for d in (tiny_multi_onnx_dir, tiny_zh_en_onnx_dir)]
+    dirs = (tiny_multi_onnx_dir, tiny_zh_en_onnx_dir)
+    entries = [model_entry(d, d.name, load_manifest(d, verify=False)) for d in dirs]
     listed = Catalog(entries, "en")
     assert listed.libretranslate() is listed.libretranslate() and listed.pairs() is listed.pairs()
     assert listed.libretranslate() == Catalog(entries, "en").libretranslate()

@@ -48,7 +48,8 @@ class Loader:
         names = unique_names(dirs)
         options = self.manifest_options()
         return [
-            entry(d, name, load_manifest(d, verify=False, options=options)) for d, name in zip(dirs, names, strict=True)
+            model_entry(d, name, load_manifest(d, verify=False, options=options))
+            for d, name in zip(dirs, names, strict=True)
         ]
 
     def translator(self, directory: Path) -> Translator:
@@ -125,7 +126,7 @@ def holds_models(path: Path) -> bool:
     return path.is_dir() and not is_model_dir(path)
 
 
-def entry(directory: Path, name: str, manifest: Manifest) -> ModelEntry:
+def model_entry(directory: Path, name: str, manifest: Manifest) -> ModelEntry:
     """The entry of a model directory, by its manifest."""
     return ModelEntry(name, directory, manifest, Languages(manifest), model_bytes(directory, manifest))
 

@@ -38,7 +38,7 @@ from .detect import Detected, Detector
 from .downloads import Downloads
 from .info import listings, service_info
 from .limits import Quota
-from .loading import Loader, entry, holds_models
+from .loading import Loader, holds_models, model_entry
 from .metrics import Metrics
 from .options import ServeOptions
 from .pool import RETRY_AFTER, ModelPool, without_paths
@@ -119,7 +119,7 @@ class Service:
             if len(self.model_dirs) == 1 and not holds_models(self.model_dirs[0]):
                 directory = self.model_dirs[0]
                 translator = await loop.run_in_executor(self._executor, self.loader.translator, directory)
-                entries = [entry(directory, directory.name, translator.manifest)]
+                entries = [model_entry(directory, directory.name, translator.manifest)]
             else:
                 translator = None
                 entries = await loop.run_in_executor(self._executor, self.loader.read_entries, self.model_dirs)
