@@ -12,6 +12,12 @@ from typing import Any, ClassVar
 from .builder import ModelSpec, generate_corpus, train_spm
 
 EOS = 2  # fairseq's dictionary: <s> <pad> </s> <unk>
+# fairseq's transformer-large sizes, which facebook/nllb-200-distilled-600M and mbart-large-50 both have; a benchmark
+# model of either adds the real vocabulary's size (`pieces` trained, the rest padded).
+TRANSFORMER_LARGE: dict[str, Any] = {
+    "d_model": 1024, "encoder_layers": 12, "decoder_layers": 12, "attention_heads": 16, "ffn_dim": 4096,
+    "max_position_embeddings": 1024, "pieces": 8000, "init_std": 0.02,
+}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

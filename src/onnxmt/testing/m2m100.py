@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .builder import spm_pieces, write_json
-from .fairseq import EOS, FairseqSpec
+from .fairseq import EOS, TRANSFORMER_LARGE, FairseqSpec
 
 # facebook/m2m100_418M (hub), sizes aside. Its config.json keeps generation keys (early_stopping, num_beams,
 # max_length) from older transformers, as the hub file does.
@@ -130,10 +130,7 @@ class NllbSpec(M2M100Spec):
 
 
 # facebook/nllb-200-distilled-600M's architecture: the benchmark's model (random weights).
-NLLB_200_DISTILLED_600M = NllbSpec(
-    d_model=1024, encoder_layers=12, decoder_layers=12, attention_heads=16, ffn_dim=4096, max_position_embeddings=1024,
-    pieces=8000, init_std=0.02, vocab_size=256206,
-)  # fmt: skip
+NLLB_200_DISTILLED_600M = NllbSpec(**TRANSFORMER_LARGE, vocab_size=256206)
 # facebook/nllb-200-1.3B's (and nllb-200-distilled-1.3B's) architecture: twice the layers, twice the FFN; 5.5 GB in
 # fp32, so its graphs pass protobuf's 2 GB before their weights move to weights.bin.
 NLLB_200_1_3B = replace(NLLB_200_DISTILLED_600M, encoder_layers=24, decoder_layers=24, ffn_dim=8192)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .fairseq import EOS, FairseqSpec
+from .fairseq import EOS, TRANSFORMER_LARGE, FairseqSpec
 
 # facebook/mbart-large-50-many-to-many-mmt (hub), sizes aside: the config keys MBartConfig does not write itself.
 MBART_50_CONFIG_EXTRAS: dict[str, Any] = {
@@ -95,7 +95,4 @@ class MBart50Spec(FairseqSpec):
 
 
 # facebook/mbart-large-50-many-to-many-mmt's architecture (611M): the benchmark's model (random weights).
-MBART_LARGE_50 = MBart50Spec(
-    d_model=1024, encoder_layers=12, decoder_layers=12, attention_heads=16, ffn_dim=4096, max_position_embeddings=1024,
-    pieces=8000, init_std=0.02, vocab_size=250054,
-)  # fmt: skip
+MBART_LARGE_50 = MBart50Spec(**TRANSFORMER_LARGE, vocab_size=250054)
