@@ -371,22 +371,22 @@ def _gemma(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
         **_config(
             spec,
             ids,
-        hidden_activation="gelu_pytorch_tanh",
-        rms_norm_eps=1e-6,
-        query_pre_attn_scalar=spec.head_dim // 2,  # 27B's is not head_dim: the scale must come from this field
-        sliding_window=spec.sliding_window,
-        rope_theta=1000000.0,
-        rope_local_base_freq=10000.0,
-        rope_scaling={"rope_type": "linear", "factor": 8.0},
-        # Layer 1 of 2 global (the real 5 local : 1 global, shortened), so both kinds are exercised.
-        layer_types=(["sliding_attention", "full_attention"] * spec.layers)[: spec.layers],
-        final_logit_softcapping=None,
-        attn_logit_softcapping=None,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
+            hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6,
+            query_pre_attn_scalar=spec.head_dim // 2,  # 27B's is not head_dim: the scale must come from this field
+            sliding_window=spec.sliding_window,
+            rope_theta=1000000.0,
+            rope_local_base_freq=10000.0,
+            rope_scaling={"rope_type": "linear", "factor": 8.0},
+            # Layer 1 of 2 global (the real 5 local : 1 global, shortened), so both kinds are exercised.
+            layer_types=(["sliding_attention", "full_attention"] * spec.layers)[: spec.layers],
+            final_logit_softcapping=None,
+            attn_logit_softcapping=None,
+            pad_token_id=0,
+            eos_token_id=1,
+            bos_token_id=2,
         )
-    )  # fmt: skip
+    )
     generation = {
         "bos_token_id": 2,
         "eos_token_id": [1, 106],
