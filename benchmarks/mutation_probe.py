@@ -70,7 +70,7 @@ MUTANTS = [
        "a width's step time is charged whole, not shared by its requests", ADMISSION[::-1]),
     _m("S8", SCHEDULER, "return any(n >= 2 and n * active > texts for n in count.values())", "return False",
        "the reserved places are never used", ADMISSION[::-1]),
-    _m("S9", "src/onnxmt/serve/service.py", "o.max_batch_size, self.cost_limits(entry.manifest).batch,",
+    _m("S9", "src/onnxmt/serve/loading.py", "o.max_batch_size, cost_limits(entry.manifest, o).batch,",
        "o.max_batch_size, o.max_batch_cost or None,", "the running batch ignores --max-cache-mb's cap", ADMISSION),
     # --- the service's limits ---
     _m("L1", "src/onnxmt/serve/guards.py", "or int(length) > self.limit)", "or int(length) >= self.limit)",
@@ -83,7 +83,7 @@ MUTANTS = [
        "a text of --max-chars + 1 characters is accepted", BOUNDARIES),
     _m("L5", "src/onnxmt/serve/protocol.py", "if beams is not None and beams > limits.max_beams:",
        "if beams is not None and beams >= limits.max_beams:", "beams = --max-beams is refused", BOUNDARIES),
-    _m("L6", "src/onnxmt/serve/service.py", "if limit and cost > limit:", "if limit and cost > limit + 1:",
+    _m("L6", "src/onnxmt/serve/costs.py", "if limit and cost > limit:", "if limit and cost > limit + 1:",
        "a request one token x beam over --max-request-cost is accepted", BOUNDARIES),
     _m("L7", "src/onnxmt/serve/documents.py", "    if total > limit:", "    if total >= limit:",
        "a document costing exactly --max-document-cost is refused", BOUNDARIES),

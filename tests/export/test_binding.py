@@ -39,9 +39,9 @@ def _traced_with_weights(module: object, path: Path) -> None:
         patch.setattr(graphs, "bind_weights", lambda path, weights, out, progress: _tie_by_value(path))
         patch.setattr(graphs, "shape_inference_without_weight_values", contextlib.nullcontext)
         if path.name == ENCODER_FILE:
-            graphs.export_encoder(module, path, _FACTS, 17, None)  # type: ignore[arg-type]
+            graphs.export_encoder(module, graphs.Target(path, _FACTS, 17, None))  # type: ignore[arg-type]
         else:
-            graphs.export_decoder(module, path, _FACTS, 17, None)  # type: ignore[arg-type]
+            graphs.export_decoder(module, graphs.Target(path, _FACTS, 17, None))  # type: ignore[arg-type]
 
 
 def _tie_by_value(path: Path) -> None:
@@ -164,7 +164,8 @@ def test_shape_inference_without_weight_values_traces_the_same_graphs(tiny_hf_di
                 patch.setattr(graphs, "shape_inference_without_weight_values", contextlib.nullcontext)
             patch.setattr(graphs, "bind_weights", lambda path, weights, out, progress: None)
             patch.setattr(graphs, "fix_static_dims", lambda path, facts: None)
-            graphs.export_decoder(arch.decoder(model, True), tmp_path / f"{kind}.onnx", facts, 17, None)  # type: ignore[arg-type]
+            target = graphs.Target(tmp_path / f"{kind}.onnx", facts, 17, None)  # type: ignore[arg-type]
+            graphs.export_decoder(arch.decoder(model, True), target)
         traced[kind] = onnx.load(str(tmp_path / f"{kind}.onnx"))
     a, b = traced["without values"].graph, traced["with values"].graph
     assert len(a.node) > 100 and a.output[0].type.tensor_type.shape.dim  # inferred: the logits' shape

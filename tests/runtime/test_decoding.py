@@ -256,7 +256,7 @@ def _padded(translator: Translator, texts: list[str]) -> tuple[np.ndarray, np.nd
 
 def test_parity_batches_are_encoded_in_groups(translator: Translator) -> None:
     # What makes the batch-16 parity tests above cover the encoder's groups: their batch is cut by length.
-    from onnxmt.runtime.graphs import encoder_groups
+    from onnxmt.runtime.encoder_groups import encoder_groups
 
     _, mask = _padded(translator, SENTENCES)
     groups = encoder_groups(mask)
@@ -264,7 +264,7 @@ def test_parity_batches_are_encoded_in_groups(translator: Translator) -> None:
 
 
 def test_an_encoder_group_gives_each_row_the_values_of_one_call(translator: Translator) -> None:
-    from onnxmt.runtime.graphs import encoder_groups
+    from onnxmt.runtime.encoder_groups import encoder_groups
 
     graphs = translator.graphs
     ids, mask = _padded(translator, SENTENCES)
@@ -285,7 +285,7 @@ def test_an_encoder_on_one_thread_groups_rows_at_its_own_call_cost(tiny_onnx_dir
     """An encoder on one thread (the service's default beside the decoder on 2 cores) counts a call as fewer padded
     tokens, so it cuts a batch into more groups; the translations are the same (a group's rows get the values of
     one call over the whole batch)."""
-    from onnxmt.runtime.graphs import ENCODER_CALL_TOKENS, SINGLE_THREAD_CALL_TOKENS, encoder_groups
+    from onnxmt.runtime.encoder_groups import ENCODER_CALL_TOKENS, SINGLE_THREAD_CALL_TOKENS, encoder_groups
 
     one = Translator(tiny_onnx_dir, RuntimeOptions(threads=2, encoder_threads=1))
     two = Translator(tiny_onnx_dir, RuntimeOptions(threads=2))
@@ -320,7 +320,7 @@ def _grouping_cost(lengths: list[int], bounds: list[int], call_tokens: int) -> i
 
 
 def test_encoder_groups_are_the_cheapest_cut_by_length() -> None:
-    from onnxmt.runtime.graphs import encoder_groups
+    from onnxmt.runtime.encoder_groups import encoder_groups
 
     def mask_of(lengths: list[int]) -> np.ndarray:
         return (np.arange(max(lengths)) < np.array(lengths)[:, None]).astype(np.int64)

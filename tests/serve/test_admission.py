@@ -158,8 +158,8 @@ def test_max_cache_mb_bounds_the_running_batch_of_the_service(tiny_onnx_dir: Pat
 
     from onnxmt.runtime.modeldir import load_manifest
     from onnxmt.serve.app import create_app
+    from onnxmt.serve.costs import cache_bytes_per_cost
     from onnxmt.serve.options import ServeOptions
-    from onnxmt.serve.service import cache_bytes_per_cost
 
     per_token = cache_bytes_per_cost(load_manifest(tiny_onnx_dir))
     cap = 250  # tokens x beams: two or three of these texts

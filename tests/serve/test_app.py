@@ -537,7 +537,7 @@ def test_the_cost_budget_gives_413_naming_the_limit(tiny_onnx_dir: Path) -> None
 def test_cache_bytes_per_token_from_the_real_configs() -> None:
     from types import SimpleNamespace
 
-    from onnxmt.serve.service import cache_bytes_per_cost
+    from onnxmt.serve.costs import cache_bytes_per_cost
 
     def per_token(layers: int, heads: int, head_dim: int) -> int:
         facts = {"num_layers": layers, "num_heads": heads, "head_dim": head_dim}
@@ -552,19 +552,16 @@ def test_max_cache_mb_caps_both_costs_per_model(tiny_onnx_dir: Path) -> None:
     from fastapi.testclient import TestClient
 
     from onnxmt.runtime.modeldir import load_manifest
-    from onnxmt.runtime.options import RuntimeOptions
     from onnxmt.serve.app import create_app
-    from onnxmt.serve.service import Service, cache_bytes_per_cost
+    from onnxmt.serve.costs import cache_bytes_per_cost, cost_limits
 
     manifest = load_manifest(tiny_onnx_dir)
     per_token = cache_bytes_per_cost(manifest)
     options = ServeOptions(max_cache_mb=1000 * per_token / 2**20, max_request_cost=10000, max_batch_cost=20000)
     # The cap doubles with the setting (twice the megabytes, twice the tokens x beams); the cost limits still apply.
     for tokens in (1000, 2000, 4000, 8000, 16000):
-        service = Service(
-            tiny_onnx_dir, replace(options, max_cache_mb=tokens * per_token / 2**20), RuntimeOptions(), DecodeOptions()
-        )
-        assert service.cost_limits(manifest)[1:] == (tokens, min(tokens, 10000), min(tokens, 20000))
+        limits = cost_limits(manifest, replace(options, max_cache_mb=tokens * per_token / 2**20))
+        assert limits[1:] == (tokens, min(tokens, 10000), min(tokens, 20000))
     with TestClient(create_app(tiny_onnx_dir, options)) as client:
         deadline = time.monotonic() + 30
         while client.get("/ready").status_code != 200 and time.monotonic() < deadline:
@@ -588,17 +585,17 @@ def test_max_cache_mb_caps_both_costs_per_model(tiny_onnx_dir: Path) -> None:
 def test_ready_only_once_the_model_is_loaded(tiny_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fastapi.testclient import TestClient
 
-    from onnxmt.serve import service
+    from onnxmt.serve import loading
     from onnxmt.serve.app import create_app
 
     gate = threading.Event()
-    load = service.Translator
+    load = loading.Translator
 
     def slow_load(*args: Any) -> Translator:
         gate.wait(30)
         return load(*args)
 
-    monkeypatch.setattr(service, "Translator", slow_load)
+    monkeypatch.setattr(loading, "Translator", slow_load)
     with TestClient(create_app(tiny_onnx_dir, ServeOptions())) as client:
         assert client.get("/health").status_code == 200
         assert "loading" in assert_error_body(client.get("/ready"), 503)

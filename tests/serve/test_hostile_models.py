@@ -22,7 +22,8 @@ import httpx
 import pytest
 
 import onnxmt.manifest
-from onnxmt.serve import catalog, service
+from onnxmt.serve import catalog
+from onnxmt.serve import info as info_module
 from onnxmt.serve.app import create_app
 from onnxmt.serve.catalog import Catalog
 from onnxmt.serve.options import ServeOptions
@@ -63,7 +64,7 @@ def test_languages_and_frontend_settings_are_made_once(
     tiny_nllb_onnx_dir: Path, tiny_multi_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     made = {"languages": 0, "frontend": 0}
-    listing, settings = catalog.with_new_codes, service.frontend_settings
+    listing, settings = catalog.with_new_codes, info_module.frontend_settings
 
     def count(name: str, function: Any) -> Any:
         def counted(*args: Any) -> Any:
@@ -73,7 +74,7 @@ def test_languages_and_frontend_settings_are_made_once(
         return counted
 
     monkeypatch.setattr(catalog, "with_new_codes", count("languages", listing))
-    monkeypatch.setattr(service, "frontend_settings", count("frontend", settings))
+    monkeypatch.setattr(info_module, "frontend_settings", count("frontend", settings))
     with serving([tiny_nllb_onnx_dir, tiny_multi_onnx_dir], ServeOptions()) as url:
         answers = [httpx.get(f"{url}/languages", timeout=30).json() for _ in range(10)]
         frontend = [httpx.get(f"{url}/frontend/settings", timeout=30).json() for _ in range(10)]
@@ -88,9 +89,10 @@ def test_languages_and_frontend_settings_are_made_once(
 
 def test_catalog_lists_once(tiny_multi_onnx_dir: Path, tiny_zh_en_onnx_dir: Path) -> None:
     from onnxmt.runtime.modeldir import load_manifest
-    from onnxmt.serve.service import _entry
+    from onnxmt.serve.loading import model_entry
 
-    entries = [_entry(d, d.name, load_manifest(d, verify=False)) for d in (tiny_multi_onnx_dir, tiny_zh_en_onnx_dir)]
+    dirs = (tiny_multi_onnx_dir, tiny_zh_en_onnx_dir)
+    entries = [model_entry(d, d.name, load_manifest(d, verify=False)) for d in dirs]
     listed = Catalog(entries, "en")
     assert listed.libretranslate() is listed.libretranslate() and listed.pairs() is listed.pairs()
     assert listed.libretranslate() == Catalog(entries, "en").libretranslate()

@@ -112,7 +112,7 @@ def test_a_model_batched_in_flight_encodes_on_half_the_threads(
         service = client.app.state.service  # type: ignore[attr-defined]
         entry = service.catalog.entries[0]
         # A model of a directory of models is opened by its manifest, read before it is loaded: the same choice.
-        chosen = service._runtime_for(entry.directory, entry.manifest)
+        chosen = service.loader.runtime_for(entry.directory, entry.manifest)
         assert (chosen.encoder_threads or chosen.threads) == expected
     [model] = info["models"]
     assert model["encoder_threads"] == expected

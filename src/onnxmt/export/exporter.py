@@ -29,7 +29,7 @@ from ..manifest import (
 from ..options import option
 from ..version import __version__
 from .binding import TensorFile
-from .graphs import cache_names, export_decoder, export_encoder, graph_spec
+from .graphs import Target, cache_names, export_decoder, export_encoder, graph_spec
 from .hub import quiet_transformers, resolve_model
 from .staging import occupied, staged
 from .weights import rename_weights_file, store_weights
@@ -103,6 +103,21 @@ class CheckReport:
 Progress = Callable[[str], None]
 
 
+@dataclass(frozen=True)
+class _Source:
+    """The model an export reads: its directory, its config.json, its architecture, and the hub id and revision it
+    came from (for the provenance)."""
+
+    directory: Path
+    config: dict[str, Any]
+    arch: Architecture
+    model_id: str
+    revision: str | None
+
+    def generation_config(self) -> dict[str, Any]:
+        return _read_json(self.directory / "generation_config.json")
+
+
 def export(
     model: str, output_dir: str | Path, options: ExportOptions = ExportOptions(), progress: Progress = print
 ) -> tuple[Manifest, CheckReport | None]:
@@ -135,8 +150,9 @@ def _export(
     # Refuse generation settings onnxmt cannot honour before any work is done (ModelDirError names them).
     generation_config = arch.deterministic(_read_json(source / "generation_config.json"))
     check_generation_config(generation_config, str(source / "generation_config.json"))
+    into = _export_decoder_only_into if arch.kind == "decoder_only" else _export_into
     with staged(output, progress) as staging:
-        manifest, report = _export_into(staging, source, config, arch, model, revision, options, progress, store)
+        manifest, report = into(staging, _Source(source, config, arch, model, revision), options, progress, store)
     progress(f"wrote {output}")
     return manifest, report
 
@@ -164,50 +180,33 @@ def _export_quantized(
 
 
 def _export_into(
-    staging: Path,
-    source: Path,
-    config: dict[str, Any],
-    arch: Architecture,
-    model_id: str,
-    revision: str | None,
-    options: ExportOptions,
-    progress: Progress,
-    store: bool,
+    staging: Path, src: _Source, options: ExportOptions, progress: Progress, store: bool
 ) -> tuple[Manifest, CheckReport | None]:
-    if arch.kind == "decoder_only":
-        return _export_decoder_only_into(staging, source, config, arch, model_id, revision, options, progress, store)
+    """An encoder-decoder model's two graphs, its files and manifest, checked against PyTorch."""
+    source, arch = src.directory, src.arch
     progress("loading the PyTorch model")
     with quiet_transformers():  # our progress line, not transformers' weight-loading bars beside it
         model = arch.load(str(source))
-    facts = arch.facts(config)
+    facts = arch.facts(src.config)
     traced = TensorFile(staging / TRACED_WEIGHTS_FILE)
     try:
         progress(f"exporting the encoder ({ENCODER_FILE})")
-        export_encoder(arch.encoder(model), staging / ENCODER_FILE, facts, options.opset, traced, progress)
+        export_encoder(arch.encoder(model), Target(staging / ENCODER_FILE, facts, options.opset, traced, progress))
         progress(f"exporting the decoder ({DECODER_FILE})")
-        export_decoder(
-            arch.decoder(model, options.buffered_cache), staging / DECODER_FILE, facts, options.opset, traced, progress
-        )
+        decoder = arch.decoder(model, options.buffered_cache)
+        export_decoder(decoder, Target(staging / DECODER_FILE, facts, options.opset, traced, progress))
     finally:
         traced.close()
-    feed = _check_feed(facts, arch.tokens(source, config, _read_json(source / "generation_config.json")))
+    feed = _check_feed(facts, arch.tokens(source, src.config, src.generation_config()))
     expected = _pytorch_outputs(model, feed) if options.check else None
     # The PyTorch model goes before the weights are stored and ONNX Runtime loads them: never both resident.
     del model
     gc.collect()
     graph_files = _store_graphs(staging, [ENCODER_FILE, DECODER_FILE], store, progress)
     copied = _copy_side_files(source, staging, arch) + arch.write_tokenizer(source, staging)
-    manifest = _build_manifest(staging, source, config, arch, facts, graph_files + copied, model_id, revision, options)
-    report = None
-    if options.check:
-        progress("checking the ONNX graphs against PyTorch")
-        assert expected is not None
-        report = check_against_pytorch(expected, feed, staging, manifest)
-        if report.worst > CHECK_TOLERANCE:
-            raise ExportError(f"exported graphs disagree with PyTorch: {report} (tolerance {CHECK_TOLERANCE})")
-        manifest = _with_provenance(manifest, check=report.__dict__)
-    manifest.save(staging)
-    return manifest, report
+    manifest = _build_manifest(staging, src, facts, graph_files + copied, options)
+    check = None if expected is None else lambda: check_against_pytorch(expected, feed, staging, manifest)
+    return _checked(staging, manifest, "graphs", check, progress)
 
 
 def _store_graphs(staging: Path, names: list[str], store: bool, progress: Progress) -> list[str]:
@@ -229,20 +228,13 @@ def _store_graphs(staging: Path, names: list[str], store: bool, progress: Progre
 
 
 def _export_decoder_only_into(
-    staging: Path,
-    source: Path,
-    config: dict[str, Any],
-    arch: Architecture,
-    model_id: str,
-    revision: str | None,
-    options: ExportOptions,
-    progress: Progress,
-    store: bool,
+    staging: Path, src: _Source, options: ExportOptions, progress: Progress, store: bool
 ) -> tuple[Manifest, CheckReport | None]:
     """A decoder-only model's one graph (export/decoder_only.py), its files and manifest, checked against PyTorch
     on two prompts of different lengths and one step."""
     from .graphs import export_decoder_only
 
+    source, arch = src.directory, src.arch
     if not options.buffered_cache:
         raise ExportError("a decoder-only model is exported with the cache buffer only (no --cache-concat)")
     progress("loading the PyTorch model")
@@ -253,7 +245,8 @@ def _export_decoder_only_into(
     traced = TensorFile(staging / TRACED_WEIGHTS_FILE)
     try:
         progress(f"exporting the decoder ({DECODER_FILE})")
-        export_decoder_only(arch.decoder(model, True), staging / DECODER_FILE, facts, options.opset, traced, progress)
+        target = Target(staging / DECODER_FILE, facts, options.opset, traced, progress)
+        export_decoder_only(arch.decoder(model, True), target)
     finally:
         traced.close()
     prompts = np.random.default_rng(0).integers(3, facts["vocab_size"] - 1, size=(2, 9)).astype(np.int64)
@@ -262,7 +255,7 @@ def _export_decoder_only_into(
     gc.collect()
     graph_files = _store_graphs(staging, [DECODER_FILE], store, progress)
     copied = _copy_side_files(source, staging, arch)
-    generation_config = _read_json(source / "generation_config.json")
+    generation_config = src.generation_config()
     try:
         languages = arch.languages(source, options.default_target)
     except ValueError as e:
@@ -275,19 +268,28 @@ def _export_decoder_only_into(
         # Rows of other prompt lengths and cache capacities beside a row change none of its bits, given the same
         # chunks of its own prompt (tests/runtime/test_decoder_only.py): in-flight batching is exact.
         model={**facts, "decoder_only": True, "rows_bit_exact": True},
-        tokens=arch.tokens(source, config, generation_config),
-        generation=arch.generation(generation_config, config),
+        tokens=arch.tokens(source, src.config, generation_config),
+        generation=arch.generation(generation_config, src.config),
         languages=languages,
         tokenizer=arch.tokenizer_section(source, graph_files + copied, facts),
-        provenance=_provenance(model_id, revision, options.opset),
+        provenance=_provenance(src, options.opset),
     )
+    check = None if expected is None else lambda: check_decoder_only(expected, prompts, staging, manifest)
+    return _checked(staging, manifest, "graph", check, progress)
+
+
+def _checked(
+    staging: Path, manifest: Manifest, what: str, check: Callable[[], CheckReport] | None, progress: Progress
+) -> tuple[Manifest, CheckReport | None]:
+    """`manifest` saved into `staging`, with the report of `check` (the graphs against PyTorch, unless there is
+    none: export --no-check) in its provenance; ExportError when they disagree past CHECK_TOLERANCE."""
     report = None
-    if options.check:
-        progress("checking the ONNX graph against PyTorch")
-        assert expected is not None
-        report = check_decoder_only(expected, prompts, staging, manifest)
+    if check is not None:
+        progress(f"checking the ONNX {what} against PyTorch")
+        report = check()
         if report.worst > CHECK_TOLERANCE:
-            raise ExportError(f"exported graph disagrees with PyTorch: {report} (tolerance {CHECK_TOLERANCE})")
+            disagree = "disagree" if what == "graphs" else "disagrees"
+            raise ExportError(f"exported {what} {disagree} with PyTorch: {report} (tolerance {CHECK_TOLERANCE})")
         manifest = _with_provenance(manifest, check=report.__dict__)
     manifest.save(staging)
     return manifest, report
@@ -365,17 +367,10 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _build_manifest(
-    staging: Path,
-    source: Path,
-    config: dict[str, Any],
-    arch: Architecture,
-    facts: dict[str, Any],
-    files: list[str],
-    model_id: str,
-    revision: str | None,
-    options: ExportOptions,
+    staging: Path, src: _Source, facts: dict[str, Any], files: list[str], options: ExportOptions
 ) -> Manifest:
-    generation_config = _read_json(source / "generation_config.json")
+    source, arch, config = src.directory, src.arch, src.config
+    generation_config = src.generation_config()
     try:
         languages = arch.languages(source, options.default_target)
     except ValueError as e:
@@ -399,18 +394,18 @@ def _build_manifest(
         generation=arch.generation(generation_config, config),
         languages=languages,
         tokenizer=arch.tokenizer_section(source, files, facts),
-        provenance=_provenance(model_id, revision, options.opset),
+        provenance=_provenance(src, options.opset),
     )
 
 
-def _provenance(model_id: str, revision: str | None, opset: int) -> dict[str, Any]:
+def _provenance(src: _Source, opset: int) -> dict[str, Any]:
     import onnx
     import torch
     import transformers
 
     return {
-        "source_model": model_id,
-        "revision": revision,
+        "source_model": src.model_id,
+        "revision": src.revision,
         "opset": opset,
         "exporter": f"onnxmt {__version__}",
         "versions": {

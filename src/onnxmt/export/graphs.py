@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +20,23 @@ def cache_names(prefix: str, layers: int) -> list[str]:
     return [f"{prefix}_{kv}.{i}" for i in range(layers) for kv in ("key", "value")]
 
 
-def export_encoder(
-    module: Any,
-    path: Path,
-    facts: dict[str, Any],
-    opset: int,
-    out: TensorFile,
-    progress: Callable[[str], None] = lambda _: None,
-) -> None:
-    """Trace the encoder module into `path`, its large tensors in `out` (binding.py)."""
+@dataclass(frozen=True)
+class Target:
+    """Where a traced graph goes: its file (`path`), the file of its large tensors (`out`, binding.py), the model's
+    facts (its static dimensions), the opset, and where progress is told."""
+
+    path: Path
+    facts: dict[str, Any]
+    opset: int
+    out: TensorFile
+    progress: Callable[[str], None] = lambda _: None
+
+
+def export_encoder(module: Any, target: Target) -> None:
+    """Trace the encoder module into `target`."""
     import torch
 
-    layers = facts["num_layers"]
+    layers = target.facts["num_layers"]
 
     ids = torch.tensor([[5, 6, 7, 8, 0], [9, 10, 0, 1, 1]], dtype=torch.int64)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.int64)
@@ -38,22 +44,14 @@ def export_encoder(
     axes = {"input_ids": {0: "batch", 1: "src_len"}, "attention_mask": {0: "batch", 1: "src_len"}}
     axes["encoder_hidden_states"] = {0: "batch", 1: "src_len"}
     axes.update({name: {0: "batch", 2: "src_len"} for name in outputs[1:]})
-    _export(module, (ids, mask), path, ["input_ids", "attention_mask"], outputs, axes, opset)
-    bind_weights(path, _weights(module), out, progress)
-    fix_static_dims(path, facts)
+    _trace(module, (ids, mask), ["input_ids", "attention_mask"], outputs, axes, target)
 
 
-def export_decoder(
-    module: Any,
-    path: Path,
-    facts: dict[str, Any],
-    opset: int,
-    out: TensorFile,
-    progress: Callable[[str], None] = lambda _: None,
-) -> None:
-    """Trace the decoder step module into `path`, its large tensors in `out` (binding.py)."""
+def export_decoder(module: Any, target: Target) -> None:
+    """Trace the decoder step module into `target`."""
     import torch
 
+    facts = target.facts
     layers, heads, head_dim = facts["num_layers"], facts["num_heads"], facts["head_dim"]
     buffered = bool(getattr(module, "buffered", False))
     # Two sentences with two beams each: the decoder rows are sentences x beams, the encoder's K/V and mask are one
@@ -87,22 +85,14 @@ def export_decoder(
         axes.update({name: {0: "rows"} for name in cache_names("new", layers)})
     else:
         axes.update({name: {0: "rows", 2: "total_len"} for name in cache_names("present", layers)})
-    _export(module, (ids, mask, *length, *past, *cross), path, inputs, outputs, axes, opset)
-    bind_weights(path, _weights(module), out, progress)
-    fix_static_dims(path, facts)
+    _trace(module, (ids, mask, *length, *past, *cross), inputs, outputs, axes, target)
 
 
-def export_decoder_only(
-    module: Any,
-    path: Path,
-    facts: dict[str, Any],
-    opset: int,
-    out: TensorFile,
-    progress: Callable[[str], None] = lambda _: None,
-) -> None:
-    """Trace a decoder-only model's graph (export/decoder_only.py) into `path`, its large tensors in `out`."""
+def export_decoder_only(module: Any, target: Target) -> None:
+    """Trace a decoder-only model's graph (export/decoder_only.py) into `target`."""
     import torch
 
+    facts = target.facts
     layers, kv_heads, head_dim = facts["num_layers"], facts["num_kv_heads"], facts["head_dim"]
     # Three rows of different prompt and cache lengths, a buffer with spare capacity: the trace sees them differ.
     rows, new_len, capacity = 3, 4, 8
@@ -120,9 +110,8 @@ def export_decoder_only(
     }
     axes.update({name: {0: "rows", 2: "capacity"} for name in cache_names("past", layers)})
     axes.update({name: {0: "rows", 2: "new_len"} for name in cache_names("new", layers)})
-    _export(module, (ids, input_length, past_length, *past), path, inputs, outputs, axes, opset)
-    bind_weights(path, _weights(module), out, progress)
-    fix_static_dims(path, {**facts, "num_heads": kv_heads}, new_positions=None)
+    target = replace(target, facts={**facts, "num_heads": kv_heads})  # its K/V heads are the cache's
+    _trace(module, (ids, input_length, past_length, *past), inputs, outputs, axes, target, new_positions=None)
 
 
 def fix_static_dims(path: Path, facts: dict[str, Any], new_positions: int | None = 1) -> None:
@@ -184,6 +173,22 @@ def shape_inference_without_weight_values() -> Iterator[None]:
         yield
     finally:
         torch._C._jit_pass_onnx_graph_shape_type_inference = real
+
+
+def _trace(
+    module: Any,
+    args: tuple[Any, ...],
+    inputs: list[str],
+    outputs: list[str],
+    axes: dict[str, dict[int, str]],
+    target: Target,
+    **fixed: Any,
+) -> None:
+    """Trace `module` on `args` into `target`, then give the graph its weights (binding.py) and its static
+    dimensions (`fix_static_dims`, with `fixed`)."""
+    _export(module, args, target.path, inputs, outputs, axes, target.opset)
+    bind_weights(target.path, _weights(module), target.out, target.progress)
+    fix_static_dims(target.path, target.facts, **fixed)
 
 
 def _export(module, args, path, inputs, outputs, axes, opset) -> None:

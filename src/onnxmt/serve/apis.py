@@ -11,14 +11,10 @@ from typing import Any
 from starlette.requests import Request
 
 from .documents import translate_html_request
+from .handlers import gone, service_of
 from .limits import LimitExceeded, charge
 from .protocol import ApiError, TranslateRequest, type_name
 from .service import Service
-
-
-def service_of(request: Request) -> Service:
-    service: Service = request.app.state.service
-    return service
 
 
 def header_key(request: Request, *schemes: str) -> str | None:
@@ -33,7 +29,7 @@ def header_key(request: Request, *schemes: str) -> str | None:
 def check_key(service: Service, key: str | None, status: int, message: str) -> None:
     """When keys are on, `key` must be one: ApiError `status` with `message` otherwise."""
     try:
-        service.check_key(key)
+        service.quota.check_key(key)
     except ApiError as e:
         raise ApiError(status, message) from e
 
@@ -89,22 +85,15 @@ async def translate_texts(
     /languages names it, or None when the source was given). With `on_partial` (a stream) the response watches
     for the client's disconnect itself and cancels the translation, so it is not watched here too."""
     service = service_of(request)
+    kind = "html" if html else "text"
     parsed = TranslateRequest(
-        texts=texts,
-        batch=True,
-        source=source,
-        target=target,
-        api_key=None,
-        alternatives=0,
-        beams=beams,
-        max_new_tokens=max_new_tokens,
-        format="html" if html else "text",
+        texts, batch=True, source=source, target=target, beams=beams, max_new_tokens=max_new_tokens, format=kind
     )
-    gone = partial(_gone, request)
+    disconnected = partial(gone, request)
     if html:
-        answer = await translate_html_request(service, parsed, gone)
+        answer = await translate_html_request(service, parsed, disconnected)
     else:
-        answer = await service.translate(parsed, None if on_partial else gone, on_partial=on_partial)
+        answer = await service.translate(parsed, None if on_partial else disconnected, on_partial=on_partial)
     detected = answer.get("detectedLanguage")
     language = detected[0]["language"] if detected else None
     return list(answer["translatedText"]), language
@@ -114,12 +103,6 @@ async def detect_language(request: Request, text: str) -> tuple[str, float]:
     """(the language /languages names it by, confidence 0-100) of `text`."""
     best = (await service_of(request).detect(text))[0].libretranslate()
     return str(best["language"]), float(best["confidence"])
-
-
-async def _gone(request: Request) -> None:
-    """Returns when the client has disconnected (the body is read by now: the next message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def language_names(service: Service) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:

@@ -25,7 +25,6 @@ from ..version import __version__
 from .deepl import ROUTES as DEEPL_ROUTES
 from .documents import ROUTES as DOCUMENT_ROUTES
 from .documents import translate_html_request
-from .fields import Fields, query_api_key, read_fields
 from .google import ROUTES as GOOGLE_ROUTES
 from .guards import (
     BodyLimitMiddleware,
@@ -36,6 +35,7 @@ from .guards import (
     csp_for,
     error,
 )
+from .handlers import authorize, gone, request_key, service_of
 from .limits import charge
 from .metrics import MetricsMiddleware
 from .openai_chat import ROUTES as OPENAI_ROUTES
@@ -61,84 +61,53 @@ SUGGESTIONS_OFF = "Suggestions are disabled on this server."
 DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css"}
 
 
-def _service(request: Request) -> Service:
-    service: Service = request.app.state.service
-    return service
-
-
-async def _authorize(request: Request, *, always: bool = False) -> Fields:
-    """The request's fields, once its API key is right (when keys are on, and for `always` endpoints or with
-    protect_all). The key is checked before the body's content is judged: a wrong key answers 403 whatever the
-    body holds. A key in the query string is checked before the body is even read."""
-    service = _service(request)
-    options = service.options
-    needs_key = (always or options.protect_all) and service.keys_on
-    query_key = query_api_key(request)
-    if needs_key and query_key is not None:
-        service.check_key(query_key)
-    fields = await read_fields(request)
-    if needs_key and query_key is None:
-        service.check_key(fields.data.get("api_key"))
-    return fields
-
-
 async def translate(request: Request) -> JSONResponse:
     """Translate a text or a list of texts (LibreTranslate's API): fields in a JSON body, a form (urlencoded or
     multipart) or the query string."""
-    service = _service(request)
-    fields = await _authorize(request, always=True)
+    service = service_of(request)
+    fields = await authorize(request, always=True)
     parsed = parse_translate(fields.checked(), service.options, form=fields.form)
-    await charge(request, service.quota, _key(request, fields), sum(map(len, parsed.texts)))
+    await charge(request, service.quota, request_key(request, fields), sum(map(len, parsed.texts)))
     if parsed.format == "html":
-        return JSONResponse(await translate_html_request(service, parsed, partial(_gone, request)))
-    answer = await service.translate(parsed, partial(_gone, request), cut=True)
+        return JSONResponse(await translate_html_request(service, parsed, partial(gone, request)))
+    answer = await service.translate(parsed, partial(gone, request), cut=True)
     return JSONResponse(answer)
-
-
-def _key(request: Request, fields: Fields) -> object:
-    return query_api_key(request) or fields.data.get("api_key")
-
-
-async def _gone(request: Request) -> None:
-    """Returns when the client has disconnected (the body is read by now: the next message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def detect(request: Request) -> JSONResponse:
     """The language of a text: candidates, most confident first (LibreTranslate's API; JSON, form or query string)."""
-    service = _service(request)
-    fields = await _authorize(request, always=True)
+    service = service_of(request)
+    fields = await authorize(request, always=True)
     text = parse_detect(fields.checked(), service.options)
-    await charge(request, service.quota, _key(request, fields), len(text))
+    await charge(request, service.quota, request_key(request, fields), len(text))
     return JSONResponse([d.libretranslate() for d in await service.detect(text)])
 
 
 async def languages(request: Request) -> Response:
     """The languages the service translates from and into, over all its models (LibreTranslate's shape)."""
-    await _authorize(request)
-    return Response(_service(request).listing("languages"), media_type="application/json")
+    await authorize(request)
+    return Response(service_of(request).listing("languages"), media_type="application/json")
 
 
 async def frontend(request: Request) -> Response:
     """What LibreTranslate's web UI reads first: the limits, whether keys are on, the file formats, and the
     languages to start with (LibreTranslate's `/frontend/settings`)."""
-    await _authorize(request)
-    return Response(_service(request).listing("frontend"), media_type="application/json")
+    await authorize(request)
+    return Response(service_of(request).listing("frontend"), media_type="application/json")
 
 
 async def suggest(request: Request) -> JSONResponse:
     """LibreTranslate's `/suggest` (a better translation, sent by its web UI): onnxmt keeps no suggestions, so
     it answers as LibreTranslate does with suggestions off."""
-    await _authorize(request)  # reads the body too, so the connection stays usable
+    await authorize(request)  # reads the body too, so the connection stays usable
     raise ApiError(403, SUGGESTIONS_OFF)
 
 
 async def info(request: Request) -> JSONResponse:
     """The models (manifest summaries, loaded or not, languages), routing, cache, decoding defaults, batching
     settings and limits."""
-    await _authorize(request)
-    return JSONResponse(_service(request).info())
+    await authorize(request)
+    return JSONResponse(service_of(request).info())
 
 
 async def health() -> JSONResponse:
@@ -149,7 +118,7 @@ async def health() -> JSONResponse:
 async def ready(request: Request) -> JSONResponse:
     """Readiness: 200 once the model is loaded (several models: once they are opened; each loads on its first
     request), 503 while loading and while shutting down."""
-    service = _service(request)
+    service = service_of(request)
     if service.ready:
         return JSONResponse({"ready": True})
     reason = "shutting down" if service.draining else service.public_error or "the model is still loading"
@@ -158,14 +127,14 @@ async def ready(request: Request) -> JSONResponse:
 
 async def metrics(request: Request) -> Response:
     """Prometheus metrics."""
-    await _authorize(request)
-    m = _service(request).metrics
+    await authorize(request)
+    m = service_of(request).metrics
     return Response(m.render(), media_type=m.content_type)
 
 
 async def page(request: Request) -> HTMLResponse:
     """A page to try translations."""
-    await _authorize(request)
+    await authorize(request)
     html = _page_html()
     return HTMLResponse(html, headers={"Content-Security-Policy": csp_for(html)})
 
@@ -176,13 +145,13 @@ async def favicon(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> JSONResponse:
-    await _authorize(request)
+    await authorize(request)
     return JSONResponse(request.app.openapi())
 
 
 async def docs(request: Request) -> HTMLResponse:
     """Swagger UI, from the installed swagger-ui-bundle-v2 package; 404 when it is not installed."""
-    await _authorize(request)
+    await authorize(request)
     if _swagger_dir() is None:
         raise ApiError(404, "API docs need the swagger-ui-bundle-v2 package; /openapi.json has the API")
     root = request.scope.get("root_path", "")

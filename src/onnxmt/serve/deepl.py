@@ -20,14 +20,15 @@ from .apis import (
     count,
     header_key,
     language_names,
-    service_of,
     string_of,
     texts_of,
     translate_texts,
 )
 from .errors import error_responses
 from .fields import read_fields
+from .handlers import service_of
 from .protocol import ApiError
+from .schemas import json_body
 
 QUOTA_EXCEEDED = 456  # DeepL's status for a spent character quota
 NO_LIMIT = 10**12  # /v2/usage's character_limit when there is none (clients read a number)
@@ -181,24 +182,16 @@ def _route(path: str, endpoint: Any, methods: list[str], *statuses: int, **extra
 
 
 TRANSLATE_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["text", "target_lang"],
-                    "properties": {
-                        "text": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-                        "target_lang": {"type": "string"},
-                        "source_lang": {"type": "string"},
-                        "tag_handling": {"type": "string", "enum": ["html", "xml"]},
-                        "glossary_id": {"type": "string"},
-                    },
-                }
-            }
+    "requestBody": json_body(
+        ["text", "target_lang"],
+        {
+            "text": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+            "target_lang": {"type": "string"},
+            "source_lang": {"type": "string"},
+            "tag_handling": {"type": "string", "enum": ["html", "xml"]},
+            "glossary_id": {"type": "string"},
         },
-    }
+    )
 }
 GLOSSARY_ID = {"parameters": [{"name": "glossary_id", "in": "path", "required": True, "schema": {"type": "string"}}]}
 

@@ -30,11 +30,12 @@ from ..documents.segment import Piece
 from ..documents.stream import Joiner, Update
 from ..documents.translate import Plan, join_texts
 from .downloads import TooLargeToStore
-from .fields import query_api_key, read_fields, with_api_key
+from .fields import encodable, query_api_key, read_fields, with_api_key
+from .handlers import authorize, gone, request_key, service_of
 from .limits import charge
 from .pool import RETRY_AFTER
-from .protocol import ApiError, TranslateRequest, parse_translate
-from .schemas import ErrorAnswer, decoding_property, errors, translate_request
+from .protocol import UPLOAD_FIELDS, ApiError, TranslateRequest, parse_translate
+from .schemas import ErrorAnswer, errors, translate_request, upload_request
 from .service import Service
 from .workers import ClientLeft, JobError, WorkerBusy, WorkerGone, WorkerTimeout
 
@@ -52,11 +53,6 @@ MEDIA_TYPES = {
     "markdown": "text/markdown; charset=utf-8",
     "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
 }
-
-
-def _service(request: Request) -> Service:
-    service: Service = request.app.state.service
-    return service
 
 
 async def _in_worker(
@@ -137,7 +133,7 @@ def _chunks(
     service: Service, plan: Plan, cost: Cost, first: int | None = None, size: int | None = None
 ) -> Iterator[tuple[list[str], list[Sequence[int]]]]:
     """The plan's sentences (and their source ids) as consecutive requests, each under every model's request limit
-    (--max-request-cost, capped by --max-cache-mb: Service.cost_limits) and of at most `size` texts (default and
+    (--max-request-cost, capped by --max-cache-mb: serve/costs.py) and of at most `size` texts (default and
     at most: --max-texts); the first of at most `first`."""
     limit = service.smallest_request_limit()
     size = min(size or service.options.max_texts, service.options.max_texts)
@@ -173,13 +169,13 @@ async def translate_file(request: Request) -> JSONResponse:
     """Translate an uploaded file (LibreTranslate's API: multipart fields `file`, `source`, `target`, `api_key`);
     the answer's `translatedFileUrl` downloads the translation. Formats by extension: .txt, .srt, .vtt, .html,
     .htm, .md, .docx."""
-    service = _service(request)
+    service = service_of(request)
     query_key = query_api_key(request)
-    if service.keys_on and query_key is not None:
-        service.check_key(query_key)
+    if service.quota.keys_on() and query_key is not None:
+        service.quota.check_key(query_key)
     fields, upload = await _upload(request)
-    if service.keys_on and query_key is None:
-        service.check_key(fields.get("api_key"))
+    if service.quota.keys_on() and query_key is None:
+        service.quota.check_key(fields.get("api_key"))
     if upload is None:
         raise ApiError(400, "Invalid request: missing file parameter (a multipart upload named file)")
     filename = Path(upload.filename or "").name
@@ -192,18 +188,12 @@ async def translate_file(request: Request) -> JSONResponse:
     await charge(request, service.quota, query_key or fields.get("api_key"), 0)
     data = await upload.read()
     service.require_ready()
-    result, _ = await translate_document(service, parsed, kind, data, partial(_gone, request))
+    result, _ = await translate_document(service, parsed, kind, data, partial(gone, request))
     try:
         name = await asyncio.to_thread(service.downloads.store, filename, result)
     except TooLargeToStore as e:
         raise ApiError(413, str(e)) from e
     return JSONResponse({"translatedFileUrl": _download_url(request, service, name)})
-
-
-async def _gone(request: Request) -> None:
-    """Returns when the client has disconnected (the body is read by now: the next message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _download_url(request: Request, service: Service, name: str) -> str:
@@ -239,28 +229,19 @@ async def _upload(request: Request) -> tuple[dict[str, Any], UploadFile | None]:
             raise ApiError(400, "Invalid request: file must be a file upload, not a form field")
         else:
             fields[key] = value
-    kept = ("source", "target", "api_key", "beams", "max_new_tokens", "glossary", "context")
-    for key in ("format", *kept):
-        field = fields.get(key)
-        if isinstance(field, str) and not _encodable(field):
-            raise ApiError(400, f"Invalid request: {key} is not valid Unicode text")
-    return {k: v for k, v in with_api_key(fields).items() if k in kept}, upload
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    kept = {k: v for k, v in with_api_key(fields).items() if k in UPLOAD_FIELDS}
+    bad = next((k for k, v in kept.items() if not encodable(v)), None)
+    if bad is not None:
+        raise ApiError(400, f"Invalid request: {bad} is not valid Unicode text")
+    return kept, upload
 
 
 async def download_file(request: Request) -> Response:
     """A translated file, by the name `translatedFileUrl` gave (kept --keep-files-seconds)."""
-    service = _service(request)
+    service = service_of(request)
     if service.options.protect_all:
         fields = await read_fields(request)
-        service.check_key(query_api_key(request) or fields.data.get("api_key"))
+        service.quota.check_key(query_api_key(request) or fields.data.get("api_key"))
     name = request.path_params["filename"]
     # Only names the store made: nothing else on the disk can be named.
     path = service.downloads.path(name)
@@ -279,23 +260,18 @@ async def translate_stream(request: Request) -> Response:
     piece}` with each piece of the translation as soon as it is known (token by token with greedy search on a model
     batched in flight, else sentence by sentence), then `event: done` with the whole translation. An error before
     the first piece is an ordinary error answer; one after it, an `event: error` with `{"error", "status"}`."""
-    service = _service(request)
-    query_key = query_api_key(request)
-    if service.keys_on and query_key is not None:
-        service.check_key(query_key)
-    fields = await read_fields(request)
-    if service.keys_on and query_key is None:
-        service.check_key(fields.data.get("api_key"))
+    service = service_of(request)
+    fields = await authorize(request, always=True)
     parsed = parse_translate(fields.checked(), service.options, form=fields.form)
     if parsed.batch:
         raise ApiError(400, "Invalid request: /translate/stream translates one text: q must be a string")
-    await charge(request, service.quota, query_key or fields.data.get("api_key"), len(parsed.texts[0]))
+    await charge(request, service.quota, request_key(request, fields), len(parsed.texts[0]))
     if parsed.format != "text":
         raise ApiError(400, "Invalid request: /translate/stream translates text; format must be text")
     catalog, _ = service.require_ready()
     # The text's language detected once, on the whole text: its sentences are translated from it, not each from
     # what a detector makes of it alone.
-    parsed, plan, cost, _ = await _plan(service, parsed, prepare.TEXTS, parsed.texts, partial(_gone, request))
+    parsed, plan, cost, _ = await _plan(service, parsed, prepare.TEXTS, parsed.texts, partial(gone, request))
     pivot = catalog.route(parsed.source, parsed.target).pivot  # said in the last event, as /translate says it
     updates = _updates(service, parsed, plan, cost)
     # The first update before the answer starts: errors until then (400, 413, 503) keep their status.
@@ -366,32 +342,7 @@ def _sse(data: dict[str, Any], event: str | None = None) -> str:
     return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-UPLOAD_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {
-                        "file": {"type": "string", "format": "binary", "description": ", ".join(FORMATS)},
-                        "source": {"type": "string", "examples": ["en"]},
-                        "target": {"type": "string", "examples": ["zh"]},
-                        "api_key": {"type": "string"},
-                        "beams": decoding_property("beams"),
-                        "max_new_tokens": decoding_property("max_new_tokens"),
-                        "glossary": {
-                            "type": "string",
-                            "description": "JSON: [[source, target], ...] or {source: target}",
-                        },
-                        "context": {"type": "string"},
-                    },
-                }
-            }
-        },
-    }
-}
+UPLOAD_BODY = upload_request(", ".join(FORMATS))
 Answers = dict[int | str, dict[str, Any]]
 FILE_ANSWER: Answers = {
     200: {

@@ -63,7 +63,7 @@ async def read_fields(request: Request) -> Fields:
     data = with_api_key({**query, **given})
     # Values from the query string are text, as a form's are: "4" is a number there (and only there).
     form = form or any(name not in given for name in query)
-    bad = next((name for name, value in data.items() if not _encodable(value)), None)
+    bad = next((name for name, value in data.items() if not encodable(value)), None)
     if bad is not None:
         error = ApiError(400, f"Invalid request: {bad} is not valid Unicode text (it holds a lone surrogate)")
         return Fields(data, form, error)
@@ -160,7 +160,7 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _encodable(value: Any) -> bool:
+def encodable(value: Any) -> bool:
     """False when a string anywhere in `value` (a key or a value, at any depth up to MAX_DEPTH) holds a lone
     surrogate."""
     if isinstance(value, str):
@@ -170,7 +170,7 @@ def _encodable(value: Any) -> bool:
             return False
         return True
     if isinstance(value, list):
-        return all(_encodable(v) for v in value)
+        return all(encodable(v) for v in value)
     if isinstance(value, dict):
-        return all(_encodable(k) and _encodable(v) for k, v in value.items())
+        return all(encodable(k) and encodable(v) for k, v in value.items())
     return True

@@ -22,14 +22,15 @@ from .apis import (
     count,
     detect_language,
     language_names,
-    service_of,
     string_of,
     texts_of,
     translate_texts,
 )
 from .errors import error_responses
 from .fields import read_fields
+from .handlers import service_of
 from .protocol import ApiError
+from .schemas import json_body
 
 # /languages' codes as Google names them.
 GOOGLE_CODES = {"zh": "zh-CN", "zt": "zh-TW", "pb": "pt-BR"}
@@ -100,11 +101,6 @@ def _query(*names: str) -> list[dict[str, Any]]:
     return [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}} for n in names]
 
 
-def _body(required: list[str], **properties: Any) -> dict[str, Any]:
-    schema = {"type": "object", "required": required, "properties": properties}
-    return {"required": False, "content": {"application/json": {"schema": schema}}}
-
-
 TEXTS = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
 TEXT = {"type": "string"}
 BASE = "/language/translate/v2"
@@ -134,8 +130,10 @@ ROUTES: list[BaseRoute] = [
         429,
         503,
         504,
-        body=_body(["q", "target"], q=TEXTS, target=TEXT, source=TEXT, format=TEXT, model=TEXT),
+        body=json_body(
+            ["q", "target"], {"q": TEXTS, "target": TEXT, "source": TEXT, "format": TEXT, "model": TEXT}, needed=False
+        ),
     ),
     _route(f"{BASE}/languages", languages, 400, 403, 503, query=("target",)),
-    _route(f"{BASE}/detect", detect, 400, 403, 413, 429, 503, body=_body(["q"], q=TEXTS)),
+    _route(f"{BASE}/detect", detect, 400, 403, 413, 429, 503, body=json_body(["q"], {"q": TEXTS}, needed=False)),
 ]

@@ -13,6 +13,7 @@ multiple of it, a day from midnight UTC. A request refused for its count is not 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import math
 import sqlite3
 import threading
@@ -219,8 +220,25 @@ class Quota:
         removed while the server runs too; with none in it, none is right)."""
         return bool(self.options.api_keys) or self.options.key_db is not None
 
+    def check_key(self, api_key: object) -> None:
+        """ApiError 403 unless `api_key` is one of --api-keys or of the key database (when keys are on)."""
+        if not self.keys_on():
+            return
+        if not isinstance(api_key, str) or not api_key:
+            raise ApiError(403, "Invalid API key: this server needs an api_key")
+        # compare_digest on every key: the time taken does not reveal how much of a key matched.
+        # surrogatepass: a key with a lone surrogate (possible in JSON) is a wrong key, not an encoding error.
+        given = api_key.encode("utf-8", "surrogatepass")
+        listed = any(hmac.compare_digest(given, key.encode()) for key in self.options.api_keys)
+        if not listed and not self.known(api_key):
+            raise ApiError(403, "Invalid API key")
+
     def known(self, key: str) -> bool:
-        """`key` is in the key database."""
+        """`key` is in the key database (a key that is not valid text never is)."""
+        try:
+            key.encode()
+        except UnicodeEncodeError:
+            return False
         return self.options.key_db is not None and self.store.find(key) is not None
 
     def limits_for(self, key: str | None) -> KeyLimits:

@@ -26,11 +26,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
-from .apis import check_key, count, header_key, service_of, string_of, texts_of, translate_texts, type_name
+from .apis import check_key, count, header_key, string_of, texts_of, translate_texts, type_name
 from .errors import error_responses
 from .fields import read_fields
+from .handlers import service_of
 from .prompts import read_chat
 from .protocol import ApiError
+from .schemas import json_body
 
 PREFIX = "onnxmt/"
 WRONG_KEY = "Incorrect API key provided: send Authorization: Bearer KEY"
@@ -183,34 +185,26 @@ class Reply:
 
 
 CHAT_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
+    "requestBody": json_body(
+        ["messages"],
+        {
+            "model": {"type": "string"},
+            "messages": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
                     "type": "object",
-                    "required": ["messages"],
-                    "properties": {
-                        "model": {"type": "string"},
-                        "messages": {
-                            "type": "array",
-                            "minItems": 1,
-                            "items": {
-                                "type": "object",
-                                "required": ["role", "content"],
-                                "properties": {"role": {"type": "string"}, "content": {"type": "string"}},
-                            },
-                        },
-                        "stream": {"type": "boolean"},
-                        "target": {"type": "string"},
-                        "source": {"type": "string"},
-                        "max_tokens": {"type": "integer", "minimum": 1},
-                        "beams": {"type": "integer", "minimum": 1},
-                    },
-                }
-            }
+                    "required": ["role", "content"],
+                    "properties": {"role": {"type": "string"}, "content": {"type": "string"}},
+                },
+            },
+            "stream": {"type": "boolean"},
+            "target": {"type": "string"},
+            "source": {"type": "string"},
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "beams": {"type": "integer", "minimum": 1},
         },
-    }
+    )
 }
 
 ROUTES: list[BaseRoute] = [

@@ -2,14 +2,15 @@
 
 Existing LibreTranslate clients send `q` (a string, or a list for a batch), `source`, `target`, `format`,
 `api_key` and optionally `alternatives`, as JSON or as a form. onnxmt adds `beams`, `max_new_tokens`, and for
-models with prompts for them (HY-MT) `glossary` and `context`.
+models with prompts for them (HY-MT) `glossary` and `context`. `FIELDS` declares each once: how it is read, what
+OpenAPI says of it (serve/schemas.py), whether /translate_file's form takes it (serve/documents.py).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,68 +36,104 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class TranslateRequest:
+    """A checked /translate request (`parse_translate`): one attribute per field of FIELDS, `q` as `texts`."""
+
     texts: list[str]
     batch: bool  # q was a list: answer with a list
-    source: str | None
-    target: str | None
-    api_key: str | None
-    alternatives: int
-    beams: int | None
-    max_new_tokens: int | None
+    source: str | None = None
+    target: str | None = None
+    api_key: str | None = None
+    alternatives: int = 0
+    beams: int | None = None
+    max_new_tokens: int | None = None
     format: str = "text"  # or "html": markup kept (serve/documents.py)
     # HY-MT's terminology and context prompts (architectures/decoder_only.py): (source, target) pairs; a text.
     glossary: tuple[tuple[str, str], ...] = ()
     context: str | None = None
 
 
+# A field's value from a request's fields: (the fields, its name, whether they came as text, the limits).
+Reader = Callable[[Mapping[str, Any], str, bool, ServeOptions], Any]
+
+
+@dataclass(frozen=True)
+class RequestField:
+    """One field of a LibreTranslate request, as /translate, /translate/stream and /translate_file take it: how it
+    is read from JSON, a form or the query string (`read`), what OpenAPI says of it (serve/schemas.py: `type`, the
+    JSON value's type as Python's; `help`; `min`; `examples`; `form_schema`, its schema in a form where a form
+    sends it otherwise than as the JSON value), and whether /translate_file's form takes it (`upload`)."""
+
+    name: str
+    type: Any
+    help: str
+    read: Reader
+    min: int | float | None = None
+    examples: tuple[Any, ...] = ()
+    form_schema: dict[str, Any] | None = None
+    upload: bool = True
+
+
 def parse_translate(data: Mapping[str, Any], limits: ServeOptions, *, form: bool) -> TranslateRequest:
-    """Check a /translate body against the protocol and the limits; ApiError 400 naming the problem.
-    `form`: the values came from a form, so numbers arrive as strings."""
-    q = data.get("q")
+    """Check a /translate body against the protocol and the limits, field by field in FIELDS' order; ApiError 400
+    naming the problem. `form`: the values came from a form, so numbers arrive as strings."""
+    values = {field.name: field.read(data, field.name, form, limits) for field in FIELDS}
+    q = values.pop("q")
+    batch = isinstance(q, list)
+    return TranslateRequest(texts=q if batch else [q], batch=batch, **values)
+
+
+def _texts(data: Mapping[str, Any], name: str, form: bool, limits: ServeOptions) -> str | list[str]:
+    """`q`: a text, or a list of them (a batch), within --max-texts and --max-chars."""
+    q = data.get(name)
     if q is None:
-        raise ApiError(400, "Invalid request: missing q parameter")
+        raise ApiError(400, f"Invalid request: missing {name} parameter")
     batch = isinstance(q, list)
     texts = q if batch else [q]
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            where = f"q[{i}]" if batch else "q"
+            where = f"{name}[{i}]" if batch else name
             raise ApiError(400, f"Invalid request: {where} must be a string, got {type_name(text)}")
     if len(texts) > limits.max_texts:
         raise ApiError(400, f"Invalid request: {len(texts)} texts exceed the limit of {limits.max_texts} per request")
     for i, text in enumerate(texts):
         if len(text) > limits.max_chars:
-            where = f"q[{i}]" if batch else "q"
+            where = f"{name}[{i}]" if batch else name
             raise ApiError(400, f"Invalid request: {where} has {len(text)} characters, the limit is {limits.max_chars}")
-    text_format = _string(data, "format") or "text"
+    return q
+
+
+def _format(data: Mapping[str, Any], name: str, form: bool, limits: ServeOptions) -> str:
+    text_format = _string(data, name) or "text"
     if text_format not in ("text", "html"):
-        raise ApiError(400, f"Invalid request: format {text_format!r} is not supported; valid: text, html")
-    alternatives = _integer(data, "alternatives", form, low=0) or 0
-    beams = _decoding(data, "beams", form)
-    if beams is not None and beams > limits.max_beams:
-        raise ApiError(400, f"Invalid request: beams {beams} exceeds the limit of {limits.max_beams}")
+        raise ApiError(400, f"Invalid request: {name} {text_format!r} is not supported; valid: text, html")
+    return text_format
+
+
+def _text(data: Mapping[str, Any], name: str, form: bool, limits: ServeOptions) -> str | None:
+    return _string(data, name)
+
+
+def _alternatives(data: Mapping[str, Any], name: str, form: bool, limits: ServeOptions) -> int:
+    """LibreTranslate's alternatives are the runner-up beams: within --max-beams with the best one."""
+    alternatives = _integer(data, name, form, low=0) or 0
     if alternatives + 1 > limits.max_beams:
         raise ApiError(
-            400, f"Invalid request: alternatives {alternatives} needs more beams than the limit {limits.max_beams}"
+            400, f"Invalid request: {name} {alternatives} needs more beams than the limit {limits.max_beams}"
         )
-    return TranslateRequest(
-        texts=texts,
-        batch=batch,
-        source=_string(data, "source"),
-        target=_string(data, "target"),
-        api_key=_string(data, "api_key"),
-        alternatives=alternatives,
-        beams=beams,
-        max_new_tokens=_decoding(data, "max_new_tokens", form),
-        format=text_format,
-        glossary=_glossary(data, limits, form),
-        context=_context(data, limits),
-    )
+    return alternatives
 
 
-def _glossary(data: Mapping[str, Any], limits: ServeOptions, form: bool) -> tuple[tuple[str, str], ...]:
+def _beams(data: Mapping[str, Any], name: str, form: bool, limits: ServeOptions) -> int | None:
+    beams = _decoding(data, name, form, limits)
+    if beams is not None and beams > limits.max_beams:
+        raise ApiError(400, f"Invalid request: beams {beams} exceeds the limit of {limits.max_beams}")
+    return beams
+
+
+def _glossary(data: Mapping[str, Any], name: str, form: bool, limits: ServeOptions) -> tuple[tuple[str, str], ...]:
     """A request's `glossary`: a list of [source, target] pairs or a {source: target} object (in a form, as JSON
     text), within --max-glossary-terms and --max-glossary-chars."""
-    value = data.get("glossary")
+    value = data.get(name)
     if form and isinstance(value, str):
         if not value.strip():
             return ()
@@ -123,9 +160,9 @@ def _glossary(data: Mapping[str, Any], limits: ServeOptions, form: bool) -> tupl
     return pairs
 
 
-def _context(data: Mapping[str, Any], limits: ServeOptions) -> str | None:
+def _context(data: Mapping[str, Any], name: str, form: bool, limits: ServeOptions) -> str | None:
     """A request's `context` (None when empty), within --max-context-chars."""
-    context = _string(data, "context")
+    context = _string(data, name)
     if context is not None and len(context) > limits.max_context_chars:
         raise ApiError(
             400, f"Invalid request: context has {len(context)} characters, the limit is {limits.max_context_chars}"
@@ -166,7 +203,7 @@ def _string(data: Mapping[str, Any], name: str) -> str | None:
     raise ApiError(400, f"Invalid request: {name} must be a string, got {type_name(value)}")
 
 
-def _decoding(data: Mapping[str, Any], name: str, form: bool) -> int | None:
+def _decoding(data: Mapping[str, Any], name: str, form: bool, limits: ServeOptions) -> int | None:
     """A request's override of DecodeOptions' `name` (`beams`, `max_new_tokens`), held to the option's lower bound."""
     return _integer(data, name, form, low=spec(DecodeOptions, name).min or 0)
 
@@ -187,6 +224,65 @@ def _integer(data: Mapping[str, Any], name: str, form: bool, low: float) -> int 
     if value < low:
         raise ApiError(400, f"Invalid request: {name} must be at least {low}, got {value}")
     return value
+
+
+def _decoding_field(name: str, read: Reader) -> RequestField:
+    """A request field that overrides DecodeOptions' `name`, with the option's lower bound and help."""
+    option = spec(DecodeOptions, name)
+    return RequestField(name, int, f"onnxmt: {option.help[0].lower()}{option.help[1:]}", read, min=option.min)
+
+
+# Every field of a /translate request, in the order they are checked (the first problem found is the one answered).
+FIELDS = (
+    RequestField(
+        "q",
+        str | list[str],
+        "Text, or a list of texts for a batch (required).",
+        _texts,
+        examples=("Hello world",),
+        upload=False,  # /translate_file's text is its file
+    ),
+    RequestField(
+        "format",
+        str,
+        '"text" (default) or "html" (markup kept; docs/documents.md).',
+        _format,
+        examples=("text",),
+        upload=False,  # /translate_file's format is its file's
+    ),
+    RequestField(
+        "alternatives",
+        int,
+        "Number of alternative translations to return too.",
+        _alternatives,
+        min=0,
+        upload=False,
+    ),
+    _decoding_field("beams", _beams),
+    RequestField("source", str, 'Source language code, or "auto".', _text, examples=("en",)),
+    RequestField("target", str, "Target language code (see /languages).", _text, examples=("zh",)),
+    RequestField("api_key", str, "Needed when the server has API keys.", _text),
+    _decoding_field("max_new_tokens", _decoding),
+    RequestField(
+        "glossary",
+        list[list[str]] | dict[str, str],
+        "onnxmt, models with a terminology prompt (HY-MT): [source term, target term] pairs or a {source: target} "
+        "object; a text's prompt holds the pairs whose source term it contains. 400 for another model.",
+        _glossary,
+        examples=([["river", "江"]],),
+        form_schema={"type": "string", "description": "JSON: [[source, target], ...] or {source: target}"},
+    ),
+    RequestField(
+        "context",
+        str,
+        "onnxmt, models with a context prompt (HY-MT): text the translation should agree with (not translated). "
+        "400 for another model.",
+        _context,
+    ),
+)
+
+# The fields /translate_file's form takes beside its file.
+UPLOAD_FIELDS = tuple(field.name for field in FIELDS if field.upload)
 
 
 class Languages:

@@ -6,49 +6,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
-from ..options import spec
-from ..runtime.options import DecodeOptions
+from .fields import API_KEY_ALIAS
+from .protocol import FIELDS, UPLOAD_FIELDS
 
-
-def decoding_field(name: str) -> Any:
-    """A request field that overrides DecodeOptions' `name`, with the option's lower bound and help."""
-    described = spec(DecodeOptions, name)
-    return Field(None, ge=described.min, description=f"onnxmt: {described.help[0].lower()}{described.help[1:]}")
+ALIAS_HELP = "The same as api_key (the npm libretranslate client's name)."
 
 
-def decoding_property(name: str) -> dict[str, Any]:
-    """The same field in a hand-written form schema (/translate_file's)."""
-    return {"type": "integer", "minimum": spec(DecodeOptions, name).min}
+def _translate_body() -> type[BaseModel]:
+    """/translate's JSON body: the fields of `protocol.FIELDS`, and the npm client's name for `api_key`."""
+    fields: dict[str, Any] = {}
+    for field in FIELDS:
+        examples = list(field.examples) or None
+        fields[field.name] = (field.type | None, Field(None, description=field.help, ge=field.min, examples=examples))
+        if field.name == "api_key":
+            fields[API_KEY_ALIAS] = (str | None, Field(None, description=ALIAS_HELP))
+    return create_model("TranslateBody", **fields)
 
 
-class TranslateBody(BaseModel):
-    q: str | list[str] | None = Field(
-        None, description="Text, or a list of texts for a batch (required).", examples=["Hello world"]
-    )
-    source: str | None = Field(None, description='Source language code, or "auto".', examples=["en"])
-    target: str | None = Field(None, description="Target language code (see /languages).", examples=["zh"])
-    format: str | None = Field(
-        None, description='"text" (default) or "html" (markup kept; docs/documents.md).', examples=["text"]
-    )
-    api_key: str | None = Field(None, description="Needed when the server has API keys.")
-    apiKey: str | None = Field(None, description="The same as api_key (the npm libretranslate client's name).")
-    alternatives: int | None = Field(None, ge=0, description="Number of alternative translations to return too.")
-    beams: int | None = decoding_field("beams")
-    max_new_tokens: int | None = decoding_field("max_new_tokens")
-    glossary: list[list[str]] | dict[str, str] | None = Field(
-        None,
-        description="onnxmt, models with a terminology prompt (HY-MT): [source term, target term] pairs or a "
-        "{source: target} object; a text's prompt holds the pairs whose source term it contains. 400 for another "
-        "model.",
-        examples=[[["river", "江"]]],
-    )
-    context: str | None = Field(
-        None,
-        description="onnxmt, models with a context prompt (HY-MT): text the translation should agree with (not "
-        "translated). 400 for another model.",
-    )
+TranslateBody = _translate_body()
+# How a form sends the fields it sends otherwise than JSON does (a glossary: as JSON text).
+FORM_SCHEMAS = {field.name: field.form_schema for field in FIELDS if field.form_schema is not None}
 
 
 class TranslateAnswer(BaseModel):
@@ -119,13 +98,16 @@ FORM_NOTE = (
 QUERY_NOTE = "Or in the query string of the POST (deep-translator sends every field there, with no body)."
 
 
-def request_body(model: type[BaseModel] = TranslateBody, *, query: bool = False) -> dict[str, Any]:
+def request_body(
+    model: type[BaseModel] = TranslateBody, *, query: bool = False, form_schemas: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A request in OpenAPI: a JSON body or the same fields as a form, and (`query`) the same fields in the query
-    string. Form and query schemas have no null (a form cannot send one)."""
+    string. Form and query schemas have no null (a form cannot send one); `form_schemas`: the schemas of the fields
+    a form sends otherwise than JSON does."""
     schema = model.model_json_schema()
     if query:  # a field the body lacks may come from the query string: no body field is required then
         schema = {k: v for k, v in schema.items() if k != "required"}
-    form = _without_null(schema)
+    form = _form(schema, form_schemas or {})
     form["description"] = FORM_NOTE
     parameters = [
         {"name": name, "in": "query", "required": False, "schema": field, "description": QUERY_NOTE}
@@ -145,7 +127,23 @@ def request_body(model: type[BaseModel] = TranslateBody, *, query: bool = False)
 
 
 def translate_request() -> dict[str, Any]:
-    return request_body(TranslateBody, query=True)
+    return request_body(TranslateBody, query=True, form_schemas=FORM_SCHEMAS)
+
+
+def upload_request(file_help: str) -> dict[str, Any]:
+    """/translate_file's body: a multipart form of its `file` and of the /translate fields an upload takes."""
+    form = _form(TranslateBody.model_json_schema(), FORM_SCHEMAS)["properties"]
+    properties = {"file": {"type": "string", "format": "binary", "description": file_help}}
+    properties.update({name: form[name] for name in UPLOAD_FIELDS})
+    schema = {"type": "object", "required": ["file"], "properties": properties}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
+
+
+def _form(schema: dict[str, Any], form_schemas: dict[str, Any]) -> dict[str, Any]:
+    """`schema` as a form sends it: no null, and the fields of `form_schemas` as they say."""
+    form = _without_null(schema)
+    form["properties"].update(form_schemas)
+    return form
 
 
 def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +158,12 @@ def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
             field["anyOf"] = options
         properties[name] = field
     return {**schema, "properties": properties}
+
+
+def json_body(required: list[str], properties: dict[str, Any], *, needed: bool = True) -> dict[str, Any]:
+    """An OpenAPI request body of one JSON object (the DeepL, Google and OpenAI APIs' own, written by hand)."""
+    schema = {"type": "object", "required": required, "properties": properties}
+    return {"required": needed, "content": {"application/json": {"schema": schema}}}
 
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -1,6 +1,11 @@
-"""The service's state between requests: its models (serve/pool.py: loaded on demand, one batcher each), the
-routing of language pairs to them (serve/catalog.py), the translation cache and the metrics. Request handlers in
-`app.py` call into one `Service`; nothing here knows about HTTP routing.
+"""The service: its state between requests, its start and stop, and the way one request goes through it (the
+source detected, the route, the texts cut into units, prepared, their cost checked, from the cache or through the
+model's batcher, the answer in LibreTranslate's shape). Request handlers in `app.py` call into one `Service`;
+nothing here knows about HTTP routing.
+
+Beside it: how its models are opened (serve/loading.py) and held (serve/pool.py: loaded on demand, one batcher
+each), the routing of language pairs to them (serve/catalog.py), what a request may cost (serve/costs.py), what
+/info and the listings say (serve/info.py), the keys and limits per key (serve/limits.py).
 
 One model directory: it is loaded at start-up and the service is ready once it is (a model that cannot be loaded
 stops the server). Several: their manifests are read at start-up (ready then), each model is loaded on its first
@@ -9,44 +14,35 @@ request."""
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
-import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..architectures import text_unit
-from ..documents.files import FORMATS
 from ..documents.translate import Counting, counting
-from ..manifest import MANIFEST_NAME, Manifest, read_manifest
-from ..models import is_model_dir, model_dirs_in
-from ..runtime.cancel import CancelToken
-from ..runtime.capabilities import Capabilities
-from ..runtime.modeldir import check_model_dir, load_manifest
+from ..manifest import Manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
-from ..runtime.scheduler import BatchLimits
 from ..runtime.search import names_no_length
 from ..runtime.translator import Prepared, Translation, Translator, resolve_settings, text_cost
-from ..version import __version__
 from . import units
-from .batcher import Batcher, ClientGone, MicroBatcher, QueueFull
+from .batcher import Batcher, ClientGone, QueueFull
 from .cache import TranslationCache
 from .catalog import Catalog, Leg
+from .costs import check_cost, smallest_request_limit
 from .detect import Detected, Detector
 from .downloads import Downloads
-from .inflight import InflightBatcher
+from .info import listings, service_info
 from .limits import Quota
+from .loading import Loader, holds_models, model_entry
 from .metrics import Metrics
 from .options import ServeOptions
-from .pool import RETRY_AFTER, ModelEntry, ModelPool, model_bytes, without_paths
-from .protocol import ApiError, Languages, TranslateRequest, frontend_settings
+from .pool import RETRY_AFTER, ModelPool, without_paths
+from .protocol import ApiError, TranslateRequest
 from .workers import DocumentWorkers
 
 log = logging.getLogger("onnxmt.serve")
@@ -76,6 +72,11 @@ class Service:
         self.workers = DocumentWorkers(options.document_workers, options.max_document_queue, options.document_worker_mb)
         self.downloads = Downloads(int(options.max_stored_mb * 2**20), options.keep_files_seconds)
         self.quota = Quota(options)  # keys of --key-db and the counts of --req-limit and the other limits per key
+        # One inference thread for every model: ONNX Runtime parallelises inside a batch; two batches at once
+        # would only compete for the same cores. Loads run there too, between batches. (Its thread starts with
+        # the first load.)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxmt-inference")
+        self.loader = Loader(options, runtime, self.decoding, self._executor, self.metrics)
         self.pool: ModelPool | None = None
         self.catalog: Catalog | None = None
         self.detector: Detector | None = None
@@ -84,7 +85,6 @@ class Service:
         self.draining = False
         # Called when the models cannot be opened: the server stops and the command exits non-zero.
         self.on_fatal: Callable[[str], None] = lambda message: None
-        self._executor: ThreadPoolExecutor | None = None
         self._opening: asyncio.Task[None] | None = None
         self._open = False
         self._listings: dict[str, bytes] = {}
@@ -95,9 +95,6 @@ class Service:
 
     async def start(self) -> None:
         """Start opening the models on the inference thread; the server answers /health meanwhile."""
-        # One inference thread for every model: ONNX Runtime parallelises inside a batch; two batches at once
-        # would only compete for the same cores. Loads run there too, between batches.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxmt-inference")
         try:
             self.quota.open()  # --key-db created now, or the server stops saying why
         except (sqlite3.Error, OSError) as e:
@@ -115,20 +112,17 @@ class Service:
             await asyncio.shield(self._opening)
 
     async def _start(self) -> None:
-        assert self._executor is not None
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         where = ", ".join(str(d) for d in self.model_dirs)
         try:
-            if len(self.model_dirs) == 1 and not _holds_models(self.model_dirs[0]):
+            if len(self.model_dirs) == 1 and not holds_models(self.model_dirs[0]):
                 directory = self.model_dirs[0]
-                translator = await loop.run_in_executor(
-                    self._executor, lambda: Translator(directory, self._runtime_for(directory), self.decoding)
-                )
-                entries = [_entry(self.model_dirs[0], self.model_dirs[0].name, translator.manifest)]
+                translator = await loop.run_in_executor(self._executor, self.loader.translator, directory)
+                entries = [model_entry(directory, directory.name, translator.manifest)]
             else:
                 translator = None
-                entries = await loop.run_in_executor(self._executor, self._read_entries)
+                entries = await loop.run_in_executor(self._executor, self.loader.read_entries, self.model_dirs)
             languages = [e.languages.model for e in entries]
             self.detector = await loop.run_in_executor(self._executor, Detector, languages)
         except Exception as e:  # ModelDirError, ValueError, OSError, onnxruntime's own errors: all fatal here
@@ -143,19 +137,17 @@ class Service:
             return
         self.pool = ModelPool(
             entries,
-            load=self._load,
-            make_batcher=self._make_batcher,
+            load=self.loader.load,
+            make_batcher=self.loader.make_batcher,
             executor=self._executor,
             metrics=self.metrics,
             max_models=self.options.max_loaded_models,
             max_bytes=int(self.options.max_loaded_mb * 2**20),
-            check=self._check,
+            check=self.loader.check,
             retry_seconds=self.options.load_retry_seconds,
         )
         catalog = Catalog(entries, self.options.pivot)
-        # What /languages and /frontend/settings answer depends on the manifests alone: made once, here, off the
-        # event loop (with NLLB beside Marian models it takes ~0.1 s).
-        self._listings = await asyncio.to_thread(self._render_listings, catalog)
+        self._listings = await asyncio.to_thread(listings, catalog, self.options)  # off the event loop
         self.catalog = catalog
         if self.catalog.pivot and len(entries) > 1 and not self.catalog.through_pivot():
             log.warning(
@@ -170,81 +162,6 @@ class Service:
         shown = "; ".join(f"{e.name}: {e.languages.source} → {', '.join(e.languages.targets)}" for e in entries)
         log.info("%d model(s) opened in %.1f s (%s); ready", len(entries), time.perf_counter() - started, shown)
 
-    def _read_entries(self) -> list[ModelEntry]:
-        """Every model directory given (directories of model directories opened), by its manifest: what it
-        translates, without loading it."""
-        dirs = [d for given in self.model_dirs for d in model_dirs_in(given)]
-        names = _unique_names(dirs)
-        options = self._manifest_options()
-        return [
-            _entry(d, name, load_manifest(d, verify=False, options=options))
-            for d, name in zip(dirs, names, strict=True)
-        ]
-
-    def _check(self, entry: ModelEntry) -> None:
-        """Runs on a thread of its own before a load: the directory's checks, its files' sha256 included, which
-        `_load` then skips (on the inference thread every model shares, a 1 GB file's would stall them ~1 s)."""
-        check_model_dir(entry.directory, verify=self.runtime.verify, options=self._manifest_options())
-
-    def _load(self, entry: ModelEntry) -> Translator:
-        """Runs on the inference thread, after `_check`."""
-        runtime = replace(self._runtime_for(entry.directory, entry.manifest), verify=False)
-        return Translator(entry.directory, runtime, self.decoding)
-
-    def _manifest_options(self) -> RuntimeOptions:
-        """What a manifest is read with: an Optimum directory's graphs are opened to read it, on one thread."""
-        return RuntimeOptions(threads=1, variant=self.runtime.variant)
-
-    def _runtime_for(self, directory: Path, manifest: Manifest | None = None) -> RuntimeOptions:
-        """The runtime options a model is opened with. A model batched in flight has its waiting requests encoded
-        while the decoder steps, on the encoder thread (serve/inflight.py): unless `--encoder-threads` says
-        otherwise, its encoder runs on half of the threads (at least 1), so that the two together do not
-        oversubscribe the cores. Models with static batches encode between steps, on all of them."""
-        runtime = self.runtime
-        if runtime.encoder_threads is not None:
-            return runtime
-        if manifest is None:
-            if not (directory / MANIFEST_NAME).is_file():
-                return runtime  # Optimum's and Transformers.js's directories run static batches
-            manifest = read_manifest(directory)
-        if not Capabilities.of(manifest).in_flight:
-            return runtime
-        return replace(runtime, encoder_threads=max(1, (runtime.threads or os.cpu_count() or 1) // 2))
-
-    def _make_batcher(self, entry: ModelEntry) -> Batcher:
-        """In-flight batching for a decoder that takes one cache length per row; static micro-batches otherwise
-        (directories exported before format 4, Optimum's)."""
-        assert self._executor is not None and entry.translator is not None
-        on_queue = self.metrics.queue_depth.labels(entry.name).set
-        if entry.translator.capabilities.in_flight:
-            o = self.options
-            limits = BatchLimits(
-                o.max_batch_size, self.cost_limits(entry.manifest).batch, o.max_skip_ms / 1000, o.reserved_texts
-            )
-            return InflightBatcher(
-                entry.translator,
-                self._executor,
-                limits=limits,
-                max_queue=self.options.max_queue,
-                on_queue=on_queue,
-                on_step=partial(self.metrics.observe_step, entry.name),
-            )
-        log.info(
-            "model %s: static batches (its decoder takes one cache length for all rows; `onnxmt export` it again "
-            "for in-flight batching)",
-            entry.name,
-        )
-        return MicroBatcher(
-            partial(_translate, entry),
-            self._executor,
-            max_batch_size=self.options.max_batch_size,
-            window=self.options.batch_window_ms / 1000,
-            max_queue=self.options.max_queue,
-            max_batch_cost=self.cost_limits(entry.manifest).batch,
-            on_queue=on_queue,
-            on_batch=partial(self.metrics.observe_batch, entry.name),
-        )
-
     async def stop(self) -> None:
         """After the server has finished the requests in flight: stop the batch loops and the inference thread."""
         self.draining = True
@@ -253,35 +170,10 @@ class Service:
             self._opening.cancel()
         if self.pool is not None:
             await self.pool.stop()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
         self.workers.stop()
         self.downloads.close()
         self.quota.close()
-
-    @property
-    def keys_on(self) -> bool:
-        """Requests need a key: --api-keys, or keys in --key-db."""
-        return self.quota.keys_on()
-
-    def check_key(self, api_key: object) -> None:
-        keys = self.options.api_keys
-        if not self.keys_on:
-            return
-        if not isinstance(api_key, str) or not api_key:
-            raise ApiError(403, "Invalid API key: this server needs an api_key")
-        # compare_digest on every key: the time taken does not reveal how much of a key matched.
-        # surrogatepass: a key with a lone surrogate (possible in JSON) is a wrong key, not an encoding error.
-        given = api_key.encode("utf-8", "surrogatepass")
-        if not any(hmac.compare_digest(given, key.encode()) for key in keys) and not self._stored_key(api_key):
-            raise ApiError(403, "Invalid API key")
-
-    def _stored_key(self, api_key: str) -> bool:
-        try:
-            api_key.encode()
-        except UnicodeEncodeError:
-            return False
-        return self.quota.known(api_key)
 
     def require_ready(self) -> tuple[Catalog, ModelPool]:
         if self.draining:
@@ -415,7 +307,7 @@ class Service:
             prepared = await self._prepare(translator, leg, texts, request, alternatives, source, ids)
             if not prepared:
                 return []
-            self._check_cost(prepared, entry.manifest)
+            check_cost(prepared, entry.manifest, self.options)
             if not self.cache.size:
                 return await self._queue(batcher, prepared, disconnected, _partials(translator, on_partial))
             found = [self.cache.get((entry.name, p)) for p in prepared]
@@ -507,104 +399,14 @@ class Service:
             return None
         return min(self.options.fallback_max_new_tokens, int(manifest.model["max_positions"]))
 
-    def cost_limits(self, manifest: Manifest) -> CostLimits:
-        """The model's limits in tokens x beams: --max-request-cost and --max-batch-cost, each capped by
-        --max-cache-mb over the model's cache bytes per token x beam."""
-        o = self.options
-        per_token = cache_bytes_per_cost(manifest)
-        cap = max(1, int(o.max_cache_mb * 2**20) // per_token) if o.max_cache_mb else None
-        request, batch = _least(o.max_request_cost or None, cap), _least(o.max_batch_cost or None, cap)
-        return CostLimits(per_token, cap, request, batch)
-
     def smallest_request_limit(self) -> int | None:
-        """The lowest request limit of the models (what a document's requests are cut by, whichever model reads
-        them)."""
+        """The lowest request limit of the models (what a document's requests are cut by)."""
         catalog, _ = self.require_ready()
-        limits = [self.cost_limits(e.manifest).request for e in catalog.entries]
-        return min((x for x in limits if x is not None), default=None)
-
-    def _check_cost(self, prepared: list[Prepared], manifest: Manifest) -> None:
-        """ApiError 413 when the request's cost in tokens x beams is above the model's request limit."""
-        cost = sum(p.cost for p in prepared)
-        limits = self.cost_limits(manifest)
-        limit = limits.request
-        if limit and cost > limit:
-            settings = prepared[0].settings
-            if limits.cap == limit:
-                why = (
-                    f"max_cache_mb: {self.options.max_cache_mb:g} MB of attention caches at "
-                    f"{limits.cache_bytes_per_token / 1024:g} KB per token x beam in this model"
-                )
-            else:
-                why = "max_request_cost"
-            raise ApiError(
-                413,
-                f"request too large: it costs {cost} tokens x beams ((source tokens + {settings.max_length - 1} "
-                f"new tokens) x {settings.num_beams} beams, over {len(prepared)} texts); the limit is {limit} "
-                f"({why}): send fewer or shorter texts, fewer beams or a lower max_new_tokens",
-            )
+        return smallest_request_limit((e.manifest for e in catalog.entries), self.options)
 
     def info(self) -> dict[str, Any]:
         catalog, pool = self.require_ready()
-        o = self.options
-        answer: dict[str, Any] = {"version": __version__}
-        if catalog.single:  # the shape /info has always had for one model
-            entry = catalog.entries[0]
-            answer["model"] = _model_info(entry)
-            answer["languages"] = _languages_info(entry.languages)
-        answer["models"] = [
-            {
-                "name": e.name,
-                "loaded": e.translator is not None,
-                "loads": e.loads,
-                "unloads": e.unloads,
-                "error": e.error,
-                "languages": _languages_info(e.languages),
-                "batch_invariant": Capabilities.of(e.manifest).batch_invariant(o.max_batch_size),
-                "in_flight": None if e.translator is None else Capabilities.of(e.manifest).in_flight,
-                "encoder_threads": None if e.translator is None else encoder_threads(e.translator),
-                "cost_limits": self.cost_limits(e.manifest)._asdict(),
-                **_model_info(e),
-            }
-            for e in catalog.entries
-        ]
-        answer["routing"] = {
-            "pivot": catalog.pivot,
-            **_pairs_info(catalog.pairs()),
-            "max_loaded_models": pool.max_models,
-            "max_loaded_mb": o.max_loaded_mb,
-        }
-        answer["cache"] = {"size": self.cache.size, "entries": len(self.cache)}
-        answer["decoding"] = {k: v for k, v in vars(self.decoding).items() if v is not None}
-        answer["batching"] = {
-            "max_batch_size": o.max_batch_size,
-            "batch_window_ms": o.batch_window_ms,
-            "max_queue": o.max_queue,
-        }
-        if catalog.single:
-            entry = catalog.entries[0]
-            answer["batching"]["batch_invariant"] = Capabilities.of(entry.manifest).batch_invariant(o.max_batch_size)
-            # In flight: requests join the running decoder batch at every step; else static micro-batches.
-            answer["batching"]["in_flight"] = (
-                None if entry.translator is None else Capabilities.of(entry.manifest).in_flight
-            )
-        answer["limits"] = {
-            "max_chars": o.max_chars,
-            "max_texts": o.max_texts,
-            "max_body_bytes": o.max_body_bytes,
-            "max_beams": o.max_beams,
-            "max_request_cost": o.max_request_cost,
-            "max_batch_cost": o.max_batch_cost,
-            "max_cache_mb": o.max_cache_mb,
-            "timeout": o.timeout,
-            "req_limit": o.req_limit,
-            "limit_window": o.limit_window,
-            "char_limit": o.char_limit,
-            "daily_char_limit": o.daily_char_limit,
-        }
-        answer["api_keys"] = self.keys_on
-        answer["protect_all"] = o.protect_all
-        return answer
+        return service_info(catalog, pool, self.options, self.decoding, self.cache, keys_on=self.quota.keys_on())
 
     def libretranslate_languages(self) -> list[dict[str, Any]]:
         catalog, _ = self.require_ready()
@@ -615,34 +417,11 @@ class Service:
         self.require_ready()
         return self._listings[name]
 
-    def _render_listings(self, catalog: Catalog) -> dict[str, bytes]:
-        languages = catalog.libretranslate()
-        frontend = frontend_settings(self.options, languages, catalog.frontend_defaults(), list(FORMATS))
-        catalog.pairs()  # for /info and the errors that name pairs
-        return {"languages": _json(languages), "frontend": _json(frontend)}
-
 
 # `source: auto` refuses a text detected in a language no model reads only when the detector is this sure (in %) and
 # the text has this many letters: below, there is nothing to tell a language by, and the text is translated.
 REFUSE_CONFIDENCE = 90.0
 MIN_LETTERS = 3
-
-
-class CostLimits(NamedTuple):
-    """A model's limits in tokens x beams (None: none)."""
-
-    cache_bytes_per_token: int  # attention-cache bytes one token x beam may hold (cache_bytes_per_cost)
-    cap: int | None  # --max-cache-mb over that
-    request: int | None  # --max-request-cost, capped
-    batch: int | None  # --max-batch-cost, capped
-
-
-def cache_bytes_per_cost(manifest: Manifest) -> int:
-    """Bytes of attention cache one token x beam of cost may hold: K and V, fp32, in every decoder layer. A
-    generated token holds them in the self-attention cache of each beam; a source token in the cross-attention
-    K/V, once per sentence (so counting it per beam, as the cost does, bounds it from above)."""
-    m = manifest.model
-    return int(m["num_layers"]) * 2 * int(m["num_heads"]) * int(m["head_dim"]) * 4
 
 
 def _letters(text: str, enough: int) -> int:
@@ -653,23 +432,6 @@ def _letters(text: str, enough: int) -> int:
         if count >= enough:
             break
     return count
-
-
-def _json(content: object) -> bytes:
-    """`content` as JSONResponse renders it."""
-    return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-
-
-def _least(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)
-
-
-def _translate(
-    entry: ModelEntry, prepared: list[Prepared], tokens: list[CancelToken], on_batch: Callable[[int], None]
-) -> list[Translation]:
-    """Runs on the inference thread, in the model's batcher."""
-    assert entry.translator is not None
-    return entry.translator.translate_prepared(prepared, cancel=tokens, on_batch=on_batch)
 
 
 def _partials(
@@ -692,84 +454,6 @@ def _partials(
             on_partial(i, text)
 
     return told
-
-
-def encoder_threads(translator: Translator) -> int | None:
-    """The ONNX Runtime threads of the model's encoder (`Service._runtime_for`); None for a decoder-only model,
-    which has none (its prompts are prefilled by the decoder)."""
-    if translator.graphs.decoder_only:
-        return None
-    return int(translator.graphs.encoder.get_session_options().intra_op_num_threads)
-
-
-def _holds_models(path: Path) -> bool:
-    """A directory of model directories rather than one."""
-    return path.is_dir() and not is_model_dir(path)
-
-
-def _entry(directory: Path, name: str, manifest: Manifest) -> ModelEntry:
-    return ModelEntry(name, directory, manifest, Languages(manifest), model_bytes(directory, manifest))
-
-
-def _unique_names(dirs: list[Path]) -> list[str]:
-    """Each directory's name; where two are the same, with as many parent parts as tell them apart."""
-    names = [d.name for d in dirs]
-    for depth in range(2, 8):
-        clashes = {n for n in names if names.count(n) > 1}
-        if not clashes:
-            break
-        names = ["/".join(d.parts[-depth:]) if n in clashes else n for d, n in zip(dirs, names, strict=True)]
-    for i, name in enumerate(names):  # the same path given twice
-        if names.count(name) > 1:
-            names[i] = f"{name}#{names[:i].count(name) + 1}"
-    return names
-
-
-# /info lists the pairs up to this many; an NLLB-200 model alone answers 202 x 201 = 40,602 of them (464 KB of JSON
-# in every /info), which /languages already lists per source.
-INFO_MAX_PAIRS = 1000
-
-
-def _pairs_info(pairs: list[tuple[str, str]]) -> dict[str, Any]:
-    """`pair_count`, and `pairs` ("en→zh", ...) when there are at most INFO_MAX_PAIRS of them."""
-    if len(pairs) > INFO_MAX_PAIRS:
-        return {"pair_count": len(pairs), "pairs_omitted": f"over {INFO_MAX_PAIRS}: GET /languages lists them"}
-    return {"pair_count": len(pairs), "pairs": [f"{s}→{t}" for s, t in pairs]}
-
-
-def _languages_info(languages: Languages) -> dict[str, Any]:
-    return {
-        "source": languages.source,
-        "sources": languages.sources,
-        "targets": languages.targets,
-        "default": languages.target,
-    }
-
-
-def _model_info(entry: ModelEntry) -> dict[str, Any]:
-    manifest = entry.manifest
-    return {
-        # Names, never the server's paths: a model exported from a local directory records its path.
-        "directory": entry.directory.name,
-        "architecture": manifest.architecture,
-        "layout": manifest.layout,
-        "source_model": _public_name(manifest.provenance.get("source_model")),
-        "revision": manifest.provenance.get("revision"),
-        "quantization": manifest.quantization,
-        "variant": manifest.provenance.get("variant"),
-        "bytes": sum(int(f.get("bytes") or 0) for f in manifest.files.values()),
-        "model": manifest.model,
-        "generation": manifest.generation,
-    }
-
-
-def _public_name(source: object) -> str | None:
-    """A hub id as it is ("Helsinki-NLP/opus-mt-en-zh"); a local path only by its last part."""
-    if not isinstance(source, str):
-        return None
-    if source.startswith(("/", ".", "~")) or "\\" in source or source.count("/") > 1 or Path(source).exists():
-        return Path(source).name
-    return source
 
 
 def _request_prompt(request: TranslateRequest) -> dict[str, Any]:

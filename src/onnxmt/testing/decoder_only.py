@@ -301,18 +301,10 @@ def _hy_mt(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
     bos, eos, pad = (HY7_BOS, HY7_EOS, HY7_PAD) if seven else (HY_BOS, HY_EOS, HY_PAD)
 
     config = HunYuanDenseV1Config(
-        **_fields(
-            spec.config_overrides,
-            vocab_size=ids["vocab_size"],
-            hidden_size=spec.hidden_size,
-            intermediate_size=spec.intermediate_size,
-            num_hidden_layers=spec.layers,
-            num_attention_heads=spec.heads,
-            num_key_value_heads=spec.kv_heads,
-            head_dim=spec.head_dim,
+        **_config(
+            spec,
+            ids,
             hidden_act="silu",
-            max_position_embeddings=spec.max_position_embeddings,
-            initializer_range=spec.init_std,
             rms_norm_eps=1e-5,
             use_cache=True,
             tie_word_embeddings=True,
@@ -345,18 +337,10 @@ def _qwen3(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
-        **_fields(
-            spec.config_overrides,
-            vocab_size=ids["vocab_size"],
-            hidden_size=spec.hidden_size,
-            intermediate_size=spec.intermediate_size,
-            num_hidden_layers=spec.layers,
-            num_attention_heads=spec.heads,
-            num_key_value_heads=spec.kv_heads,
-            head_dim=spec.head_dim,
+        **_config(
+            spec,
+            ids,
             hidden_act="silu",
-            max_position_embeddings=spec.max_position_embeddings,
-            initializer_range=spec.init_std,
             rms_norm_eps=1e-6,
             tie_word_embeddings=True,
             rope_theta=1000000.0,
@@ -384,33 +368,25 @@ def _gemma(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
     from transformers import Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig
 
     text = Gemma3TextConfig(
-        **_fields(
-            spec.config_overrides,
-        vocab_size=ids["vocab_size"],
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads,
-        num_key_value_heads=spec.kv_heads,
-        head_dim=spec.head_dim,
-        hidden_activation="gelu_pytorch_tanh",
-        max_position_embeddings=spec.max_position_embeddings,
-        initializer_range=spec.init_std,
-        rms_norm_eps=1e-6,
-        query_pre_attn_scalar=spec.head_dim // 2,  # 27B's is not head_dim: the scale must come from this field
-        sliding_window=spec.sliding_window,
-        rope_theta=1000000.0,
-        rope_local_base_freq=10000.0,
-        rope_scaling={"rope_type": "linear", "factor": 8.0},
-        # Layer 1 of 2 global (the real 5 local : 1 global, shortened), so both kinds are exercised.
-        layer_types=(["sliding_attention", "full_attention"] * spec.layers)[: spec.layers],
-        final_logit_softcapping=None,
-        attn_logit_softcapping=None,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
+        **_config(
+            spec,
+            ids,
+            hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6,
+            query_pre_attn_scalar=spec.head_dim // 2,  # 27B's is not head_dim: the scale must come from this field
+            sliding_window=spec.sliding_window,
+            rope_theta=1000000.0,
+            rope_local_base_freq=10000.0,
+            rope_scaling={"rope_type": "linear", "factor": 8.0},
+            # Layer 1 of 2 global (the real 5 local : 1 global, shortened), so both kinds are exercised.
+            layer_types=(["sliding_attention", "full_attention"] * spec.layers)[: spec.layers],
+            final_logit_softcapping=None,
+            attn_logit_softcapping=None,
+            pad_token_id=0,
+            eos_token_id=1,
+            bos_token_id=2,
         )
-    )  # fmt: skip
+    )
     generation = {
         "bos_token_id": 2,
         "eos_token_id": [1, 106],
@@ -439,10 +415,22 @@ def _gemma(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
     return Gemma3ForConditionalGeneration(config), generation
 
 
-def _fields(overrides: dict[str, Any], **fields: Any) -> dict[str, Any]:
+def _config(spec: DecoderOnlySpec, ids: dict[str, int], **fields: Any) -> dict[str, Any]:
     """Config fields as the real config.json spells them (`rope_theta`, `rope_scaling`: keys transformers 5 still
-    reads but its config classes no longer declare), with the spec's `config_overrides` over them."""
-    return {**fields, **overrides}
+    reads but its config classes no longer declare), the sizes the spec shrinks beside them, and the spec's
+    `config_overrides` over both."""
+    sizes = {
+        "vocab_size": ids["vocab_size"],
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "initializer_range": spec.init_std,
+    }
+    return {**sizes, **fields, **spec.config_overrides}
 
 
 def _write_tokenizer(out: Path, spec: DecoderOnlySpec) -> dict[str, int]:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .builder import ModelSpec, generate_corpus, spm_pieces, train_spm, write_json
+from .builder import spm_pieces, write_json
+from .fairseq import EOS, TRANSFORMER_LARGE, FairseqSpec
 
 # facebook/m2m100_418M (hub), sizes aside. Its config.json keeps generation keys (early_stopping, num_beams,
 # max_length) from older transformers, as the hub file does.
@@ -74,34 +75,21 @@ NLLB_TOKENIZER_CONFIG: dict[str, Any] = {
 _SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>", "sep_token": "</s>"}
 # Embedding rows the real NLLB-200 checkpoints have past their tokenizer's 256,204 tokens.
 NLLB_UNUSED_ROWS = 2
-_EOS = 2  # fairseq's dictionary: <s> <pad> </s> <unk>
 
 
 @dataclass(frozen=True, kw_only=True)
-class M2M100Spec(ModelSpec):
+class M2M100Spec(FairseqSpec):
     """A random M2M100 model with facebook/m2m100_418M's metadata; the defaults are tiny, for tests."""
 
-    pieces: int = 400  # trained BPE pieces of the one sentencepiece model, shared by source and target
+    spm_type: ClassVar[str] = "bpe"
     config_extras: ClassVar[dict[str, Any]] = M2M100_418M_CONFIG_EXTRAS
 
-    def write_tokenizer(self, out: Path, corpus: list[str] | None) -> int:
-        if corpus is None:
-            english, chinese = generate_corpus(self.seed)
-            corpus = english + chinese
-        spm_model = train_spm(corpus, self.pieces, model_type="bpe")
-        vocab_size = self._write_tokenizer_files(out, spm_model)
-        if self.vocab_size is not None and self.vocab_size != vocab_size:
-            # Each added piece adds one token whatever the tokenizer: pad by the difference and write the files again.
-            spm_model = pad_spm(spm_model, _spm_size(spm_model) + self.vocab_size - vocab_size)
-            vocab_size = self._write_tokenizer_files(out, spm_model)
-        return vocab_size
-
-    def _write_tokenizer_files(self, out: Path, spm_model: bytes) -> int:
+    def write_tokenizer_files(self, out: Path, spm_model: bytes) -> int:
         """vocab.json, sentencepiece.bpe.model and the configs of M2M100; returns the model's vocab size."""
         from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
 
         (out / "sentencepiece.bpe.model").write_bytes(spm_model)
-        vocab = {"<s>": 0, "<pad>": 1, "</s>": _EOS, "<unk>": 3}
+        vocab = {"<s>": 0, "<pad>": 1, "</s>": EOS, "<unk>": 3}
         for piece in spm_pieces(spm_model):
             vocab.setdefault(piece, len(vocab))
         write_json(out / "vocab.json", vocab)
@@ -115,24 +103,12 @@ class M2M100Spec(ModelSpec):
     def model(self, vocab_size: int) -> Any:
         from transformers import M2M100Config, M2M100ForConditionalGeneration
 
-        config = M2M100Config(
-            vocab_size=vocab_size,
-            **self.config_arguments(),
-            activation_function="relu",
-            scale_embedding=True,
-            pad_token_id=1,
-            bos_token_id=0,
-            eos_token_id=_EOS,
-            decoder_start_token_id=_EOS,
-            encoder_layerdrop=0.0,
-            decoder_layerdrop=0.0,
-        )
-        return M2M100ForConditionalGeneration(config)
+        return M2M100ForConditionalGeneration(M2M100Config(**self.fairseq_arguments(vocab_size)))
 
     def raise_eos(self, model: Any) -> None:
         # No final_logits_bias in M2M100: the eos logit is raised through the final layer norm's bias instead,
         # along the (tied) eos embedding: eos gains exactly eos_bias, other tokens a random fraction of it.
-        eos = model.model.shared.weight[_EOS]
+        eos = model.model.shared.weight[EOS]
         model.model.decoder.layer_norm.bias += self.eos_bias * eos / eos.dot(eos)
 
     def generation_config(self, vocab_size: int) -> dict[str, Any]:
@@ -146,7 +122,7 @@ class NllbSpec(M2M100Spec):
     legacy_behaviour: bool = False  # the source language token after the eos
     config_extras: ClassVar[dict[str, Any]] = NLLB_CONFIG_EXTRAS
 
-    def _write_tokenizer_files(self, out: Path, spm_model: bytes) -> int:
+    def write_tokenizer_files(self, out: Path, spm_model: bytes) -> int:
         return _nllb_tokenizer(out, spm_model, self.legacy_behaviour) + NLLB_UNUSED_ROWS
 
     def generation_config(self, vocab_size: int) -> dict[str, Any]:
@@ -154,40 +130,12 @@ class NllbSpec(M2M100Spec):
 
 
 # facebook/nllb-200-distilled-600M's architecture: the benchmark's model (random weights).
-NLLB_200_DISTILLED_600M = NllbSpec(
-    d_model=1024, encoder_layers=12, decoder_layers=12, attention_heads=16, ffn_dim=4096, max_position_embeddings=1024,
-    pieces=8000, init_std=0.02, vocab_size=256206,
-)  # fmt: skip
+NLLB_200_DISTILLED_600M = NllbSpec(**TRANSFORMER_LARGE, vocab_size=256206)
 # facebook/nllb-200-1.3B's (and nllb-200-distilled-1.3B's) architecture: twice the layers, twice the FFN; 5.5 GB in
 # fp32, so its graphs pass protobuf's 2 GB before their weights move to weights.bin.
 NLLB_200_1_3B = replace(NLLB_200_DISTILLED_600M, encoder_layers=24, decoder_layers=24, ffn_dim=8192)
 # facebook/nllb-200-3.3B's: 1.3B's layers at d_model 2048; 13.2 GB in fp32.
 NLLB_200_3_3B = replace(NLLB_200_1_3B, d_model=2048)
-
-
-def pad_spm(spm_model: bytes, pieces: int) -> bytes:
-    """`spm_model` with unreachable pieces appended (two private-use characters each, neither half a piece, lowest
-    scores) up to `pieces` in all: a real vocabulary's size and layout without training on a real corpus."""
-    from sentencepiece import sentencepiece_model_pb2
-
-    proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # generated protobuf code
-    proto.ParseFromString(spm_model)
-    missing = pieces - len(proto.pieces)
-    if missing < 0:
-        raise ValueError(f"the sentencepiece model has {len(proto.pieces)} pieces, more than {pieces}")
-    low = min(p.score for p in proto.pieces)
-    for i in range(missing):
-        piece = proto.pieces.add()
-        piece.piece = chr(0xF0000 + i // 512) + chr(0x100000 + i % 512)
-        piece.score = low - 1 - i
-        piece.type = 1  # NORMAL
-    return proto.SerializeToString()
-
-
-def _spm_size(spm_model: bytes) -> int:
-    import sentencepiece as spm
-
-    return int(spm.SentencePieceProcessor(model_proto=spm_model).get_piece_size())
 
 
 def _nllb_tokenizer(out: Path, spm_model: bytes, legacy_behaviour: bool) -> int:

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .builder import ModelSpec, generate_corpus, train_spm
-from .m2m100 import pad_spm
+from .fairseq import EOS, TRANSFORMER_LARGE, FairseqSpec
 
 # facebook/mbart-large-50-many-to-many-mmt (hub), sizes aside: the config keys MBartConfig does not write itself.
 MBART_50_CONFIG_EXTRAS: dict[str, Any] = {
@@ -64,29 +63,16 @@ MBART_50_SPECIAL_TOKENS_MAP = (
     + ", ".join(f'"{code}"' for code in _ML50)
     + "]}"
 )
-_EOS = 2
 
 
 @dataclass(frozen=True, kw_only=True)
-class MBart50Spec(ModelSpec):
+class MBart50Spec(FairseqSpec):
     """A random mBART-50 many-to-many model with facebook/mbart-large-50-many-to-many-mmt's metadata; the defaults
     are tiny, for tests."""
 
-    pieces: int = 400  # trained pieces of the sentencepiece model
     config_extras: ClassVar[dict[str, Any]] = MBART_50_CONFIG_EXTRAS
 
-    def write_tokenizer(self, out: Path, corpus: list[str] | None) -> int:
-        if corpus is None:
-            english, chinese = generate_corpus(self.seed)
-            corpus = english + chinese
-        spm_model = train_spm(corpus, self.pieces)
-        size = self._write_tokenizer_files(out, spm_model)
-        if self.vocab_size is not None and self.vocab_size != size:
-            spm_model = pad_spm(spm_model, _spm_size(spm_model) + self.vocab_size - size)
-            size = self._write_tokenizer_files(out, spm_model)
-        return size
-
-    def _write_tokenizer_files(self, out: Path, spm_model: bytes) -> int:
+    def write_tokenizer_files(self, out: Path, spm_model: bytes) -> int:
         """sentencepiece.bpe.model and the hub's configs; the size of the tokenizer transformers makes of them."""
         from transformers import MBart50Tokenizer
 
@@ -98,36 +84,15 @@ class MBart50Spec(ModelSpec):
     def model(self, vocab_size: int) -> Any:
         from transformers import MBartConfig, MBartForConditionalGeneration
 
-        config = MBartConfig(
-            vocab_size=vocab_size,
-            **self.config_arguments(),
-            activation_function="relu",
-            scale_embedding=True,
-            pad_token_id=1,
-            bos_token_id=0,
-            eos_token_id=_EOS,
-            decoder_start_token_id=_EOS,
-            forced_eos_token_id=_EOS,
-            encoder_layerdrop=0.0,
-            decoder_layerdrop=0.0,
-        )
+        config = MBartConfig(**self.fairseq_arguments(vocab_size), forced_eos_token_id=EOS)
         return MBartForConditionalGeneration(config)
 
     def raise_eos(self, model: Any) -> None:
-        model.final_logits_bias[0, _EOS] += self.eos_bias
+        model.final_logits_bias[0, EOS] += self.eos_bias
 
     def generation_config(self, vocab_size: int) -> dict[str, Any]:
         return MBART_50_GENERATION_CONFIG
 
 
 # facebook/mbart-large-50-many-to-many-mmt's architecture (611M): the benchmark's model (random weights).
-MBART_LARGE_50 = MBart50Spec(
-    d_model=1024, encoder_layers=12, decoder_layers=12, attention_heads=16, ffn_dim=4096, max_position_embeddings=1024,
-    pieces=8000, init_std=0.02, vocab_size=250054,
-)  # fmt: skip
-
-
-def _spm_size(spm_model: bytes) -> int:
-    import sentencepiece as spm
-
-    return int(spm.SentencePieceProcessor(model_proto=spm_model).get_piece_size())
+MBART_LARGE_50 = MBart50Spec(**TRANSFORMER_LARGE, vocab_size=250054)
