@@ -111,7 +111,9 @@ def export_decoder_only(
     past_length = torch.tensor([0, 3, 5], dtype=torch.int64)
     past = [torch.randn(rows, kv_heads, capacity, head_dim) for _ in range(2 * layers)]
     inputs = ["input_ids", "input_length", "past_length", *cache_names("past", layers)]
-    outputs = ["logits", *cache_names("new", layers)]
+    # The cache written in place by the graph (the buffers are its outputs), or the new positions' keys and values.
+    in_place = bool(getattr(module, "cache_in_place", False))
+    outputs = ["logits", *cache_names("present" if in_place else "new", layers)]
     axes: dict[str, dict[int, str]] = {
         "input_ids": {0: "rows", 1: "new_len"},
         "input_length": {0: "rows"},
@@ -119,7 +121,7 @@ def export_decoder_only(
         "logits": {0: "rows"},
     }
     axes.update({name: {0: "rows", 2: "capacity"} for name in cache_names("past", layers)})
-    axes.update({name: {0: "rows", 2: "new_len"} for name in cache_names("new", layers)})
+    axes.update({name: {0: "rows", 2: "capacity" if in_place else "new_len"} for name in outputs[1:]})
     _export(module, (ids, input_length, past_length, *past), path, inputs, outputs, axes, opset)
     bind_weights(path, _weights(module), out, progress)
     fix_static_dims(path, {**facts, "num_heads": kv_heads}, new_positions=None)
