@@ -324,3 +324,9 @@ translategemma_onnx_dir = _exported(
 gemma3_text_onnx_dir = _exported(
     "gemma3_text_hf_dir", "gemma3-text-onnx", "`gemma3_text_hf_dir` exported by onnxmt (fp32)."
 )
+translategemma_separate_onnx_dir = _exported(
+    "translategemma_hf_dir",
+    "translategemma-separate-onnx",
+    "`translategemma_hf_dir` exported with `--separate-attention` (no GroupQueryAttention; fp32).",
+    fused_attention=False,
+)

@@ -32,7 +32,8 @@ def test_onnxmt_export_writes_one_decoder_graph_and_inspect_shows_the_prompt(hy_
     assert [t.role for t in decoder.inputs[:3]] == ["input_ids", "input_length", "past_length"]
     assert decoder.inputs[0].shape == ["rows", "new_len"] and decoder.inputs[2].shape == ["rows"]
     assert decoder.inputs[3].shape == ["rows", 2, "capacity", 32]  # the key/value heads, not the query heads
-    assert decoder.outputs[1].shape == ["rows", 2, "new_len", 32]
+    # GroupQueryAttention writes the new keys and values into the buffer: its outputs are the buffers.
+    assert decoder.outputs[1].role == "present_key.0" and decoder.outputs[1].shape == ["rows", 2, "capacity", 32]
     assert manifest.provenance["check"]["first_step_logits_max_abs_diff"] < 1e-4
     assert {"tokenizer.json", "chat_template.jinja", "generation_config.json"} <= set(manifest.files)
     generation = json.loads((hy_mt_hf_dir / "generation_config.json").read_text())

@@ -171,7 +171,8 @@ def test_prompts_joining_mid_run_are_the_same_bits_as_alone(
 
 def test_a_prompt_longer_than_a_prefill_chunk_is_cut_at_fixed_boundaries(hy_mt_onnx_dir: Path) -> None:
     """A prompt past PREFILL_CHUNK is prefilled in chunks; beside a short prompt or alone its cache is the same
-    bits (the chunks do not depend on the other rows)."""
+    bits (the chunks do not depend on the other rows). Other chunk sizes may change its last bits (the separate
+    attention ops; GroupQueryAttention reads the keys in position order whatever the chunks)."""
     from onnxmt.runtime.decoder_only import DecoderOnlyGraphs
 
     translator = _translator(hy_mt_onnx_dir)
@@ -186,7 +187,7 @@ def test_a_prompt_longer_than_a_prefill_chunk_is_cut_at_fixed_boundaries(hy_mt_o
     for a, b in zip(alone.self_kv, beside.self_kv, strict=True):
         assert np.array_equal(a, b)
     (whole,) = graphs.prefill_each([long], chunk=1024)
-    assert not all(np.array_equal(a, b) for a, b in zip(alone.self_kv, whole.self_kv, strict=True))
+    assert all(np.abs(a - b).max() < 1e-4 for a, b in zip(alone.self_kv, whole.self_kv, strict=True))
 
 
 def _chat_ids(hf_dir: Path, user: str) -> list[int]:

@@ -181,6 +181,7 @@ class Architecture:
         family's files are copied as they are."""
         return []
 
-    def decoder(self, model: Any, buffered: bool = False) -> Any:
-        """The decoder step module; `buffered`: the self-attention cache is a buffer the runtime writes (marian.py)."""
-        return self._hooks().decoder(model, buffered)
+    def decoder(self, model: Any, buffered: bool = False, **options: Any) -> Any:
+        """The decoder step module; `buffered`: the self-attention cache is a buffer the runtime writes (marian.py);
+        `options`: the family's own (a decoder-only model's `fused_attention`)."""
+        return self._hooks().decoder(model, buffered, **options)

@@ -72,6 +72,14 @@ class ExportOptions:
         "have it (docs/performance.md).",
         flags=("--cache-buffer/--cache-concat",),
     )
+    # decoder_only.py builds both.
+    fused_attention: bool = option(
+        True,
+        help="Decoder-only models: attention as ONNX Runtime's GroupQueryAttention, which writes the new keys and "
+        "values into the cache buffer itself (the default; needs ONNX Runtime 1.32 or later), or as separate ops "
+        "that return them for the runtime to write (any ONNX Runtime, any execution provider).",
+        flags=("--fused-attention/--separate-attention",),
+    )
 
 
 @dataclass(frozen=True)
@@ -246,7 +254,7 @@ def _export_decoder_only_into(
     try:
         progress(f"exporting the decoder ({DECODER_FILE})")
         target = Target(staging / DECODER_FILE, facts, options.opset, traced, progress)
-        export_decoder_only(arch.decoder(model, True), target)
+        export_decoder_only(arch.decoder(model, True, fused_attention=options.fused_attention), target)
     finally:
         traced.close()
     prompts = np.random.default_rng(0).integers(3, facts["vocab_size"] - 1, size=(2, 9)).astype(np.int64)

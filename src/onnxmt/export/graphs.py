@@ -101,7 +101,9 @@ def export_decoder_only(module: Any, target: Target) -> None:
     past_length = torch.tensor([0, 3, 5], dtype=torch.int64)
     past = [torch.randn(rows, kv_heads, capacity, head_dim) for _ in range(2 * layers)]
     inputs = ["input_ids", "input_length", "past_length", *cache_names("past", layers)]
-    outputs = ["logits", *cache_names("new", layers)]
+    # The cache written in place by the graph (the buffers are its outputs), or the new positions' keys and values.
+    in_place = bool(getattr(module, "cache_in_place", False))
+    outputs = ["logits", *cache_names("present" if in_place else "new", layers)]
     axes: dict[str, dict[int, str]] = {
         "input_ids": {0: "rows", 1: "new_len"},
         "input_length": {0: "rows"},
@@ -109,7 +111,7 @@ def export_decoder_only(module: Any, target: Target) -> None:
         "logits": {0: "rows"},
     }
     axes.update({name: {0: "rows", 2: "capacity"} for name in cache_names("past", layers)})
-    axes.update({name: {0: "rows", 2: "new_len"} for name in cache_names("new", layers)})
+    axes.update({name: {0: "rows", 2: "capacity" if in_place else "new_len"} for name in outputs[1:]})
     target = replace(target, facts={**facts, "num_heads": kv_heads})  # its K/V heads are the cache's
     _trace(module, (ids, input_length, past_length, *past), inputs, outputs, axes, target, new_positions=None)
 

@@ -43,7 +43,12 @@ from typing import Any
 PREFIX = "row_scales"  # names of the nodes and tensors written here start with it
 # Ops that move or select rows without computing: a LayerNormalization's output through them is still symmetric.
 _PASS_THROUGH = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Transpose", "Gather"}
-_NORMS = {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization"}
+_NORMS = {
+    "LayerNormalization",
+    "SkipLayerNormalization",
+    "SimplifiedLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+}
 
 
 @dataclass

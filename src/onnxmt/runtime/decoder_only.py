@@ -64,7 +64,11 @@ class DecoderOnlyGraphs(Graphs):
         self.past_length_name = spec.input_name("past_length")
         roles = [f"{kv}.{i}" for i in range(self.layers) for kv in ("key", "value")]
         self.past_names = [spec.input_name(f"past_{r}") for r in roles]
-        self.out_names = [spec.output_name("logits")] + [spec.output_name(f"new_{r}") for r in roles]
+        # A graph that writes the cache in place (GroupQueryAttention: its `present_*` outputs are the buffers,
+        # bound to the same memory as the `past_*` inputs), or one that returns the new positions' keys and values.
+        self.in_place = spec.has_output(f"present_{roles[0]}")
+        kind = "present" if self.in_place else "new"
+        self.out_names = [spec.output_name("logits")] + [spec.output_name(f"{kind}_{r}") for r in roles]
 
     def empty_cache(self, rows: int, max_positions: int | None = None) -> Cache:
         """A cache of `rows` empty rows; `max_positions`: the most positions a row will hold (prompt and output),
@@ -143,12 +147,18 @@ class DecoderOnlyGraphs(Graphs):
         if (lengths < 1).any() or (lengths > ids.shape[1]).any():
             raise ValueError("each row's length must be between 1 and the width of its ids")
         start = cache.self_len
-        buffers = self._room(cache, int((start + lengths).max()))
+        # In place, the operator needs room for the whole padded chunk after each row's cache.
+        needed = int(start.max()) + ids.shape[1] if self.in_place else int((start + lengths).max())
+        buffers = self._room(cache, needed)
         feed = {
             self.ids_name: np.ascontiguousarray(ids, dtype=np.int64),
             self.input_length_name: np.asarray(lengths, dtype=np.int64),
             self.past_length_name: start,
         }
+        if self.in_place:
+            buffers = tuple(np.ascontiguousarray(b, dtype=np.float32) for b in buffers)  # bound by address
+            logits = self._run_in_place(feed, buffers)
+            return logits, replace(cache, self_kv=buffers, self_len=start + lengths)
         feed.update(zip(self.past_names, buffers, strict=True))
         logits, *new = self.decoder.run(self.out_names, feed)
         if ids.shape[1] == 1:  # a step: each row's one new key or value at its own length
@@ -160,6 +170,20 @@ class DecoderOnlyGraphs(Graphs):
                 for buffer, kv in zip(buffers, new, strict=True):
                     buffer[r, :, at : at + n] = kv[r, :, :n]
         return logits, replace(cache, self_kv=buffers, self_len=start + lengths)
+
+    def _run_in_place(self, feed: dict[str, np.ndarray], buffers: tuple[np.ndarray, ...]) -> np.ndarray:
+        """Run the graph with each buffer bound as both its `past_*` input and its `present_*` output, so that the
+        graph writes the new positions into it; returns the logits."""
+        binding = self.decoder.io_binding()
+        for name, array in feed.items():
+            binding.bind_cpu_input(name, array)
+        binding.bind_output(self.out_names[0], "cpu")
+        for past, present, buffer in zip(self.past_names, self.out_names[1:], buffers, strict=True):
+            shape, address = list(buffer.shape), buffer.ctypes.data
+            binding.bind_input(past, "cpu", 0, np.float32, shape, address)
+            binding.bind_output(present, "cpu", 0, np.float32, shape, address)
+        self.decoder.run_with_iobinding(binding)
+        return cast("np.ndarray", binding.get_outputs()[0].numpy())
 
     def _room(self, cache: Cache, needed: int) -> tuple[np.ndarray, ...]:
         """The cache's buffers, grown (copied) when a row needs more than their capacity, to whole KEY_BLOCKs."""
