@@ -162,7 +162,7 @@ def served(model_dir: Path, translate: dict[str, str]) -> tuple[float, float, fl
             if child.poll() is not None:
                 raise SystemExit(f"onnxmt serve exited with {child.returncode}")
             try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:  # /health is liveness
                     break
             except httpx.HTTPError:
                 pass
