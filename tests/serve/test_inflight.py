@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from onnxmt import Translator
 from onnxmt.runtime.options import RuntimeOptions
+from onnxmt.runtime.running import RunningBatch
 from onnxmt.runtime.scheduler import BatchLimits
 from onnxmt.serve import inflight
 from onnxmt.serve.app import create_app
@@ -211,6 +212,17 @@ def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_step
     texts = TEXTS[30:34]
     calls: list[tuple[str, int, int]] = []  # (thread, texts encoded, texts running meanwhile)
     real = inflight.encode_texts
+    # The first two texts' steps wait (once both run) until the other two have been seen waiting, encoded: on a tiny
+    # model their 60 steps would otherwise end before the test looks.
+    looked = threading.Event()
+    step = RunningBatch.step
+
+    def held(self: RunningBatch) -> Any:
+        if self.texts >= 2:
+            looked.wait(30)
+        return step(self)
+
+    monkeypatch.setattr(RunningBatch, "step", held)
 
     async def run() -> tuple[list[str], list[bool]]:
         async with _two_places(translator) as batcher:
@@ -230,6 +242,7 @@ def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_step
             while not all(e.caches for e in _waiting(batcher)) and time.monotonic() < deadline:
                 await asyncio.sleep(0.001)
             encoded_while_waiting = [bool(e.caches) for e in _waiting(batcher)]
+            looked.set()
             done = await asyncio.wait_for(asyncio.gather(*first, *later), 60)
             return [d[0].text for d in done], encoded_while_waiting
 
