@@ -37,8 +37,9 @@ from pathlib import Path
 import httpx
 
 import decoder_models
+import decoder_serve
 import models
-from load import free_port
+from load import free_port, rss_mb
 from machine import describe as describe_machine
 from onnxmt.testing import (
     MADLAD_400_3B,
@@ -142,13 +143,6 @@ def source_model(model: str, decoder_cache: Path) -> Path:
     return source
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
-
-
 def served(model_dir: Path, translate: dict[str, str]) -> tuple[float, float, float]:
     """`onnxmt serve MODEL_DIR` in a child: seconds to ready, its RSS in MB once ready and after one translation
     (`translate`: the request's fields) and a second of rest."""
@@ -156,24 +150,15 @@ def served(model_dir: Path, translate: dict[str, str]) -> tuple[float, float, fl
     command = [sys.executable, "-m", "onnxmt.cli", "serve", str(model_dir), "--port", str(port)]
     print(f"== serve: {' '.join(command)}", flush=True)
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url, start = f"http://127.0.0.1:{port}", time.perf_counter()
+    url = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            if child.poll() is not None:
-                raise SystemExit(f"onnxmt serve exited with {child.returncode}")
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:  # /health is liveness
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        ready = time.perf_counter() - start
+        ready = decoder_serve.wait_ready(child, url, "/ready")  # /health is liveness
         time.sleep(1)
-        at_rest = rss_mb(child.pid)
+        at_rest = rss_mb(child.pid)["rss_mb"]
         answer = httpx.post(f"{url}/translate", json={"q": "Where is the train station?", **translate}, timeout=600)
         answer.raise_for_status()
         time.sleep(1)
-        return ready, at_rest, rss_mb(child.pid)
+        return ready, at_rest, rss_mb(child.pid)["rss_mb"]
     finally:
         child.terminate()
         child.wait(60)
@@ -257,11 +242,8 @@ def serve_step(int4: Path, model: str) -> Step:
     if not (int4 / "onnxmt.json").is_file():
         raise SystemExit("the serve step serves the int4 step's directory: run it with --steps int4,serve (or --keep)")
     files = sum(p.stat().st_size for p in int4.iterdir() if p.is_file())
-    languages = TARGETS_LANG.get(model, [])
-    fields = {"source": "auto", "target": "en"}
-    if languages:
-        pairs = dict(zip(languages[::2], languages[1::2], strict=True))
-        fields = {"source": pairs.get("--source-lang", "auto"), "target": pairs["--target-lang"].split("_")[0]}
+    decoder = DECODER_ONLY.get(model)
+    fields = {"source": decoder.source_lang, "target": decoder.target_lang} if decoder else {"target": "zh"}
     ready, at_rest, after = served(int4, fields)
     basis = f"the int4 files ({files / 2**20:,.0f} MB); at rest once ready {at_rest:,.0f} MB, after a request"
     print(f"   ready in {ready:.0f} s; RSS at rest {at_rest:.0f} MB, after a request {after:.0f} MB", flush=True)

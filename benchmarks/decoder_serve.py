@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 import decoder_models as dm
+from load import free_port, rss_mb
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,23 +34,6 @@ def serves(variant: dm.Variant) -> bool:
     return variant.kind == "onnxmt" and (
         variant.bits == 8 or (variant.bits == 4 and variant.options.get("served", True))
     )
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _rss_mb(pid: int) -> dict[str, float]:
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            out[key] = int(value.split()[0]) / 1024
-    return out
 
 
 def _start(variant: dm.Variant, tools: dm.Tools, args: Any, port: int, log_file: Path) -> subprocess.Popen[bytes]:
@@ -71,7 +55,8 @@ def _start(variant: dm.Variant, tools: dm.Tools, args: Any, port: int, log_file:
         return subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
 
 
-def _wait_ready(process: subprocess.Popen[bytes], url: str, path: str, timeout: float = 600) -> float:
+def wait_ready(process: subprocess.Popen[bytes], url: str, path: str, timeout: float = 600) -> float:
+    """Seconds until `url + path` answers 200 (RuntimeError if the server exits or `timeout` passes)."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
         if process.poll() is not None:
@@ -124,7 +109,7 @@ def measure(
     variant: dm.Variant, tools: dm.Tools, prompts: dict[str, Any], model: dm.DecoderModel, args: Any, log: Any
 ) -> dict[str, Any]:
     """One server's figures: tokens/s, p50 and p90 latency, RSS at rest and after, seconds to ready."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     llama = variant.kind == "llama"
     log_file = args.decoder_cache / f"serve-{variant.name}.log"
@@ -139,14 +124,14 @@ def measure(
         bodies = [{"q": text, **language} for text in prompts["served_texts"]]
     process = _start(variant, tools, args, port, log_file)
     try:
-        ready_s = _wait_ready(process, url, "/health" if llama else "/ready")
+        ready_s = wait_ready(process, url, "/health" if llama else "/ready")
         # Warm-up: one request alone, then the clients' first shapes.
         asyncio.run(_load(url, bodies[:1], llama, 1, 1))
-        at_rest = _rss_mb(process.pid)
+        at_rest = rss_mb(process.pid)
         before = 0.0 if llama else _generated(url)
         figures = asyncio.run(_load(url, bodies, llama, args.clients, args.serve_requests))
         tokens = figures["tokens"] if llama else _generated(url) - before
-        after = _rss_mb(process.pid)
+        after = rss_mb(process.pid)
     finally:
         process.terminate()
         try:
@@ -162,9 +147,9 @@ def measure(
         "requests": len(latencies),
         "tokens": tokens,
         "ready_s": ready_s,
-        "rss_at_rest_mb": at_rest["VmRSS"],
-        "rss_after_mb": after["VmRSS"],
-        "peak_rss_mb": after["VmHWM"],
+        "rss_at_rest_mb": at_rest["rss_mb"],
+        "rss_after_mb": after["rss_mb"],
+        "peak_rss_mb": after["peak_rss_mb"],
     }
 
 

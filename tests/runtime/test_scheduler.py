@@ -201,15 +201,21 @@ def test_beam_widths_share_the_time_by_request() -> None:
     assert greedy_time / (greedy_time + beam_time) == pytest.approx(1 / 3, abs=0.03)
 
 
+def _picks(s: Scheduler, steps: int, seconds: dict[int, float], requests: dict[int, int]) -> list[int]:
+    """The widths `s` picks for `steps` steps of a greedy and a beam-4 batch, each step charged as given."""
+    picks = []
+    for _ in range(steps):
+        width = s.next_width([1, 4])
+        picks.append(width)
+        s.stepped(width, seconds[width], requests[width])
+    return picks
+
+
 def test_a_width_that_starts_has_one_turn_of_credit_and_none_saved() -> None:
     s = Scheduler(BatchLimits(max_texts=32))
     for _ in range(100):
         s.stepped(s.next_width([4]), 0.05, 1)
-    picks = []
-    for _ in range(10):
-        width = s.next_width([1, 4])
-        picks.append(width)
-        s.stepped(width, 0.05, 1)
+    picks = _picks(s, 10, {1: 0.05, 4: 0.05}, {1: 1, 4: 1})
     # One turn owed (what the running request got from one step), then they alternate; not greedy steps only for
     # the 5 s of credit the idle greedy width would have saved.
     assert picks == [1, 1, 4, 1, 4, 1, 4, 1, 4, 1]
@@ -221,11 +227,7 @@ def test_a_one_text_request_beside_a_long_beam_batch_takes_its_turn_at_once() ->
     s = Scheduler(BatchLimits(max_texts=32))
     for _ in range(20):
         s.stepped(s.next_width([4]), 0.09, 3)
-    picks = []
-    for _ in range(12):
-        width = s.next_width([1, 4])
-        picks.append(width)
-        s.stepped(width, {1: 0.007, 4: 0.09}[width], {1: 1, 4: 3}[width])
+    picks = _picks(s, 12, {1: 0.007, 4: 0.09}, {1: 1, 4: 3})
     assert picks == [1, 1, 1, 1, 1, 4, 1, 1, 1, 1, 4, 1]
 
 
