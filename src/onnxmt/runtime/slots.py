@@ -16,11 +16,14 @@ sentence's width and every decoder position at or past a row's length.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cache import SELF_KV_CHUNK, Cache, aligned, buffer_zeros, next_capacity
+from .cache import KEY_BLOCK, SELF_KV_CHUNK, Cache, aligned, buffer_zeros, next_capacity
+
+# Source positions the cross-attention buffers grow by at least (`_wider`).
+WIDTH_STEP = 4 * KEY_BLOCK
 
 
 @dataclass
@@ -37,6 +40,11 @@ class CacheSlots:
     limits: np.ndarray
     rows: int = 0
     sentences: int = 0
+    # Memory of buffers a reallocation let go, reused by the next one (`_buffer`): a buffer in fresh memory costs a
+    # page fault per 4 KB page on its first write, which on this project's 2-core VM made a batch that grew back to
+    # 46 rows after shrinking take 72-156 ms for it (46 sentences' cross-attention K/V, 68 MB); memory already
+    # written is copied into at memory speed. Let go when the batch has no rows (`keep`).
+    spare: list[np.ndarray] = field(default_factory=list)
 
     @classmethod
     def like(cls, self_kv: Sequence[np.ndarray], text: Cache) -> CacheSlots:
@@ -70,7 +78,7 @@ class CacheSlots:
         self._reshape(
             rows=_more(cap_rows, self.rows + rows),
             sentences=_more(cap_sentences, self.sentences + sentences),
-            width=max(cap_width, *(aligned(text.mask.shape[1]) for text in texts)),  # see cache.KEY_BLOCK
+            width=_wider(cap_width, max(aligned(text.mask.shape[1]) for text in texts)),
             positions=max(cap_positions, 1, aligned(int(held.max()))),
         )
         for j, (s, text) in enumerate(enumerate(texts, start=self.sentences)):
@@ -134,6 +142,8 @@ class CacheSlots:
                 a[moved] = a[sources]
             self.mask[moved] = self.mask[sources]
         self.rows, self.sentences = len(rows), len(sentences)
+        if not self.rows:
+            self.spare = []  # an idle batch keeps no memory it does not use
         self._shrink()
 
     def _shrink(self) -> None:
@@ -165,24 +175,59 @@ class CacheSlots:
         if not shrink:
             new = [max(a, b) for a, b in zip(new, now, strict=True)]
         cap_rows, cap_sentences, cap_width, cap_positions = new
+        released: list[np.ndarray] = []
         if (cap_rows, cap_positions) != (now[0], now[3]):
             keep_positions = min(cap_positions, now[3])
-            self.kv = [
-                _copied(a, (cap_rows, a.shape[1], cap_positions, a.shape[3]), self.rows, keep_positions)
+            kv = [
+                self._copied(a, (cap_rows, a.shape[1], cap_positions, a.shape[3]), self.rows, keep_positions)
                 for a in self.kv
             ]
+            released += self.kv
+            self.kv = kv
         if cap_rows != now[0]:
             self.lengths = _resized(self.lengths, cap_rows, self.rows)
             self.limits = _resized(self.limits, cap_rows, self.rows)
         if (cap_sentences, cap_width) != (now[1], now[2]):
             keep_width = min(cap_width, now[2])
-            self.cross = [
-                _copied(a, (cap_sentences, a.shape[1], cap_width, a.shape[3]), self.sentences, keep_width)
+            cross = [
+                self._copied(a, (cap_sentences, a.shape[1], cap_width, a.shape[3]), self.sentences, keep_width)
                 for a in self.cross
             ]
+            released += self.cross
+            self.cross = cross
             mask = np.zeros((cap_sentences, cap_width), self.mask.dtype)
             mask[: self.sentences, :keep_width] = self.mask[: self.sentences, :keep_width]
             self.mask = mask
+        self._release(released)
+
+    def _copied(self, a: np.ndarray, shape: tuple[int, ...], live: int, keep: int) -> np.ndarray:
+        """A buffer of `shape` holding `a`'s first `live` rows and first `keep` places along axis 2; the rest holds
+        zeros or stale values (never read)."""
+        out = self._buffer(shape, a.dtype)
+        index = (slice(0, live), slice(None), slice(0, keep))
+        out[index] = a[index]
+        return out
+
+    def _buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A buffer of `shape`: in the smallest spare memory that holds it, if that is at most twice its size
+        (its contents stale), else zeroed in fresh memory."""
+        size = int(np.prod(shape)) * dtype.itemsize
+        fitting = [i for i, b in enumerate(self.spare) if size <= b.nbytes <= 2 * size]
+        if not fitting or size == 0:
+            return buffer_zeros(shape, dtype)
+        memory = self.spare.pop(min(fitting, key=lambda i: self.spare[i].nbytes))
+        return memory[:size].view(dtype).reshape(shape)
+
+    def _release(self, buffers: list[np.ndarray]) -> None:
+        """Buffers let go, kept as spare memory: the newest first, at most as many bytes as the buffers in use."""
+        memory = [_memory(b) for b in buffers if b.size]
+        budget = sum(a.nbytes for a in (*self.kv, *self.cross))
+        kept: list[np.ndarray] = []
+        for m in memory + self.spare:
+            if m.nbytes <= budget and not any(m is k for k in kept):
+                kept.append(m)
+                budget -= m.nbytes
+        self.spare = kept
 
 
 def _move(
@@ -206,18 +251,24 @@ def _move(
             a[row, :, start:end] = part
 
 
+def _wider(capacity: int, needed: int) -> int:
+    """A source width of at least `needed` (a multiple of cache.KEY_BLOCK): when it must grow, by WIDTH_STEP positions
+    at least, so that texts a little longer each, joining one after another, do not reallocate the cross-attention
+    K/V each time (the decoder reads the spare positions, masked: a few cost a step little)."""
+    return capacity if needed <= capacity else max(needed, aligned(capacity + WIDTH_STEP))
+
+
 def _more(capacity: int, needed: int) -> int:
     """A capacity of at least `needed`: half as much again as now when it must grow, so that appending rows one
     cohort at a time copies each row a bounded number of times."""
     return capacity if needed <= capacity else max(needed, capacity + capacity // 2, 8)
 
 
-def _copied(a: np.ndarray, shape: tuple[int, ...], live: int, keep: int) -> np.ndarray:
-    """A zeroed array of `shape` holding `a`'s first `live` rows and first `keep` places along axis 2."""
-    out = buffer_zeros(shape, a.dtype)
-    index = (slice(0, live), slice(None), slice(0, keep))
-    out[index] = a[index]
-    return out
+def _memory(buffer: np.ndarray) -> np.ndarray:
+    """The whole memory `buffer` lies in, as flat bytes (a buffer may be a view into spare memory)."""
+    while isinstance(buffer.base, np.ndarray):
+        buffer = buffer.base
+    return buffer.reshape(-1).view(np.uint8)
 
 
 def _resized(a: np.ndarray, size: int, live: int) -> np.ndarray:

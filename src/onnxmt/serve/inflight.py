@@ -129,7 +129,21 @@ class _Join:
 
     entry: _Entry
     texts: list[int]  # places in the scheduler's request
-    calls: list[Future[int]]  # the encoder calls their caches come from
+    calls: dict[int, Future[int]]  # text -> the encoder call its cache comes from, if it had not ended when admitted
+
+    def ready(self, text: int) -> bool:
+        """Whether `text` can join: its encoder call has ended (if it failed, the text is encoded as it joins)."""
+        call = self.calls.get(text)
+        return call is None or call.done()
+
+    def split(self) -> tuple[_Join | None, _Join | None]:
+        """The texts that can join now and those whose encoder calls run still (None where there are none)."""
+        now = [t for t in self.texts if self.ready(t)]
+        later = [t for t in self.texts if not self.ready(t)]
+        return (
+            replace(self, texts=now) if now else None,
+            replace(self, texts=later, calls={t: self.calls[t] for t in later}) if later else None,
+        )
 
 
 class InflightBatcher(Batcher):
@@ -285,10 +299,10 @@ class InflightBatcher(Batcher):
         by_request: dict[int, _Join] = {}
         for request, text in admitted:
             entry = self._entry(request)
-            by_request.setdefault(id(entry), _Join(entry, [], [])).texts.append(text)
+            by_request.setdefault(id(entry), _Join(entry, [], {})).texts.append(text)
         self._encode([(j.entry, t) for j in by_request.values() for t in j.texts])
         for join in by_request.values():
-            join.calls = list({id(f): f for t in join.texts if (f := join.entry.encoding.get(t)) is not None}.values())
+            join.calls = {t: f for t in join.texts if (f := join.entry.encoding.get(t)) is not None}
         return list(by_request.values())
 
     def _waiting(self) -> Iterator[tuple[_Entry, int]]:
@@ -450,25 +464,20 @@ class InflightBatcher(Batcher):
 
     def _steps(self, joins: list[_Join], preempted: list[Key], shares: Counter[int]) -> _Round:
         """On the inference thread: the preempted texts leave, the admitted ones whose encoder calls have ended
-        join their running batch (the others join at a later round: the running rows never wait for the encoder,
-        unless there are none), then the running batches take steps, the width the scheduler picks each time, until a
-        text finishes, the scheduler has a change to make, texts are encoded, or a token is awaited by a stream (at
+        join their running batch (each text as soon as its call ends, at the next step: the running rows never wait
+        for the encoder, unless there are none), then the running batches take steps, the width the scheduler picks
+        each time, until a text finishes, the scheduler has a change to make, or a token is awaited by a stream (at
         most MAX_STEPS_PER_ROUND). `shares`: requests running per beam width."""
         done = _Round()
         idle = not any(batch.rows for batch in self._batches.values())
-        if idle and joins:  # nothing to step meanwhile: wait for the first texts to be encoded, or for a request
-            # that arrives meanwhile (its prompt may be prefilled between a long prompt's chunks, and join first)
-            calls = [call for join in joins for call in join.calls]  # none: all encoded already
-            while calls and not self._interrupt and not wait(calls, IDLE_POLL, FIRST_COMPLETED).done:
-                pass
+        if idle and joins:  # nothing to step meanwhile: wait until a text can join, or for a request that arrives
+            # meanwhile (its prompt may be prefilled between a long prompt's chunks, and join first)
+            while not self._interrupt and not any(j.ready(t) for j in joins for t in j.texts):
+                wait([c for j in joins for c in j.calls.values()], IDLE_POLL, FIRST_COMPLETED)
         if preempted:
             for batch in self._batches.values():
                 batch.leave(preempted)
-        for join in joins:
-            if all(call.done() for call in join.calls):
-                self._join(join)
-            else:
-                done.deferred.append(join)  # the running rows do not wait for the encoder: it joins next round
+        done.deferred = self._join_ready(joins)  # the running rows do not wait for the encoder: the rest join later
         listening = any(e.job.on_token is not None for e in self._entries.values() if e.request.running)
         while True:
             widths = [beams for beams, batch in self._batches.items() if batch.rows]
@@ -485,12 +494,23 @@ class InflightBatcher(Batcher):
             done.finished += step.finished
             if done.finished or (listening and done.tokens) or self._interrupt:
                 break
-            if done.deferred and all(c.done() for join in done.deferred for c in join.calls):
-                break  # they can join now
+            if done.deferred:
+                done.deferred = self._join_ready(done.deferred)  # those encoded meanwhile join at the next step
             if len(done.seconds) >= MAX_STEPS_PER_ROUND:
                 break
         done.running_rows = sum(batch.rows for batch in self._batches.values())
         return done
+
+    def _join_ready(self, joins: list[_Join]) -> list[_Join]:
+        """The texts of `joins` that are encoded join their running batches; the others are returned."""
+        later = []
+        for join in joins:
+            now, rest = join.split()
+            if now is not None:
+                self._join(now)
+            if rest is not None:
+                later.append(rest)
+        return later
 
     def _join(self, join: _Join) -> None:
         """A request's admitted texts into the running batch of its beam width, with their caches if all are
