@@ -211,24 +211,26 @@ def _picks(s: Scheduler, steps: int, seconds: dict[int, float], requests: dict[i
     return picks
 
 
-def test_a_width_that_starts_has_one_turn_of_credit_and_none_saved() -> None:
+def test_a_width_that_starts_has_three_turns_of_credit_and_none_saved() -> None:
     s = Scheduler(BatchLimits(max_texts=32))
     for _ in range(100):
         s.stepped(s.next_width([4]), 0.05, 1)
     picks = _picks(s, 10, {1: 0.05, 4: 0.05}, {1: 1, 4: 1})
-    # One turn owed (what the running request got from one step), then they alternate; not greedy steps only for
-    # the 5 s of credit the idle greedy width would have saved.
-    assert picks == [1, 1, 4, 1, 4, 1, 4, 1, 4, 1]
+    # Three turns owed (what the running request got from three steps; the fourth greedy step wins a tie of equal
+    # charges), then they alternate; not greedy steps only for the 5 s of credit the idle greedy width would have
+    # saved.
+    assert picks == [1, 1, 1, 1, 4, 1, 4, 1, 4, 1]
 
 
 def test_a_one_text_request_beside_a_long_beam_batch_takes_its_turn_at_once() -> None:
     """A greedy request that starts beside a 128-row beam batch of three requests (a step of 90 ms, 30 ms to each)
-    takes 30 ms of its 7 ms steps before the beam batch steps again, then shares the time by request."""
+    takes three turns of 30 ms in its 7 ms steps (13 of them: a short text's whole translation) before the beam
+    batch steps again, then shares the time by request (30 ms of greedy steps to each beam step)."""
     s = Scheduler(BatchLimits(max_texts=32))
     for _ in range(20):
         s.stepped(s.next_width([4]), 0.09, 3)
-    picks = _picks(s, 12, {1: 0.007, 4: 0.09}, {1: 1, 4: 3})
-    assert picks == [1, 1, 1, 1, 1, 4, 1, 1, 1, 1, 4, 1]
+    picks = _picks(s, 24, {1: 0.007, 4: 0.09}, {1: 1, 4: 3})
+    assert picks == [1] * 13 + [4] + [1] * 5 + [4] + [1] * 4
 
 
 def test_a_full_batch_of_one_text_requests_takes_no_reserved_place() -> None:

@@ -21,7 +21,8 @@ Fairness is a property of admission:
   computed again from the start, and is the same (a row's results do not depend on its batch).
 - Beam widths run in separate batches (one decoder call holds one width) and share the time by request: each
   width's step time is charged to it divided by the requests it runs, and the width charged least steps next; a
-  width that starts is owed one turn (what each running request got from one step), none saved from idle time.
+  width that starts is owed three turns (what each running request got from three steps), none saved from idle
+  time.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+# The turns a beam width that starts is owed (see `Scheduler.next_width`): three turns let a one-text request
+# beside beam-4 batches of 16-text requests finish in about three of their steps (p50 2.1x idle, max 6.8-7.8x over
+# three rounds, against 4.3-4.7x and 9.7-13x with one turn; benchmarks/mixed_load.py --scenario queued-beams).
+OWED_TURNS = 3
 
 
 @dataclass(frozen=True)
@@ -209,13 +215,13 @@ class Scheduler:
 
     def next_width(self, widths: Iterable[int]) -> int:
         """Which beam width's batch steps next, of `widths` (those with rows): the one charged least. A width that
-        starts is charged as the least charged running one less one turn (the most a running width's last step
-        charged each of its requests): a request that arrives is owed what each running request got from one step,
-        so that a one-text request beside a long beam batch takes its first steps at once, but it has no credit
-        saved from idle time."""
+        starts is charged as the least charged running one less `OWED_TURNS` turns (a turn: the most a running
+        width's last step charged each of its requests): a request that arrives is owed what each running request
+        got from that many steps, so that a one-text request beside a long beam batch takes its first steps at once
+        and a short one finishes, but it has no credit saved from idle time."""
         widths = list(widths)
         floor = min((self._charged[w] for w in widths if w in self._charged), default=0.0)
-        turn = max((self._turn.get(w, 0.0) for w in widths if w in self._charged), default=0.0)
+        turn = OWED_TURNS * max((self._turn.get(w, 0.0) for w in widths if w in self._charged), default=0.0)
         for w in widths:
             self._charged[w] = max(self._charged.get(w, floor - turn), floor - turn)
         for w in list(self._charged):
