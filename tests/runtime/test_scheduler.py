@@ -48,6 +48,27 @@ def test_a_one_text_request_beside_a_big_one_takes_a_reserved_place_at_once() ->
     assert s.schedule(6.0).admit == [(big, 31)]
 
 
+def test_a_two_sentence_request_beside_a_big_one_runs_both_sentences_at_once() -> None:
+    """Not one after the other: its second text also takes a reserved place while it holds less than its share
+    (the service cuts a sentence-level model's text into sentences, so a short request is often two texts)."""
+    s = Scheduler(BatchLimits(max_texts=32))  # a reserve of 4 places
+    big = request(64)
+    s.add(big)
+    s.schedule(0.0)
+    short = request(2, arrived=1.0)
+    s.add(short)
+    assert s.schedule(1.0).admit == [(short, 0), (short, 1)]
+    assert s.texts == 34
+    # Two more: the reserve's last two places go to their first texts (the fewest running first); their second
+    # texts wait for places (nobody's work is lost for a request that already runs).
+    shorts = [request(2, arrived=2.0 + i) for i in range(2)]
+    for r in shorts:
+        s.add(r)
+    decision = s.schedule(3.0)
+    assert decision.admit == [(shorts[0], 0), (shorts[1], 0)] and not decision.preempt
+    assert s.texts == 36
+
+
 def test_with_the_reserve_taken_a_one_text_request_takes_a_place_from_a_big_one() -> None:
     s = Scheduler(BatchLimits(max_texts=32, reserve=0))
     big = request(64)

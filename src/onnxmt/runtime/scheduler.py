@@ -13,12 +13,13 @@ Fairness is a property of admission:
   free, and a one-text request that arrives meanwhile takes the next one.
 - A waiting request whose next text does not fit does not block later ones that do, unless it has waited
   `max_skip_age` seconds: then nothing is admitted past it until it fits (no starvation of big texts).
-- A waiting request with nothing running may take one of a few places kept past `max_texts` (`reserve`) while a
-  request holds more than its share: a one-text request beside a 64-text one starts at the next step, and nobody's
-  work is lost. When those are taken too, it takes a place from the request with the most texts running, if that
-  one holds more than its share (running texts over the requests running or waiting): its text admitted last (the
-  least progress: the least work lost) leaves and waits again at the front of its request. Its translation is
-  computed again from the start, and is the same (a row's results do not depend on its batch).
+- A waiting request holding less than its share may take one of a few places kept past `max_texts` (`reserve`)
+  while a request holds more than its share: a one-text request (or a two-sentence one) beside a 64-text one
+  starts at the next step, and nobody's work is lost. When those are taken too, a request with nothing running
+  takes a place from the request with the most texts running, if that one holds more than its share (running
+  texts over the requests running or waiting): its text admitted last (the least progress: the least work lost)
+  leaves and waits again at the front of its request. Its translation is computed again from the start, and is
+  the same (a row's results do not depend on its batch).
 - Beam widths run in separate batches (one decoder call holds one width) and share the time by request: each
   width's step time is charged to it divided by the requests it runs, and the width charged least steps next; a
   width that starts is owed three turns (what each running request got from three steps), none saved from idle
@@ -176,12 +177,13 @@ class Scheduler:
         return decision
 
     def _may_reserve(self, request: Request, count: dict[int, int], texts: int) -> bool:
-        """Whether `request` may take a reserved place: it has nothing running, and a request holds more than its
-        share (the texts running over the requests running or waiting). Not when every request holds one text (a
-        full batch of one-text requests): there the reserve would only make the batch larger."""
-        if count[id(request)]:
-            return False
+        """Whether `request` may take a reserved place: it holds less than its share (the texts running over the
+        requests running or waiting), and another request holds more. So a short request of two sentences beside a
+        big one runs both at once, not one after the other. Not when every request holds one text (a full batch of
+        one-text requests): there the reserve would only make the batch larger."""
         active = sum(1 for r in self.requests if count[id(r)] or r.waiting)
+        if count[id(request)] * active >= texts:
+            return False
         return any(n >= 2 and n * active > texts for n in count.values())
 
     def _victim(

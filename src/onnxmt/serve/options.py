@@ -70,8 +70,8 @@ class ServeOptions:
     # work would be lost): it takes one of these.
     reserved_texts: int | None = option(
         None,
-        help="In flight: places past --max-batch-size kept for requests with nothing running (default: an eighth of "
-        "--max-batch-size, at least 1).",
+        help="In flight: places past --max-batch-size kept for requests holding less than their share while another "
+        "holds more (default: an eighth of --max-batch-size, at least 1).",
         min=0,
     )
     max_skip_ms: float = option(
