@@ -30,18 +30,28 @@ def library(hy_mt_onnx_dir: Path) -> Translator:
 @pytest.fixture(scope="module")
 def served(hy_mt_onnx_dir: Path, library: Translator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The tiny HY-MT served with 2N glossary pairs, 2N pairs' characters, 4N characters of context, and a
-    request cost of one text under 2N pairs."""
-    cost = library.cost([holding(4 * TERMS)], **PAIR, glossary=glossary(2 * TERMS), max_new_tokens=NEW_TOKENS)
+    request cost of the dearest request under those that is sent whole (`_passing`)."""
     running = start_server(
         hy_mt_onnx_dir,
         tmp_path_factory.mktemp("bounds-serve"),
         max_glossary_terms=2 * TERMS,
         max_glossary_chars=sum(len(s) + len(t) for s, t in glossary(2 * TERMS)),
         max_context_chars=4 * CONTEXT,
-        max_request_cost=cost,
+        max_request_cost=max(library.cost([text], **PAIR, max_new_tokens=NEW_TOKENS, **r) for text, r in _passing()),
     )
     yield running
     assert running.stop() == 0, running.logs()
+
+
+def _passing() -> list[tuple[str, dict[str, Any]]]:
+    """The largest requests the tests send whole: a text under 2N pairs, a term of 2N characters, a context of 2N
+    characters."""
+    term = "w" * 2 * TERM_CHARS
+    return [
+        (holding(4 * TERMS), {"glossary": glossary(2 * TERMS)}),
+        (f"{TEXT} {term}", {"glossary": {term: "x"}}),
+        (TEXT, {"context": context(2 * CONTEXT)}),
+    ]
 
 
 def _post(server: Server, q: str | list[str], **request: Any) -> httpx.Response:
@@ -61,12 +71,13 @@ def test_a_glossary_of_n_2n_4n_pairs(served: Server, library: Translator) -> Non
         assert answer.json()["translatedText"] == _library(library, text, glossary=glossary(n))
     error = assert_error(_post(served, text, glossary=glossary(4 * TERMS)), 400)
     assert f"the glossary has {4 * TERMS} pairs; the limit is {2 * TERMS}" in error
-    # Its cost is the library's, grown by the terms each text holds: two texts under 2N pairs are twice the limit.
-    both = [text, f"{text} Again."]
-    cost = library.cost(both, **PAIR, glossary=glossary(2 * TERMS), max_new_tokens=NEW_TOKENS)
-    assert cost > library.cost(both, **PAIR, glossary=glossary(TERMS), max_new_tokens=NEW_TOKENS)
-    error = assert_error(_post(served, both, glossary=glossary(2 * TERMS)), 413)
-    assert f"it costs {cost} tokens x beams" in error and "max_request_cost" in error
+    # Its cost is the library's, grown by the terms each text holds; enough such texts pass --max-request-cost.
+    one = {n: library.cost([text], **PAIR, glossary=glossary(n), max_new_tokens=NEW_TOKENS) for n in (TERMS, 2 * TERMS)}
+    assert one[TERMS] < one[2 * TERMS]
+    limit = max(library.cost([t], **PAIR, max_new_tokens=NEW_TOKENS, **r) for t, r in _passing())
+    many = [text] * (limit // one[2 * TERMS] + 1)
+    error = assert_error(_post(served, many, glossary=glossary(2 * TERMS)), 413)
+    assert f"it costs {len(many) * one[2 * TERMS]} tokens x beams" in error and f"the limit is {limit}" in error
 
 
 def test_a_term_of_n_2n_4n_characters(served: Server, library: Translator) -> None:
