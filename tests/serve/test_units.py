@@ -10,7 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from onnxmt import DecodeOptions, Translator
+from onnxmt.architectures import PARAGRAPH, text_unit
 from onnxmt.documents.segment import join, split_sentences
 from onnxmt.serve.options import ServeOptions
 from tests.helpers.server import metric_sample
@@ -91,3 +94,24 @@ def test_a_post_reaches_a_decoder_only_model_whole(hy_mt_onnx_dir: Path) -> None
         assert _decoded(client) == 2  # two paragraphs, each one prompt
     whole = [t.text for t in translator.translate([POST, SENTENCES[1]], source_lang="en", target_lang="zh")]
     assert answer.json()["translatedText"] == "\n\n".join(whole)
+
+
+@pytest.mark.parametrize(("family", "target"), [("translategemma", "de"), ("qwen3", "zh"), ("hy_mt", "fr")])
+def test_each_decoder_only_family_gets_a_paragraph_and_text_unit_overrides_it(
+    request: pytest.FixtureRequest, family: str, target: str
+) -> None:
+    """The unit is a fact of the family's registry entry (paragraph for the three decoder-only families); with
+    --text-unit sentence the same post reaches the model as its five sentences."""
+    directory = request.getfixturevalue(f"{family}_onnx_dir")
+    translator = Translator(directory, decoding=SHORT)
+    assert text_unit(translator.manifest.architecture) == PARAGRAPH
+    body = {"q": POST, "source": "en", "target": target}
+    with _client(directory) as client:
+        whole = client.post("/translate", json=body)
+        assert whole.status_code == 200 and _decoded(client) == 1, whole.text
+    with _client(directory, text_unit="sentence") as client:
+        cut = client.post("/translate", json=body)
+        assert cut.status_code == 200 and _decoded(client) == 5, cut.text
+    assert whole.json()["translatedText"] == translator.translate([POST], source_lang="en", target_lang=target)[0].text
+    sentences = [t.text for t in translator.translate(SENTENCES, source_lang="en", target_lang=target)]
+    assert cut.json()["translatedText"] == join(split_sentences(POST), sentences)

@@ -112,7 +112,7 @@ def plan_texts(
     limits.check_texts(len(texts))
     check_unicode(texts)  # before the sentence splitter, which cannot take a lone surrogate either
     encode = counting.encoder(tokenizer)
-    fits = _surely_fits(lambda text: len(encode(text)), counting.limit)
+    fits = _surely_fits(lambda text: len(encode(text)), counting.limit, terms=bool(counting.prompt.glossary))
     if counting.unit == PARAGRAPH:
         split = [split_lines(text, fits, counting.limit, counting.lang) for text in texts]
     else:
@@ -129,11 +129,21 @@ def plan_texts(
     return Plan(layouts, sentences, ids)
 
 
-def _surely_fits(count: Count, limit: int) -> Count:
+def _surely_fits(count: Count, limit: int, terms: bool = False) -> Count:
     """`count`, without tokenizing a text too short to pass `limit`: what it returns for one is no count, only a
     number within the limit (for cutting, never for costs). A tokenizer gives at most 4 tokens a character (UTF-8
-    byte fallback), one more for a word-start marker, and the prompt's own (`count("")`)."""
+    byte fallback), one more for a word-start marker, and the prompt's own (`count("")`). With a glossary
+    (`terms`) a text's prompt also holds the pairs of the terms it contains, which its characters do not bound:
+    every text is counted. ValueError when the prompt alone leaves no room for a text (a context as long as the
+    model's positions): cut to fit, every character would be a text of its own, each under the whole prompt."""
     prompt = count("")
+    if prompt >= limit:
+        raise ValueError(
+            f"the prompt around each text (its language tokens, or the chat template with its context) has {prompt} "
+            f"tokens; this model takes at most {limit} in all, so no text fits: shorten the context"
+        )
+    if terms:
+        return count
 
     def fits(text: str) -> int:
         return prompt if 4 * len(text) + 1 + prompt <= limit else count(text)

@@ -221,6 +221,21 @@ class Prompts:
         return self.tokenizer.prompt_ids(self.render(text, prompt))
 
 
+def check_prompt_lengths(texts: Sequence[str], prompts: Sequence[Sequence[int]], limit: int) -> None:
+    """ValueError for a prompt past `limit`, the most tokens the model takes (its tokenizer's model_max_length, at
+    most its positions). A decoder-only prompt is never truncated, as transformers' apply_chat_template does not
+    truncate it: its end is the turn the model answers. Past its positions the model would run where it was never
+    trained, on a cache that grows with the prompt; so a prompt too long is refused before any of it runs."""
+    for text, ids in zip(texts, prompts, strict=True):
+        if len(ids) > limit:
+            shown = text if len(text) <= 40 else text[:40] + "..."
+            raise ValueError(
+                f"the prompt of {shown!r} has {len(ids)} tokens (the chat template around the text, with its "
+                f"glossary terms or context); this model takes at most {limit}: shorten the text, the glossary or "
+                "the context (documents and `onnxmt translate` cut a long text to fit)"
+            )
+
+
 def right_padded(prompts: Sequence[Sequence[int]], pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Prompts as one (rows, longest) int64 matrix padded on the right with `pad`, and their lengths."""
     lengths = np.array([len(p) for p in prompts], dtype=np.int64)

@@ -20,7 +20,7 @@ from ..tokenization.base import check_unicode
 from .cache import Cache
 from .cancel import CancelToken
 from .capabilities import Capabilities
-from .decoder_only import DecoderOnlyGraphs, Prompts
+from .decoder_only import DecoderOnlyGraphs, Prompts, check_prompt_lengths
 from .graphs import Graphs, OnnxmtGraphs, OptimumGraphs
 from .modeldir import load_manifest
 from .options import DecodeOptions, RuntimeOptions
@@ -248,6 +248,8 @@ class Translator:
             else:
                 source = seen[text, prompt] = tuple(self.encode(text, prompt))
             prepared.append(Prepared(text, source, prompt, settings))
+        if self.chat is not None:
+            check_prompt_lengths(texts, [p.ids for p in prepared], self.tokenizer.model_max_length)
         return prepared
 
     def translate(
