@@ -5,12 +5,15 @@ at rest with the int4 directory loaded, against its files on disk.
     python benchmarks/bench.py big-models --model nllb-200-3.3B
     python benchmarks/bench.py big-models --model nllb-200-distilled-600M --steps export,int8,validate
     python benchmarks/bench.py big-models --model qwen3-1.7b --steps export,int8,int4,validate,serve
+    python benchmarks/bench.py big-models --model qwen3-1.7b --steps serve --work DIR --name qwen3-1.7b-serve
     (steps: export, int8, int8-rows, int4, validate, export-int8 = `export --quantize int8`, serve)
 
 The decoder-only models (hy-mt1.5-1.8b, qwen3-1.7b, translategemma-4b) are decoder_models.py's, their sources
 shared with `bench.py decoder --model NAME` (in --decoder-cache). `serve`: `onnxmt serve` on the int4 directory
-(the int4 step's), its RSS once ready ("at rest") and after one translation and a second of rest, against the
-bytes of the directory's files.
+(the int4 step's, in --work), its RSS "at rest": idle after a short text, a 500-token prompt and a batch of 8 (the
+service gives back what requests let go once idle: runtime.sessions.release_memory), against the bytes of the
+directory's files; once ready and right after the requests too. `--steps serve` alone builds nothing and removes
+nothing.
 
 The model is a random one with the real architecture (benchmarks/models.py's specs, built once into
 benchmarks/.cache/). Each step runs `onnxmt` in a fresh child process; its peak RSS is the kernel's (wait4's
@@ -18,7 +21,7 @@ ru_maxrss: the child's VmHWM, file-backed pages it mapped included; this script 
 carries a parent's peak over to its children). Steps run one after another, never beside other work. Every
 peak is divided by the fp32 weight bytes, except validate's: it is divided by the larger of its two sides, each
 measured alone first (validate_sides.py: PyTorch's side, then ONNX Runtime's). Results go to
-benchmarks/results/big-models/<model>.{md,json}.
+benchmarks/results/big-models/<model or --name>.{md,json}.
 """
 
 from __future__ import annotations
@@ -143,22 +146,45 @@ def source_model(model: str, decoder_cache: Path) -> Path:
     return source
 
 
-def served(model_dir: Path, translate: dict[str, str]) -> tuple[float, float, float]:
-    """`onnxmt serve MODEL_DIR` in a child: seconds to ready, its RSS in MB once ready and after one translation
-    (`translate`: the request's fields) and a second of rest."""
+# The serve step's requests, one after another: a short text, a prompt of about LONG_PROMPT tokens, a batch; then
+# REST seconds with none (past serve/batcher.py's IDLE_SECONDS, when the service gives back what they let go).
+LONG_PROMPT = 500
+BATCH = [f"Sentence number {i} is about the weather in the mountains and the rivers." for i in range(8)]
+REST = 5.0
+
+
+def long_text(model_dir: Path, tokens: int) -> str:
+    """Sentences that the directory's tokenizer makes at least `tokens` tokens of."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    sentence = "The committee met in the old town hall to discuss the river, the bridges and the new school."
+    text = sentence
+    while len(tokenizer.encode(text, add_special_tokens=False).ids) < tokens:
+        text += " " + sentence
+    return text
+
+
+def served(model_dir: Path, translate: dict[str, str]) -> dict[str, float]:
+    """`onnxmt serve MODEL_DIR` in a child: seconds to ready, and its RSS in MB once ready, right after the
+    requests (a short text, a prompt of LONG_PROMPT tokens, a batch of 8; `translate`: their language fields, 32
+    new tokens at most) and at rest (REST seconds later)."""
     port = free_port()
     command = [sys.executable, "-m", "onnxmt.cli", "serve", str(model_dir), "--port", str(port)]
     print(f"== serve: {' '.join(command)}", flush=True)
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        ready = decoder_serve.wait_ready(child, url, "/ready")  # /health is liveness
-        time.sleep(1)
-        at_rest = rss_mb(child.pid)["rss_mb"]
-        answer = httpx.post(f"{url}/translate", json={"q": "Where is the train station?", **translate}, timeout=600)
-        answer.raise_for_status()
-        time.sleep(1)
-        return ready, at_rest, rss_mb(child.pid)["rss_mb"]
+        out = {"ready_s": decoder_serve.wait_ready(child, url, "/ready")}  # /health is liveness
+        time.sleep(REST)
+        out["ready_mb"] = rss_mb(child.pid)["rss_mb"]
+        for q in ("Where is the train station?", long_text(model_dir, LONG_PROMPT), BATCH):
+            fields = {"q": q, "max_new_tokens": 32, **translate}
+            httpx.post(f"{url}/translate", json=fields, timeout=900).raise_for_status()
+        out["after_mb"] = rss_mb(child.pid)["rss_mb"]
+        time.sleep(REST)
+        out["rest_mb"] = rss_mb(child.pid)["rss_mb"]
+        return out
     finally:
         child.terminate()
         child.wait(60)
@@ -176,15 +202,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decoder-cache", type=Path, default=Path("/work/bench-models"), help="decoder-only sources")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     parser.add_argument("--keep", action="store_true", help="keep the exported directories (disk: 2x the weights)")
+    parser.add_argument("--work", type=Path, help="the steps' directories (default: benchmarks/.cache/MODEL-big)")
+    parser.add_argument("--name", help="the results' file name (default: the model's)")
     args = parser.parse_args(argv)
     steps = args.steps.split(",")
     unknown = set(steps) - set(STEPS)
     if unknown:
         parser.error(f"unknown steps {sorted(unknown)}; choose from {', '.join(STEPS)}")
 
-    source = source_model(args.model, args.decoder_cache)
+    # The serve step alone needs only the int4 directory: the source is not built for it (only its size read).
+    serve_only = steps == ["serve"]
+    if serve_only and args.model in DECODER_ONLY:
+        source = args.decoder_cache / args.model / "hf"
+    elif serve_only:
+        source = CACHE / f"{args.model}-random" / "hf"
+    else:
+        source = source_model(args.model, args.decoder_cache)
     weights = weight_bytes(source)
-    work = CACHE / f"{args.model}-big"
+    work = args.work or CACHE / f"{args.model}-big"
     fp32 = work / "fp32"
     onnxmt = [sys.executable, "-m", "onnxmt.cli"]
     commands = {
@@ -196,8 +231,9 @@ def main(argv: list[str] | None = None) -> None:
         "export-int8": [*onnxmt, "export", str(source), str(work / "export-int8"), "--quantize", "int8", "--force"],
     }
     texts = work / "texts.txt"
-    work.mkdir(parents=True, exist_ok=True)
-    texts.write_text("\n".join(VALIDATE_TEXTS) + "\n", encoding="utf-8")
+    if not serve_only:
+        work.mkdir(parents=True, exist_ok=True)
+        texts.write_text("\n".join(VALIDATE_TEXTS) + "\n", encoding="utf-8")
     commands["validate"] = [
         *onnxmt,
         "validate",
@@ -233,27 +269,34 @@ def main(argv: list[str] | None = None) -> None:
             step = Step(name, round(seconds, 1), round(peak), round(peak / larger, 3), TARGETS[name], basis, sides)
         results.append(step)
         print(f"   {seconds:.0f} s, peak {peak:.0f} MB = {step.ratio:.2f}x {step.basis}", flush=True)
-    report(args.model, weights, results)
-    if not args.keep:
+    report(args.name or args.model, args.model, weights, results)
+    if not args.keep and not serve_only:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def serve_step(int4: Path, model: str) -> Step:
+    """RSS at rest (idle after requests) against the int4 directory's files."""
     if not (int4 / "onnxmt.json").is_file():
         raise SystemExit("the serve step serves the int4 step's directory: run it with --steps int4,serve (or --keep)")
     files = sum(p.stat().st_size for p in int4.iterdir() if p.is_file())
     decoder = DECODER_ONLY.get(model)
     fields = {"source": decoder.source_lang, "target": decoder.target_lang} if decoder else {"target": "zh"}
-    ready, at_rest, after = served(int4, fields)
-    basis = f"the int4 files ({files / 2**20:,.0f} MB); at rest once ready {at_rest:,.0f} MB, after a request"
-    print(f"   ready in {ready:.0f} s; RSS at rest {at_rest:.0f} MB, after a request {after:.0f} MB", flush=True)
-    return Step("serve", round(ready, 1), round(after), round(after * 2**20 / files, 3), TARGETS["serve"], basis)
+    rss = served(int4, fields)
+    basis = (
+        f"the int4 files ({files / 2**20:,.0f} MB); RSS idle {REST:.0f} s after a short text, a {LONG_PROMPT}-token "
+        f"prompt and a batch of {len(BATCH)} (once ready {rss['ready_mb']:,.0f} MB, right after them "
+        f"{rss['after_mb']:,.0f} MB = {rss['after_mb'] * 2**20 / files:.2f}x)"
+    )
+    print(f"   ready in {rss['ready_s']:.0f} s; RSS {rss}", flush=True)
+    ratio = round(rss["rest_mb"] * 2**20 / files, 3)
+    return Step("serve", round(rss["ready_s"], 1), round(rss["rest_mb"]), ratio, TARGETS["serve"], basis)
 
 
-def report(model: str, weights: int, results: list[Step]) -> None:
-    """Write the table, keeping the steps of an earlier run of the same model that this run did not repeat."""
+def report(name: str, model: str, weights: int, results: list[Step]) -> None:
+    """Write the table to RESULTS/NAME.{md,json}, keeping the steps of an earlier run of the same name that this run
+    did not repeat."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    earlier = RESULTS / f"{model}.json"
+    earlier = RESULTS / f"{name}.json"
     if earlier.is_file():
         ran = {s.name for s in results}
         kept = [Step(**s) for s in json.loads(earlier.read_text(encoding="utf-8"))["steps"] if s["name"] not in ran]
@@ -277,6 +320,6 @@ def report(model: str, weights: int, results: list[Step]) -> None:
         )
     text = "\n".join(lines) + "\n"
     print(text)
-    (RESULTS / f"{model}.md").write_text(text, encoding="utf-8")
+    (RESULTS / f"{name}.md").write_text(text, encoding="utf-8")
     data = {"model": model, "weight_bytes": weights, "machine": machine, "steps": [s.__dict__ for s in results]}
-    (RESULTS / f"{model}.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -2,7 +2,7 @@
 
     python benchmarks/bench.py memory MODEL_DIR [MODEL_DIR ...]
 
-Variants: `default` (load-time memory given back: `runtime.sessions.release_load_memory`; ORT's CPU arena on),
+Variants: `default` (load-time memory given back: `runtime.sessions.release_memory`; ORT's CPU arena on),
 `arena off`, `no release`. Each loads the model (RSS and peak after loading), translates a greedy batch of 8 (the
 benchmark's peak-RSS column), then 64 FLORES sentences with beam 4 at batch 32 (30 forced tokens, 2 threads) and
 10 sentences one by one: the peaks after each phase show what loading and the largest batch cost. The anonymous
@@ -36,7 +36,7 @@ if variant == "arena off":
         return so
     sessions.session_options = without_arena
 elif variant == "no release":
-    graphs.release_load_memory = lambda directory, trim=True: 0
+    graphs.release_memory = lambda directory, trim=True: 0
 
 def mb(key):
     line = next(l for l in open("/proc/self/status") if l.startswith(key))

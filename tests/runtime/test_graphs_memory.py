@@ -1,4 +1,4 @@
-"""`release_load_memory`: clean pages of a model's mapped files leave the process, written ones stay."""
+"""`release_memory`: clean pages of a model's mapped files leave the process, written ones stay."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from onnxmt.runtime.sessions import release_load_memory
+from onnxmt.runtime.sessions import release_memory
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps and madvise are Linux's")
 
@@ -38,7 +38,7 @@ def test_clean_mapped_pages_are_released_and_read_back_unchanged(tmp_path: Path)
     path = (tmp_path / "shared_weights.bin").resolve()
     mapping = _mapped(path)
     assert _resident_kb(path) >= SIZE // 1024 * 9 // 10
-    assert release_load_memory(tmp_path) >= SIZE
+    assert release_memory(tmp_path) >= SIZE
     assert _resident_kb(path) < SIZE // 1024 // 10
     assert mapping[: 1 << 20] == path.read_bytes()[: 1 << 20]  # faulted back in from the file
     mapping.close()
@@ -48,7 +48,7 @@ def test_a_mapping_the_process_wrote_to_is_left_alone(tmp_path: Path) -> None:
     path = (tmp_path / "shared_weights.bin").resolve()
     mapping = _mapped(path)
     mapping[100] = 7  # a private copy of that page now differs from the file: dropping it would lose the write
-    assert release_load_memory(tmp_path) == 0
+    assert release_memory(tmp_path) == 0
     assert mapping[100] == 7 and mapping[101] == 101
     mapping.close()
 
@@ -57,7 +57,7 @@ def test_other_directories_are_not_touched(tmp_path: Path) -> None:
     (tmp_path / "model").mkdir()
     path = (tmp_path / "elsewhere.bin").resolve()
     mapping = _mapped(path)
-    assert release_load_memory(tmp_path / "model") == 0
+    assert release_memory(tmp_path / "model") == 0
     assert _resident_kb(path) >= SIZE // 1024 * 9 // 10
     mapping.close()
 

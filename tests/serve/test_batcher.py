@@ -16,6 +16,7 @@ from onnxmt.architectures import Prompt
 from onnxmt.runtime.cancel import CancelToken
 from onnxmt.runtime.search import Settings
 from onnxmt.runtime.translator import Prepared, Translation
+from onnxmt.serve import batcher as batcher_module
 from onnxmt.serve.batcher import BatchStats, ClientGone, MicroBatcher, QueueFull
 
 SETTINGS = Settings(
@@ -201,3 +202,37 @@ def test_batcher_does_not_spin_on_a_request_that_left_but_is_still_queued() -> N
     thread.join(20)
     assert not thread.is_alive(), "the batch loop spun on the request that had left"
     assert outcome == [(_echo(_prepared(["a"])), _echo(_prepared(["c"])))]
+
+
+def test_batcher_runs_on_idle_once_each_time_it_has_been_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The service gives back memory when idle (`on_idle`), on the inference thread: not between requests that follow
+    # each other (the next one would fault that memory in again), once per idle spell however long it lasts.
+    monkeypatch.setattr(batcher_module, "IDLE_SECONDS", 0.3)
+    idle: list[str] = []
+    counts: list[int] = []
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1, thread_name_prefix="inference") as executor:
+            batcher = MicroBatcher(
+                lambda prepared, tokens, on_batch: _echo(prepared),
+                executor,
+                max_batch_size=4,
+                window=0,
+                max_queue=10,
+                on_idle=lambda: idle.append(threading.current_thread().name),
+            )
+            batcher.start()
+            for text in "abcde":
+                await batcher.translate(_prepared([text]), timeout=10)
+                await asyncio.sleep(0.02)
+            counts.append(len(idle))
+            await asyncio.sleep(1.0)
+            counts.append(len(idle))
+            await batcher.translate(_prepared(["f"]), timeout=10)
+            await asyncio.sleep(0.6)
+            counts.append(len(idle))
+            await batcher.stop()
+
+    asyncio.run(main())
+    assert counts == [0, 1, 2]
+    assert all(name.startswith("inference") for name in idle)

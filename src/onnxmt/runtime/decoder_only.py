@@ -25,7 +25,7 @@ from ..tokenization.chat import ChatTemplate
 from .cache import Cache, aligned, grown, next_capacity
 from .graphs import Graphs
 from .options import RuntimeOptions
-from .sessions import load_session, release_load_memory
+from .sessions import load_session, release_memory
 
 # Prompt positions a prefill call takes per row: a prompt is cut into chunks at these fixed boundaries, whatever
 # runs beside it, so that its cache is the same bits alone and in any batch (the chunks' boundaries change the
@@ -54,7 +54,7 @@ class DecoderOnlyGraphs(Graphs):
         self.vocab_size = int(manifest.model["vocab_size"])
         if session is None:
             session = load_session(directory / spec.file, options)
-            release_load_memory(directory)
+            release_memory(directory)
         self.decoder = session
         for role in ("input_ids", "input_length", "past_length"):
             if not spec.has_input(role):

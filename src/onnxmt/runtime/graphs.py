@@ -23,7 +23,7 @@ from ..manifest import GraphSpec, Manifest
 from .cache import Cache, grown, next_capacity, whole_blocks
 from .encoder_groups import encoder_call_tokens, encoder_groups
 from .options import RuntimeOptions
-from .sessions import load_session, release_load_memory
+from .sessions import load_session, release_memory
 from .vocab import VocabOps
 
 
@@ -71,9 +71,9 @@ class OnnxmtGraphs(Graphs):
         # The decoder first: prepacking its LM head from the embedding is the largest transient of loading, so it
         # comes with nothing else loaded yet; what it no longer needs is given back before the encoder.
         self.decoder = load_session(directory / dec.file, options)
-        release_load_memory(directory, trim=False)
+        release_memory(directory, trim=False)
         self.encoder = load_session(directory / enc.file, options, encoder=True)
-        release_load_memory(directory)
+        release_memory(directory)
         self.call_tokens = encoder_call_tokens(self.encoder.get_session_options().intra_op_num_threads)
         self.enc_in = (enc.input_name("input_ids"), enc.input_name("attention_mask"))
         self.enc_out = [enc.output_name(r) for r in _kv_roles("cross", self.layers)]
@@ -202,7 +202,7 @@ class OptimumGraphs(Graphs):
             self.first = self.later = session("decoder_merged")
         else:
             self.first, self.later = session("decoder"), session("decoder_with_past")
-        release_load_memory(directory)
+        release_memory(directory)
 
     def _part(self, first: bool) -> str:
         if self.merged:

@@ -1,4 +1,5 @@
-"""ONNX Runtime sessions as onnxmt opens them: threads, memory settings, and the load-time memory given back."""
+"""ONNX Runtime sessions as onnxmt opens them: threads, memory settings, and the memory given back after loading
+and when idle."""
 
 from __future__ import annotations
 
@@ -45,18 +46,21 @@ def load_session(path: Path, options: RuntimeOptions, encoder: bool = False):
         raise ModelDirError(f"{path}: ONNX Runtime cannot load this graph ({e.__class__.__name__}: {e})") from e
 
 
-def release_load_memory(directory: Path, trim: bool = True) -> int:
-    """Give back the memory that loading a graph needed and running it does not; returns the bytes unmapped.
+def release_memory(directory: Path, trim: bool = True) -> int:
+    """Give back the memory the process holds and does not need now; returns the bytes unmapped. Called after a
+    graph is loaded, and by the service once it has no work (serve/batcher.py's `on_idle`).
 
-    - Pages of the directory's memory-mapped weight files: in exports made before the LM head was stored in
-      chunks (`shared_weights.bin`), ONNX Runtime reads all of the mapped embedding once, to prepack the whole
-      head from it, and afterwards only the rows the lookups gather. (Chunked heads have mappings of their own,
-      which ONNX Runtime releases itself.) Where a mapping holds no page the process wrote (no `Anonymous`
-      copy-on-write page in smaps),
-      `madvise(MADV_DONTNEED)` drops its pages from the process: a later read faults the same bytes back in from
-      the page cache, so nothing is lost, only what is not used stops counting.
-    - `malloc_trim(0)` (with `trim`): the heap that held graph protobufs and transient copies goes back to the
-      system. Worth it once, after the last graph: between two loads the next one reuses that heap.
+    - Pages of the directory's memory-mapped weight files: what loading read once (in exports made before the LM
+      head was stored in chunks, ONNX Runtime reads all of the mapped embedding to prepack the whole head from it),
+      and what requests read and will read again only when they run (an int4 MatMulNBits reads its scales from the
+      mapping at every call on x86: they are not prepacked; the embedding's rows a lookup gathered, and the pages
+      around them the kernel mapped with each). Where a mapping holds no page the process wrote (no `Anonymous`
+      copy-on-write page in smaps), `madvise(MADV_DONTNEED)` drops its pages from the process: a later read faults
+      the same bytes back in from the page cache, so nothing is lost, only what is not used stops counting.
+    - `malloc_trim(0)` (with `trim`): free heap memory goes back to the system, in every malloc arena. At load, the
+      heap that held graph protobufs and transient copies (worth it once, after the last graph: between two loads
+      the next one reuses that heap); after requests, what their cache buffers and temporaries let go, which glibc
+      otherwise keeps in the arena of the thread that freed it, fragmented (it is not at the arena's top).
 
     Linux with glibc only; elsewhere (or if /proc is not readable) it does nothing.
     """

@@ -30,6 +30,10 @@ from ..runtime.translator import Prepared, Translation
 
 log = logging.getLogger("onnxmt.serve")
 
+# Seconds without a request after which a batcher runs its `on_idle`: the memory it gives back is faulted in again
+# by the next request, so a client that sends one request after another must not pay that on each.
+IDLE_SECONDS = 1.0
+
 # The translator call the batcher runs on the inference thread: prepared texts of one setting, one cancel token per
 # text and a callback told each decoder batch's size in, translations out.
 TranslateFn = Callable[[list[Prepared], list[CancelToken], Callable[[int], None]], list[Translation]]
@@ -70,10 +74,20 @@ class Batcher:
     """What every batcher does for its request handlers: a bounded queue, `translate()` with its timeout, its
     client's disconnection and its cancellation, and `start`/`stop`. Subclasses decide what runs when."""
 
-    def __init__(self, executor: Executor, *, max_queue: int, on_queue: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        *,
+        max_queue: int,
+        on_queue: Callable[[int], None],
+        on_idle: Callable[[], object] | None = None,
+    ) -> None:
+        """`on_idle`: run on the executor once the batcher has had no request for IDLE_SECONDS (the service gives
+        back the memory its requests let go: runtime.sessions.release_memory)."""
         self._executor = executor
         self.max_queue = max_queue
         self._on_queue = on_queue
+        self._on_idle = on_idle
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -87,6 +101,18 @@ class Batcher:
 
     async def _loop(self) -> None:
         raise NotImplementedError
+
+    async def _idle(self) -> None:
+        """With no request to run: wait for one (`_wakeup`); once none has come for IDLE_SECONDS, run `on_idle`
+        first, once."""
+        self._wakeup.clear()
+        if self._on_idle is not None:
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), IDLE_SECONDS)
+                return
+            except asyncio.TimeoutError:
+                await asyncio.get_running_loop().run_in_executor(self._executor, self._on_idle)
+        await self._wakeup.wait()
 
     def _enqueue(self, job: _Job) -> None:
         """On the event loop: a request joins."""
@@ -162,8 +188,9 @@ class MicroBatcher(Batcher):
         max_batch_cost: int | None = None,
         on_queue: Callable[[int], None] = lambda depth: None,
         on_batch: Callable[[BatchStats], None] = lambda stats: None,
+        on_idle: Callable[[], object] | None = None,
     ) -> None:
-        super().__init__(executor, max_queue=max_queue, on_queue=on_queue)
+        super().__init__(executor, max_queue=max_queue, on_queue=on_queue, on_idle=on_idle)
         self._translate = translate
         self.max_batch_size = max_batch_size
         self.window = window
@@ -198,8 +225,7 @@ class MicroBatcher(Batcher):
     async def _loop(self) -> None:
         while True:
             while not self._pending:
-                self._wakeup.clear()
-                await self._wakeup.wait()
+                await self._idle()
             head = self._pending[0]
             if not await self._collect(head):
                 continue  # the oldest request timed out or was cancelled while waiting: start over

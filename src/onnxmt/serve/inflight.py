@@ -159,8 +159,9 @@ class InflightBatcher(Batcher):
         max_queue: int,
         on_queue: Callable[[int], None] = lambda depth: None,
         on_step: Callable[[StepStats], None] = lambda stats: None,
+        on_idle: Callable[[], object] | None = None,
     ) -> None:
-        super().__init__(executor, max_queue=max_queue, on_queue=on_queue)
+        super().__init__(executor, max_queue=max_queue, on_queue=on_queue, on_idle=on_idle)
         self.translator = translator
         self.limits = limits
         self.scheduler = Scheduler(limits)
@@ -253,8 +254,7 @@ class InflightBatcher(Batcher):
         loop = asyncio.get_running_loop()
         while True:
             while not self._entries:
-                self._wakeup.clear()
-                await self._wakeup.wait()
+                await self._idle()
             started = loop.time()
             decision = self.scheduler.schedule(started)
             self._interrupt = False

@@ -19,6 +19,7 @@ from ..runtime.capabilities import Capabilities
 from ..runtime.modeldir import check_model_dir, load_manifest
 from ..runtime.options import DecodeOptions, RuntimeOptions
 from ..runtime.scheduler import BatchLimits
+from ..runtime.sessions import release_memory
 from ..runtime.translator import Prepared, Translation, Translator
 from .batcher import Batcher, MicroBatcher
 from .costs import cost_limits
@@ -92,6 +93,7 @@ class Loader:
         assert entry.translator is not None
         o = self.options
         on_queue = self.metrics.queue_depth.labels(entry.name).set
+        on_idle = partial(release_memory, entry.translator.directory)
         if entry.translator.capabilities.in_flight:
             limits = BatchLimits(
                 o.max_batch_size, cost_limits(entry.manifest, o).batch, o.max_skip_ms / 1000, o.reserved_texts
@@ -103,6 +105,7 @@ class Loader:
                 max_queue=o.max_queue,
                 on_queue=on_queue,
                 on_step=partial(self.metrics.observe_step, entry.name),
+                on_idle=on_idle,
             )
         log.info(
             "model %s: static batches (its decoder takes one cache length for all rows; `onnxmt export` it again "
@@ -118,6 +121,7 @@ class Loader:
             max_batch_cost=cost_limits(entry.manifest, o).batch,
             on_queue=on_queue,
             on_batch=partial(self.metrics.observe_batch, entry.name),
+            on_idle=on_idle,
         )
 
 
