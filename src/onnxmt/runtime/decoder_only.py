@@ -10,6 +10,7 @@ share one call (the graph takes one position per row: export/decoder_only.py). I
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Generator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -69,7 +70,9 @@ class DecoderOnlyGraphs(Graphs):
         self.in_place = spec.has_output(f"present_{roles[0]}")
         kind = "present" if self.in_place else "new"
         self.out_names = [spec.output_name("logits")] + [spec.output_name(f"{kind}_{r}") for r in roles]
-        self._bound: tuple[Any, Any] | None = None  # (the buffers' addresses and shapes, their IOBinding)
+        # Per thread (the service prefills on its encoder thread while the decoder thread steps): the last
+        # buffers' addresses and shapes and their IOBinding, so that one thread never runs on another's binding.
+        self._bound = threading.local()
 
     def empty_cache(self, rows: int, max_positions: int | None = None) -> Cache:
         """A cache of `rows` empty rows; `max_positions`: the most positions a row will hold (prompt and output),
@@ -189,8 +192,9 @@ class DecoderOnlyGraphs(Graphs):
         an unchanged batch run on the same buffers: the previous step's binding is reused, and only the small
         inputs and the logits are bound again (rebinding 2 x layers buffers was most of a step's Python)."""
         key = tuple((b.ctypes.data, b.shape) for b in buffers)
-        if self._bound is not None and self._bound[0] == key:
-            return self._bound[1]
+        bound = getattr(self._bound, "last", None)
+        if bound is not None and bound[0] == key:
+            return bound[1]
         binding = self.decoder.io_binding()
         for past, present, buffer in zip(self.past_names, self.out_names[1:], buffers, strict=True):
             shape, address = list(buffer.shape), buffer.ctypes.data
@@ -198,7 +202,7 @@ class DecoderOnlyGraphs(Graphs):
             binding.bind_output(present, "cpu", 0, np.float32, shape, address)
         # The binding holds addresses, not arrays: buffers at the same addresses and shapes bind the same way,
         # whatever arrays they are now, and a finished batch's buffers are not kept alive by it.
-        self._bound = (key, binding)
+        self._bound.last = (key, binding)
         return binding
 
     def _room(self, cache: Cache, needed: int) -> tuple[np.ndarray, ...]:
