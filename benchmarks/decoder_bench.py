@@ -296,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats,
             "rounds": args.rounds,
             "clients": args.clients if args.served else None,
+            "serve_requests": args.serve_requests if args.served else None,
             "source_lang": model.source_lang,
             "target_lang": model.target_lang,
             "eos_ids": config["eos_ids"],

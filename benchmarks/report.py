@@ -272,16 +272,25 @@ def decoder_legend(result: dict[str, Any]) -> str:
         f"1) / {s['max_new_tokens'] - 1}, the 100-token prompt. bs8: 8 prompts of 100 tokens, {s['max_new_tokens']} "
         f"new tokens each, generated tokens/s. Every engine greedy, eos suppressed, exactly {s['max_new_tokens']} "
         f"tokens; {s['threads']} threads; each figure the median of {s['repeats']} runs in each of {s['rounds']} "
-        f"interleaved rounds (a fresh process per row and round), then the median of the rounds. Served: "
-        f"{s['clients']} concurrent clients, 2 requests each, {s['max_new_tokens']} new tokens a request, tokens/s "
-        f"over the wall clock and the p50 request latency (onnxmt serve; llama-server --parallel; n/a: no server "
-        f"measured). Peak RSS and cold start: a fresh process that loads the model and decodes the 100-token prompt. "
+        f"interleaved rounds (a fresh process per row and round), then the median of the rounds. {served_legend(s)} "
+        f"Peak RSS and cold start: a fresh process that loads the model and decodes the 100-token prompt. "
         f"× floor: decode ms/token over the floor of the row's bit width, the bytes a batch-1 step reads from onnxmt's "
         f"graph of that width over the memory bandwidth measured in the same run (STREAM copy, {s['threads']} "
         f"threads, {bw['bytes_per_s'] / 1e9:.1f} GB/s, median of {len(bw['samples'])}): {floors}. Same tokens: greedy "
         f"outputs (the 100-token prompt's and the batch's) equal to the fp32 reference's, and their mean common "
         f"prefix; random weights make near-ties, so int4/int8 rows part ways early. Load average during the run: "
         f"{min(loads):.2f}–{max(loads):.2f} (median {sorted(loads)[len(loads) // 2]:.2f})."
+    )
+
+
+def served_legend(s: dict[str, Any]) -> str:
+    """The served column's caption; a run without it (--no-served) says so rather than naming no clients."""
+    if s.get("clients") is None:
+        return "Served: not measured in this run (--no-served)."
+    return (
+        f"Served: {s['clients']} concurrent clients, {s.get('serve_requests', 2)} request(s) each, "
+        f"{s['max_new_tokens']} new tokens a request, tokens/s over the wall clock and the p50 request latency "
+        f"(onnxmt serve; llama-server --parallel; n/a: no server measured)."
     )
 
 

@@ -70,6 +70,16 @@ def test_count_refuses_runs_that_stopped_early() -> None:
 
 
 @pytest.mark.timeout(300)
+def test_the_served_caption_says_whether_the_column_was_measured() -> None:
+    """A run with --no-served records no clients: its caption says the column was not measured, not "None
+    concurrent clients"; a served run names its clients and each one's requests."""
+    settings = {"max_new_tokens": 16}
+    assert report.served_legend({**settings, "clients": None}) == "Served: not measured in this run (--no-served)."
+    served = report.served_legend({**settings, "clients": 8, "serve_requests": 1})
+    assert served.startswith("Served: 8 concurrent clients, 1 request(s) each, 16 new tokens a request")
+    assert "None" not in served
+
+
 def test_decoder_with_rounds_0_builds_its_rows_only(tmp_path: Path) -> None:
     # bench.py decoder's own flags reach its build: the family's tiny test model and onnxmt's export of it, no run.
     command = [*BENCH, "decoder", "--model", "qwen3-1.7b", "--quick", "--rounds", "0", "--engines", "onnxmt-fp32"]

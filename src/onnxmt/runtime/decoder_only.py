@@ -10,6 +10,7 @@ share one call (the graph takes one position per row: export/decoder_only.py). I
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Generator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -69,6 +70,9 @@ class DecoderOnlyGraphs(Graphs):
         self.in_place = spec.has_output(f"present_{roles[0]}")
         kind = "present" if self.in_place else "new"
         self.out_names = [spec.output_name("logits")] + [spec.output_name(f"{kind}_{r}") for r in roles]
+        # Per thread (the service prefills on its encoder thread while the decoder thread steps): the last
+        # buffers' addresses and shapes and their IOBinding, so that one thread never runs on another's binding.
+        self._bound = threading.local()
 
     def empty_cache(self, rows: int, max_positions: int | None = None) -> Cache:
         """A cache of `rows` empty rows; `max_positions`: the most positions a row will hold (prompt and output),
@@ -173,17 +177,33 @@ class DecoderOnlyGraphs(Graphs):
 
     def _run_in_place(self, feed: dict[str, np.ndarray], buffers: tuple[np.ndarray, ...]) -> np.ndarray:
         """Run the graph with each buffer bound as both its `past_*` input and its `present_*` output, so that the
-        graph writes the new positions into it; returns the logits."""
-        binding = self.decoder.io_binding()
+        graph writes the new positions into it; returns the logits (rows, vocab)."""
+        binding = self._binding(buffers)
         for name, array in feed.items():
             binding.bind_cpu_input(name, array)
-        binding.bind_output(self.out_names[0], "cpu")
+        # The logits into an array of our own: no OrtValue per output to wrap and convert after the run.
+        logits = np.empty((len(buffers[0]), self.vocab_size), dtype=np.float32)
+        binding.bind_output(self.out_names[0], "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        self.decoder.run_with_iobinding(binding)
+        return logits
+
+    def _binding(self, buffers: tuple[np.ndarray, ...]) -> Any:
+        """An IOBinding with the buffers bound (the `present_*` outputs to the `past_*` inputs' memory). Steps of
+        an unchanged batch run on the same buffers: the previous step's binding is reused, and only the small
+        inputs and the logits are bound again (rebinding 2 x layers buffers was most of a step's Python)."""
+        key = tuple((b.ctypes.data, b.shape) for b in buffers)
+        bound = getattr(self._bound, "last", None)
+        if bound is not None and bound[0] == key:
+            return bound[1]
+        binding = self.decoder.io_binding()
         for past, present, buffer in zip(self.past_names, self.out_names[1:], buffers, strict=True):
             shape, address = list(buffer.shape), buffer.ctypes.data
             binding.bind_input(past, "cpu", 0, np.float32, shape, address)
             binding.bind_output(present, "cpu", 0, np.float32, shape, address)
-        self.decoder.run_with_iobinding(binding)
-        return cast("np.ndarray", binding.get_outputs()[0].numpy())
+        # The binding holds addresses, not arrays: buffers at the same addresses and shapes bind the same way,
+        # whatever arrays they are now, and a finished batch's buffers are not kept alive by it.
+        self._bound.last = (key, binding)
+        return binding
 
     def _room(self, cache: Cache, needed: int) -> tuple[np.ndarray, ...]:
         """The cache's buffers, grown (copied) when a row needs more than their capacity, to whole KEY_BLOCKs."""
