@@ -17,6 +17,7 @@ from .segment import Piece, separator
 from .translate import plan_document
 
 if TYPE_CHECKING:
+    from ..runtime.options import BatchLimits, DecodeOptions
     from ..runtime.translator import Glossary, Prepared, Translator
 
 # (sentence index, its translation so far, whether that is all of it); sentences in order.
@@ -32,6 +33,8 @@ def translate_stream(
     unit: str | None = None,
     glossary: Glossary = (),
     context: str | None = None,
+    options: DecodeOptions | None = None,
+    batching: BatchLimits | None = None,
     **overrides: Any,
 ) -> Iterator[str]:
     """One text (a sentence or a whole document) translated as a stream of pieces of text: token by token with
@@ -40,21 +43,21 @@ def translate_stream(
     language raises here, before the first piece."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a string, got {type(text).__name__}")
-    batching: dict[str, Any] = {k: overrides[k] for k in ("batch_size", "max_batch_cost") if k in overrides}
+    options, batching = translator.call_options(overrides, options, batching)
     request: dict[str, Any] = {"source_lang": source_lang, "target_lang": target_lang}
     request.update(glossary=glossary, context=context)
     plan = plan_document(translator, text, unit=unit, **request)
-    prepared = translator.prepare(plan.sentences, ids=plan.ids, **request, **overrides)
+    prepared = translator.prepare(plan.sentences, ids=plan.ids, **request, options=options)
     return _joined(plan.layouts[0], _updates(translator, prepared, batching))
 
 
-def _updates(translator: Translator, prepared: list[Prepared], batching: dict[str, Any]) -> Iterator[Update]:
+def _updates(translator: Translator, prepared: list[Prepared], batching: BatchLimits) -> Iterator[Update]:
     """Each sentence's text so far, in order: after every token of the first unfinished one (greedy search),
     once it is done. The last token is held back until the next: it may join it into one word."""
     tokens: list[list[int]] = [[] for _ in prepared]
     done: dict[int, str] = {}
     current = 0  # the first sentence not yet finished: the only one shown while it runs
-    events = translator.generate(prepared, in_order=True, **batching)
+    events = translator.generate(prepared, batching=batching, in_order=True)
     try:
         for event in events:
             i = event.index

@@ -28,6 +28,7 @@ from .segment import Piece, fit, join, split_sentences
 
 if TYPE_CHECKING:
     from ..runtime.decoder_only import Prompts
+    from ..runtime.options import BatchLimits, DecodeOptions
     from ..runtime.translator import Glossary, Translator
 
 # Sentences per `translate` call when a progress bar is shown: enough to fill many sorted batches.
@@ -233,23 +234,25 @@ def translate_texts(
     unit: str | None = None,
     glossary: Glossary = (),
     context: str | None = None,
+    options: DecodeOptions | None = None,
+    batching: BatchLimits | None = None,
     **overrides: Any,
 ) -> list[str]:
     """Each of `texts` translated unit by unit (`unit`: sentence or paragraph, None: the model's family's; see
-    `plan_texts`), its whitespace and line breaks kept. Keyword arguments as `Translator.translate`'s.
-    DocumentTooLarge past `limits`."""
+    `plan_texts`), its whitespace and line breaks kept. `options`, `batching` and keyword arguments as
+    `Translator.translate`'s. DocumentTooLarge past `limits`."""
+    options, batching = translator.call_options(overrides, options, batching)
     request: dict[str, Any] = {"source_lang": source_lang, "target_lang": target_lang}
     request.update(glossary=glossary, context=context)
     plan = plan_texts(texts, counting(translator, unit=unit, **request), limits, tokenizer=translator.tokenizer)
-    prepared = translator.prepare(plan.sentences, ids=plan.ids, **request, **overrides)
-    batching = {k: overrides[k] for k in ("batch_size", "max_batch_cost") if k in overrides}
+    prepared = translator.prepare(plan.sentences, ids=plan.ids, **request, options=options)
     if progress is None:
-        return join_texts(plan.layouts, [t.text for t in translator.translate_prepared(prepared, **batching)])
+        return join_texts(plan.layouts, [t.text for t in translator.translate_prepared(prepared, batching=batching)])
     translated: list[str] = []
     progress(0, len(prepared))
     for start in range(0, len(prepared), PROGRESS_CHUNK):
         chunk = prepared[start : start + PROGRESS_CHUNK]
-        translated += [t.text for t in translator.translate_prepared(chunk, **batching)]
+        translated += [t.text for t in translator.translate_prepared(chunk, batching=batching)]
         progress(len(translated), len(prepared))
     return join_texts(plan.layouts, translated)
 
@@ -264,19 +267,20 @@ def join_texts(layouts: Sequence[Sequence[Piece]], translated: Sequence[str]) ->
     return out
 
 
-def translate_lines(translator: Translator, texts: Iterable[str], **overrides: Any) -> Iterator[str]:
+def translate_lines(
+    translator: Translator, texts: Iterable[str], *, batching: BatchLimits | None = None, **arguments: Any
+) -> Iterator[str]:
     """Plain text, the one rule of the CLI, `translate-corpus` and `/translate_file` for .txt: each line of each
     text translated unit by unit, as `translate_texts` (a sentence-level model's sentences, a paragraph-level
-    model's line whole unless too long); read lazily, in order, in windows of many batches. Keyword arguments as
-    `translate_texts`'."""
-    options = translator.decoding.merged(batch_size=overrides.get("batch_size"))
-    window = max(1, options.batch_size) * LINES_WINDOW_BATCHES
+    model's line whole unless too long); read lazily, in order, in windows of many batches of `batching` (default:
+    the translator's). Keyword arguments as `translate_texts`'."""
+    batching = batching or translator.batching
     iterator = iter(texts)
-    while chunk := list(islice(iterator, window)):
-        yield from translate_texts(translator, chunk, None, DEFAULT_LIMITS, **overrides)
+    while chunk := list(islice(iterator, batching.batch_size * LINES_WINDOW_BATCHES)):
+        yield from translate_texts(translator, chunk, None, DEFAULT_LIMITS, batching=batching, **arguments)
 
 
-def translate_document(translator: Translator, text: str, **overrides: Any) -> str:
+def translate_document(translator: Translator, text: str, **arguments: Any) -> str:
     """One text (a paragraph, a page, a whole file) translated unit by unit; keyword arguments as
     `translate_texts`'."""
-    return translate_texts(translator, [text], **overrides)[0]
+    return translate_texts(translator, [text], **arguments)[0]

@@ -13,7 +13,7 @@ Fairness is a property of admission:
   free, and a one-text request that arrives meanwhile takes the next one.
 - A waiting request whose next text does not fit does not block later ones that do, unless it has waited
   `max_skip_age` seconds: then nothing is admitted past it until it fits (no starvation of big texts).
-- A waiting request with nothing running may take one of a few places kept past `max_texts` (`reserve`) while a
+- A waiting request with nothing running may take one of a few places kept past `batch_size` (`reserve`) while a
   request holds more than its share: a one-text request beside a 64-text one starts at the next step, and nobody's
   work is lost. When those are taken too, it takes a place from the request with the most texts running, if that
   one holds more than its share (running texts over the requests running or waiting): its text admitted last (the
@@ -30,25 +30,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class BatchLimits:
-    """What may run at once: texts, and tokens x beams (None: no budget); how long a waiting request may be
-    passed by later ones that fit before it; `reserve`: places past `max_texts` kept for requests with nothing
-    running (None: an eighth of `max_texts`, at least 1)."""
-
-    max_texts: int
-    max_cost: int | None = None
-    max_skip_age: float = 2.0
-    reserve: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_texts < 1:
-            raise ValueError(f"max_texts must be at least 1, got {self.max_texts}")
-
-    @property
-    def reserved(self) -> int:
-        return max(1, self.max_texts // 8) if self.reserve is None else self.reserve
+from .options import BatchLimits
 
 
 @dataclass(eq=False)
@@ -111,16 +93,16 @@ class Scheduler:
         self, request: Request, text: int, texts: int | None = None, cost: int | None = None, reserve: bool = False
     ) -> bool:
         """Whether `request`'s `text` fits beside `texts` texts of `cost` running (default: those running now), in
-        the `reserve` places past `max_texts` too if it may take one. A text alone always fits: the budgets bound a
+        the `reserve` places past `batch_size` too if it may take one. A text alone always fits: the budgets bound a
         batch, not what one text may cost (the request limits do)."""
         texts = self.texts if texts is None else texts
         cost = self.cost if cost is None else cost
         if texts == 0:
             return True
-        places = self.limits.max_texts + (self.limits.reserved if reserve else 0)
+        places = self.limits.batch_size + (self.limits.reserved if reserve else 0)
         if texts + 1 > places:
             return False
-        budget = self.limits.max_cost
+        budget = self.limits.max_batch_cost
         return budget is None or cost + request.costs[text] <= budget
 
     def schedule(self, now: float, commit: bool = True) -> Decision:
