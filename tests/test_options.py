@@ -27,7 +27,6 @@ from onnxmt.serve.schemas import TranslateBody
 DECLARED = (
     RuntimeOptions,
     DecodeOptions,
-    BatchLimits,
     ServeOptions,
     ExportOptions,
     QuantizeOptions,

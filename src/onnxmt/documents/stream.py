@@ -14,40 +14,24 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .segment import Piece, separator
-from .translate import plan_document
+from .translate import prepare_texts
 
 if TYPE_CHECKING:
-    from ..runtime.options import BatchLimits, DecodeOptions
-    from ..runtime.translator import Glossary, Prepared, Translator
+    from ..runtime.options import BatchLimits
+    from ..runtime.translator import Prepared, Translator
 
 # (sentence index, its translation so far, whether that is all of it); sentences in order.
 Update = tuple[int, str, bool]
 
 
-def translate_stream(
-    translator: Translator,
-    text: str,
-    *,
-    source_lang: str | None = None,
-    target_lang: str | None = None,
-    unit: str | None = None,
-    glossary: Glossary = (),
-    context: str | None = None,
-    options: DecodeOptions | None = None,
-    batching: BatchLimits | None = None,
-    **overrides: Any,
-) -> Iterator[str]:
+def translate_stream(translator: Translator, text: str, **arguments: Any) -> Iterator[str]:
     """One text (a sentence or a whole document) translated as a stream of pieces of text: token by token with
     greedy search, unit by unit with beam search. `"".join(...)` is what `translate_document` returns (the model's
     units of text, whitespace and line breaks kept). Keyword arguments as `translate_document`'s; a bad option or
     language raises here, before the first piece."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a string, got {type(text).__name__}")
-    options, batching = translator.call_options(overrides, options, batching)
-    request: dict[str, Any] = {"source_lang": source_lang, "target_lang": target_lang}
-    request.update(glossary=glossary, context=context)
-    plan = plan_document(translator, text, unit=unit, **request)
-    prepared = translator.prepare(plan.sentences, ids=plan.ids, **request, options=options)
+    plan, prepared, batching = prepare_texts(translator, [text], **arguments)
     return _joined(plan.layouts[0], _updates(translator, prepared, batching))
 
 

@@ -29,7 +29,7 @@ from .segment import Piece, fit, join, split_sentences
 if TYPE_CHECKING:
     from ..runtime.decoder_only import Prompts
     from ..runtime.options import BatchLimits, DecodeOptions
-    from ..runtime.translator import Glossary, Translator
+    from ..runtime.translator import Glossary, Prepared, Translator
 
 # Sentences per `translate` call when a progress bar is shown: enough to fill many sorted batches.
 PROGRESS_CHUNK = 256
@@ -223,10 +223,9 @@ def layout(translator: Translator, text: str, **request: Any) -> list[Piece]:
     return plan_document(translator, text, **request).layouts[0]
 
 
-def translate_texts(
+def prepare_texts(
     translator: Translator,
     texts: Sequence[str],
-    progress: Progress | None = None,
     limits: DocumentLimits = DEFAULT_LIMITS,
     *,
     source_lang: str | None = None,
@@ -237,15 +236,28 @@ def translate_texts(
     options: DecodeOptions | None = None,
     batching: BatchLimits | None = None,
     **overrides: Any,
-) -> list[str]:
-    """Each of `texts` translated unit by unit (`unit`: sentence or paragraph, None: the model's family's; see
-    `plan_texts`), its whitespace and line breaks kept. `options`, `batching` and keyword arguments as
-    `Translator.translate`'s. DocumentTooLarge past `limits`."""
+) -> tuple[Plan, list[Prepared], BatchLimits]:
+    """`texts` cut into units of text (`unit`: sentence or paragraph, None: the model's family's; see `plan_texts`)
+    and the units prepared for the decoder, with the batch limits to run them by: what `translate_texts` and
+    `translate_stream` do first. `options`, `batching` and keyword arguments as `Translator.translate`'s.
+    DocumentTooLarge past `limits`; a bad option or language raises here, before any decoding."""
     options, batching = translator.call_options(overrides, options, batching)
     request: dict[str, Any] = {"source_lang": source_lang, "target_lang": target_lang}
     request.update(glossary=glossary, context=context)
     plan = plan_texts(texts, counting(translator, unit=unit, **request), limits, tokenizer=translator.tokenizer)
-    prepared = translator.prepare(plan.sentences, ids=plan.ids, **request, options=options)
+    return plan, translator.prepare(plan.sentences, ids=plan.ids, **request, options=options), batching
+
+
+def translate_texts(
+    translator: Translator,
+    texts: Sequence[str],
+    progress: Progress | None = None,
+    limits: DocumentLimits = DEFAULT_LIMITS,
+    **arguments: Any,
+) -> list[str]:
+    """Each of `texts` translated unit by unit, its whitespace and line breaks kept; keyword arguments (the
+    language pair, `unit`, options) as `prepare_texts`'. `progress(done, total)`: told as units are done."""
+    plan, prepared, batching = prepare_texts(translator, texts, limits, **arguments)
     if progress is None:
         return join_texts(plan.layouts, [t.text for t in translator.translate_prepared(prepared, batching=batching)])
     translated: list[str] = []

@@ -91,15 +91,9 @@ class BatchLimits:
         help="Most tokens x beams per decoder batch (source tokens + max new tokens, times beams, summed over its "
         "texts; default: no budget).",
     )
-    max_skip_age: float = option(
-        2.0, help="Seconds a waiting request may be passed by later ones that fit before it.", min=0
-    )
-    reserve: int | None = option(
-        None,
-        help="Places past batch_size kept for requests with nothing running (default: an eighth of batch_size, at "
-        "least 1).",
-        min=0,
-    )
+    # The service's --max-skip-ms and --reserved-texts (ServeOptions) say these; a library call keeps the defaults.
+    max_skip_age: float = 2.0
+    reserve: int | None = None
 
     def __post_init__(self) -> None:
         check(self)
