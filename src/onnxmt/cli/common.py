@@ -71,6 +71,8 @@ TargetLangOption = Annotated[
         "(see /languages of onnxmt serve)."
     ),
 ]
+# What `export` and `quantize` write: a new directory, never an existing one's files mixed with its own.
+OutputDirArgument = Annotated[Path, typer.Argument(help="Directory to write (must be new or empty unless --force).")]
 REPORT_HELP = "Also write the report to REPORT.md and REPORT.json (a path without suffix)."
 
 

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from ..export.exporter import ExportOptions
-from .common import building, err
+from .common import OutputDirArgument, building, err
 from .flags import flags, with_options
 
 
 @with_options(options=flags(ExportOptions))
 def export(
     model: Annotated[str, typer.Argument(help="Hub id (e.g. Helsinki-NLP/opus-mt-en-zh) or local model directory.")],
-    output_dir: Annotated[Path, typer.Argument(help="Directory to write (must be new or empty unless --force).")],
+    output_dir: OutputDirArgument,
     *,
     options: ExportOptions,
 ) -> None:

@@ -10,14 +10,14 @@ from rich.console import Console
 from rich.table import Table
 
 from ..export.quantize import QuantizeOptions
-from .common import building, err, size
+from .common import OutputDirArgument, building, err, size
 from .flags import flags, with_options
 
 
 @with_options(options=flags(QuantizeOptions))
 def quantize(
     model_dir: Annotated[Path, typer.Argument(help="Exported (fp32) model directory; it is not modified.")],
-    output_dir: Annotated[Path, typer.Argument(help="New directory to write (must be new or empty unless --force).")],
+    output_dir: OutputDirArgument,
     *,
     options: QuantizeOptions,
 ) -> None:
