@@ -33,13 +33,14 @@ Generate = Callable[[Sequence[Sequence[int]], int], list[list[int]]]
 
 
 def load_onnxmt(cfg: dict[str, Any]) -> Generate:
-    from onnxmt.runtime.options import DecodeOptions, RuntimeOptions
+    from onnxmt.runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
     from onnxmt.runtime.translator import Translator
 
     translator = Translator(
         cfg["path"],
         RuntimeOptions(threads=cfg["threads"]),
-        DecodeOptions(beams=1, repetition_penalty=1.0, batch_size=8),
+        DecodeOptions(beams=1, repetition_penalty=1.0),
+        BatchLimits(batch_size=8),
     )
     languages = {"source_lang": cfg["source_lang"], "target_lang": cfg["target_lang"]}
 
@@ -48,7 +49,7 @@ def load_onnxmt(cfg: dict[str, Any]) -> Generate:
         prepared = translator.prepare(
             ["-"] * len(prompts), ids=prompts, max_new_tokens=n, min_new_tokens=n, **languages
         )
-        return [t.token_ids for t in translator.translate_prepared(prepared, batch_size=len(prompts))]
+        return [t.token_ids for t in translator.translate_prepared(prepared, batching=BatchLimits(len(prompts)))]
 
     return generate
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from machine import describe
-from onnxmt import DecodeOptions, RuntimeOptions, Translator
+from onnxmt import BatchLimits, RuntimeOptions, Translator
 from onnxmt.documents import translate_document, translate_stream
 
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--name", default="documents", help="results go to benchmarks/results/NAME/")
     args = parser.parse_args(argv)
-    translator = Translator(args.model, RuntimeOptions(threads=args.threads), DecodeOptions(batch_size=args.batch_size))
+    translator = Translator(args.model, RuntimeOptions(threads=args.threads), batching=BatchLimits(args.batch_size))
     text = document(args.flores, args.sentences, args.per_paragraph)
     translator.translate(["Warm-up sentence."], max_new_tokens=2)
     rows = []

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from onnxmt import Translator
 from onnxmt.cli import app
 from onnxmt.eval import COLUMNS, EvalOptions, bleu_tokenizer, evaluate, read_pairs, score
-from onnxmt.runtime.options import DecodeOptions, RuntimeOptions
+from onnxmt.runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
 from tests.helpers.skips import importorskip
 
 sacrebleu = importorskip("sacrebleu")
@@ -23,7 +23,10 @@ SOURCES = ["Hello world.", "The river is long and the mountain is high.", "", "W
 REFERENCES = ["你好，世界。", "河很长，山很高。", "", "这是什么？"]
 # Fast settings for the tiny model: few tokens, two timed sentences, one thread (CI shares its cores).
 FAST = EvalOptions(
-    decoding=DecodeOptions(max_new_tokens=6, batch_size=2), latency_sentences=2, runtime=RuntimeOptions(threads=1)
+    decoding=DecodeOptions(max_new_tokens=6),
+    batching=BatchLimits(2),
+    latency_sentences=2,
+    runtime=RuntimeOptions(threads=1),
 )
 runner = CliRunner()
 

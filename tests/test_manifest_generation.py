@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def test_renormalize_logits_reaches_the_manifest_and_the_settings(tiny_onnx_dir:
     assert manifest.generation["renormalize_logits"] is True
     translator = Translator(tiny_onnx_dir)
     assert resolve_settings(manifest, translator.decoding).renormalize
-    assert not resolve_settings(manifest, translator.decoding.merged(renormalize_logits=False)).renormalize
+    assert not resolve_settings(manifest, replace(translator.decoding, renormalize_logits=False)).renormalize
 
 
 def _as_version_1(source: Path, target: Path) -> Path:

@@ -19,7 +19,7 @@ from onnxmt.export.quantize import QuantizeOptions
 from onnxmt.export.validate import ValidateOptions
 from onnxmt.options import described, restore, spec
 from onnxmt.runtime.invariance import InvarianceOptions
-from onnxmt.runtime.options import DecodeOptions, RuntimeOptions
+from onnxmt.runtime.options import BatchLimits, DecodeOptions, RuntimeOptions, call_options, decode_options
 from onnxmt.scale.rayserve import RayServeOptions
 from onnxmt.serve.options import ServeOptions
 from onnxmt.serve.schemas import TranslateBody
@@ -57,15 +57,30 @@ def test_limits_come_from_the_fields(changes: dict[str, object], message: str) -
         ServeOptions(**changes)  # type: ignore[arg-type]
 
 
+def test_a_calls_keywords_become_typed_options() -> None:
+    decoding, batching = call_options(
+        DecodeOptions(beams=2), BatchLimits(8, 100), {"beams": 4, "batch_size": 3, "max_new_tokens": None}
+    )
+    assert decoding == DecodeOptions(beams=4) and batching == BatchLimits(3, 100)
+    with pytest.raises(TypeError, match=r"unknown decoding option\(s\) \['beam'\]; valid: \[.*'batch_size'"):
+        call_options(DecodeOptions(), BatchLimits(), {"beam": 4})
+    # Texts are prepared one by one: a batch limit is not theirs to take.
+    with pytest.raises(TypeError, match=r"unknown decoding option\(s\) \['batch_size'\]"):
+        decode_options(DecodeOptions(), {"batch_size": 4})
+    with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
+        call_options(DecodeOptions(), BatchLimits(), {"batch_size": 0})
+
+
 def test_composed_options_survive_json() -> None:
     options = EvalOptions(
-        decoding=DecodeOptions(beams=2, batch_size=4),
+        decoding=DecodeOptions(beams=2),
+        batching=BatchLimits(batch_size=4),
         runtime=RuntimeOptions(threads=1),
         invariance=InvarianceOptions(batch_check=True),
         target_lang="fra_Latn",
     )
     assert restore(EvalOptions, json.loads(json.dumps(dataclasses.asdict(options)))) == options
-    assert ValidateOptions().decoding.batch_size == 1  # validate's own default, taken by its --batch-size
+    assert ValidateOptions().batching.batch_size == 1  # validate's own default, taken by its --batch-size
 
 
 def _parameters(command: str) -> dict[str, Any]:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from .manifest import Manifest, ModelDirError
 from .models import Translator
-from .runtime.options import DecodeOptions, RuntimeOptions
+from .runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
 from .runtime.translator import ModelInput, Translation
 from .version import __version__
 
 __all__ = [
+    "BatchLimits",
     "DecodeOptions",
     "Manifest",
     "ModelDirError",

@@ -23,7 +23,7 @@ from typing import Any
 
 from .options import check, option, restore
 from .runtime.invariance import InvarianceOptions
-from .runtime.options import DecodeOptions, RuntimeOptions
+from .runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
 
 # The languages sacrebleu must segment into characters ("zh" tokenisation) before counting n-grams.
 CHINESE = {"zh", "zho", "cmn", "yue", "wuu", "lzh", "chinese"}
@@ -51,12 +51,14 @@ BATCHED_NOTE = (
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """decoding: None takes each model's defaults; batch_size is the batch of the throughput (and quality) pass.
+    """decoding: None takes each model's defaults; batching: batch_size is the batch of the throughput (and
+    quality) pass.
     runtime: threads is torch's too, for a PyTorch reference. invariance: the batch check (runtime/invariance.py).
     source_lang, target_lang: the language pair, as `Translator.translate` takes it."""
 
     limit: int | None = option(None, help="Use the first N sentence pairs.")
     decoding: DecodeOptions = DecodeOptions()
+    batching: BatchLimits = BatchLimits()
     latency_sentences: int = option(20, help="Sentences timed one at a time (batch 1).", min=0)
     runtime: RuntimeOptions = RuntimeOptions()
     tokenize: str | None = option(None, help="sacrebleu tokenizer (default: zh for Chinese targets, else 13a).")
@@ -113,7 +115,7 @@ class EvalReport:
     machine: dict[str, Any]
 
     def to_markdown(self) -> str:
-        header = [c.replace("batch N", f"batch {self.options.decoding.batch_size}") for c in COLUMNS]
+        header = [c.replace("batch N", f"batch {self.options.batching.batch_size}") for c in COLUMNS]
         lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
         lines += ["| " + " | ".join(row.cells()) + " |" for row in self.rows]
         notes = (
@@ -300,13 +302,16 @@ class _OnnxModel:
         self.translator = Translator(
             model, options.runtime, DecodeOptions(beams=decoding.beams, max_new_tokens=decoding.max_new_tokens)
         )
-        self.languages: dict[str, Any] = {"source_lang": options.source_lang, "target_lang": options.target_lang}
+        self.source_lang, self.target_lang = options.source_lang, options.target_lang
         self.size = _size_on_disk(Path(model))
         quantization = self.translator.manifest.quantization
         self.quantization = quantization.get("method", "?") if quantization else "fp32"
 
     def translate(self, texts: list[str], batch_size: int) -> list[str]:
-        return [t.text for t in self.translator.translate(texts, batch_size=batch_size, **self.languages)]
+        translations = self.translator.translate(
+            texts, source_lang=self.source_lang, target_lang=self.target_lang, batching=BatchLimits(batch_size)
+        )
+        return [t.text for t in translations]
 
     def batch_invariance(self, texts: list[str], options: EvalOptions) -> dict[str, Any] | None:
         from .runtime.invariance import batch_invariance
@@ -314,7 +319,10 @@ class _OnnxModel:
         if not options.invariance.wanted(self.translator.manifest):
             return None
         sample = options.invariance.batch_sample
-        return batch_invariance(self.translator, texts, sample=sample, **self.languages).to_dict()
+        check = batch_invariance(
+            self.translator, texts, sample=sample, source_lang=self.source_lang, target_lang=self.target_lang
+        )
+        return check.to_dict()
 
 
 class _PytorchModel:
@@ -411,7 +419,7 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
         _emit({"progress": [i + 1, total]})
     hypotheses: list[str] = []
     t0 = time.perf_counter()
-    batch_size = options.decoding.batch_size
+    batch_size = options.batching.batch_size
     chunk = batch_size * 4  # long enough to sort into full batches, short enough to report progress
     for begin in range(0, len(texts), chunk):
         hypotheses += model.translate(texts[begin : begin + chunk], batch_size)

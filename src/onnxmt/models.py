@@ -16,7 +16,6 @@ from pathlib import Path
 from .extras import missing_extra
 from .layout import diagnose, find_variants, is_complete
 from .manifest import MANIFEST_NAME, ModelDirError
-from .runtime.options import DecodeOptions, RuntimeOptions
 from .runtime.translator import Translator as DirectoryTranslator
 
 DEFAULT_MODEL = "Helsinki-NLP/opus-mt-en-zh"
@@ -112,10 +111,6 @@ class Translator(DirectoryTranslator):
     >>> translator.translate(["Hello world"])[0].text            # doctest: +SKIP
     """
 
-    def __init__(
-        self,
-        model_dir: str | Path,
-        runtime: RuntimeOptions = RuntimeOptions(),
-        decoding: DecodeOptions = DecodeOptions(),
-    ) -> None:
-        super().__init__(resolve_model_dir(model_dir, progress=logging.getLogger("onnxmt").info), runtime, decoding)
+    @staticmethod
+    def model_dir(given: str | Path) -> Path:
+        return resolve_model_dir(given, progress=logging.getLogger("onnxmt").info)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from onnxmt.manifest import read_manifest
-from onnxmt.runtime.options import DecodeOptions, RuntimeOptions
+from onnxmt.runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
 from onnxmt.runtime.translator import Translator
 from tests.helpers.hf import M2M100_PAIRS, NLLB_PAIRS, generated_ids, hf_language_id, hf_m2m100, hf_special_tokens
 from tests.helpers.sentences import SENTENCES
@@ -189,7 +189,7 @@ def test_validate_quantize_eval_and_inspect_work_on_nllb(
 
     texts = SENTENCES[:6]
     options = ValidateOptions(
-        DecodeOptions(beams=4, batch_size=1), RuntimeOptions(threads=1), source_lang="eng_Latn", target_lang="fra_Latn"
+        DecodeOptions(beams=4), RuntimeOptions(threads=1), source_lang="eng_Latn", target_lang="fra_Latn"
     )
     report = validate(tiny_nllb_onnx_dir, str(tiny_nllb_hf_dir), texts, options)
     assert report.tokenizer_identical == report.greedy_identical == report.beam_identical == len(texts)
@@ -203,8 +203,10 @@ def test_validate_quantize_eval_and_inspect_work_on_nllb(
     src, ref = tmp_path / "test.eng_Latn", tmp_path / "test.fra_Latn"
     src.write_text("\n".join(texts) + "\n", encoding="utf-8")
     ref.write_text("\n".join(texts) + "\n", encoding="utf-8")
-    decoding, runtime = DecodeOptions(max_new_tokens=6, batch_size=2), RuntimeOptions(threads=1)
-    fast = EvalOptions(decoding=decoding, latency_sentences=1, runtime=runtime, target_lang="fra_Latn")
+    decoding, runtime = DecodeOptions(max_new_tokens=6), RuntimeOptions(threads=1)
+    fast = EvalOptions(
+        decoding=decoding, batching=BatchLimits(2), latency_sentences=1, runtime=runtime, target_lang="fra_Latn"
+    )
     rows = evaluate([tiny_nllb_onnx_dir], src, ref, fast, reference=str(tiny_nllb_hf_dir)).rows
     assert [r.kind for r in rows] == ["onnx", "pytorch"] and rows[0].hypotheses == rows[1].hypotheses
 

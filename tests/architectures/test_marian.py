@@ -111,7 +111,7 @@ def test_validate_and_quantize_work_on_tc_big(tiny_tc_big_onnx_dir: Path, tiny_t
     from onnxmt.runtime.options import DecodeOptions, RuntimeOptions
 
     texts = SENTENCES[:6]
-    options = ValidateOptions(DecodeOptions(beams=4, batch_size=1), RuntimeOptions(threads=1))
+    options = ValidateOptions(DecodeOptions(beams=4), RuntimeOptions(threads=1))
     report = validate(tiny_tc_big_onnx_dir, str(tiny_tc_big_hf_dir), texts, options)
     assert report.tokenizer_identical == report.greedy_identical == report.beam_identical == len(texts)
     assert report.max_abs_logit_diff < 1e-4

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from onnxmt.manifest import read_manifest
-from onnxmt.runtime.options import DecodeOptions, RuntimeOptions
+from onnxmt.runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
 from onnxmt.runtime.translator import Translator
 from tests.helpers.hf import MBART50_PAIRS, generated_ids, hf_language_id, hf_m2m100, hf_special_tokens
 from tests.helpers.sentences import SENTENCES
@@ -155,7 +155,7 @@ def test_validate_quantize_and_inspect_work_on_mbart50(
 
     texts = SENTENCES[:6]
     options = ValidateOptions(
-        DecodeOptions(beams=5, batch_size=1), RuntimeOptions(threads=1), source_lang="en_XX", target_lang="zh_CN"
+        DecodeOptions(beams=5), RuntimeOptions(threads=1), source_lang="en_XX", target_lang="zh_CN"
     )
     report = validate(tiny_mbart50_onnx_dir, str(tiny_mbart50_hf_dir), texts, options)
     assert report.tokenizer_identical == report.greedy_identical == report.beam_identical == len(texts)
@@ -222,8 +222,15 @@ def test_eval_and_tune_on_mbart50(tiny_mbart50_onnx_dir: Path, tiny_mbart50_hf_d
     src, ref = tmp_path / "test.en", tmp_path / "test.zh"
     src.write_text("\n".join(texts) + "\n", encoding="utf-8")
     ref.write_text("\n".join(texts) + "\n", encoding="utf-8")
-    decoding, runtime = DecodeOptions(max_new_tokens=6, batch_size=2), RuntimeOptions(threads=1)
-    options = EvalOptions(decoding=decoding, latency_sentences=1, runtime=runtime, source_lang="en", target_lang="zh")
+    decoding, runtime = DecodeOptions(max_new_tokens=6), RuntimeOptions(threads=1)
+    options = EvalOptions(
+        decoding=decoding,
+        batching=BatchLimits(2),
+        latency_sentences=1,
+        runtime=runtime,
+        source_lang="en",
+        target_lang="zh",
+    )
     rows = evaluate([tiny_mbart50_onnx_dir], src, ref, options, reference=str(tiny_mbart50_hf_dir)).rows
     assert [r.kind for r in rows] == ["onnx", "pytorch"] and rows[0].hypotheses == rows[1].hypotheses
 

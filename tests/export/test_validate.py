@@ -29,7 +29,7 @@ from onnxmt.export.validate import (  # noqa: E402
 
 # Two short and two long sentences; one thread, so that the shared CI cores are not oversubscribed.
 TEXTS = [*SHORT_SENTENCES[:2], *LONG_SENTENCES[:2]]
-OPTIONS = ValidateOptions(DecodeOptions(max_new_tokens=24, batch_size=1), RuntimeOptions(threads=1))
+OPTIONS = ValidateOptions(DecodeOptions(max_new_tokens=24), RuntimeOptions(threads=1))
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore:input of .* truncated")
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from onnxmt import Translator
-from onnxmt.runtime.options import RuntimeOptions
+from onnxmt.runtime.options import BatchLimits, RuntimeOptions
 from onnxmt.runtime.running import RunningBatch, encode_texts
 from onnxmt.runtime.translator import Prepared
 from tests.helpers.skips import importorskip
@@ -73,10 +73,10 @@ def test_translations_are_generates_tokens(
     prepared = translator.prepare(list(TEXTS), source_lang=source, target_lang=target, **options)
     assert len({len(p.ids) for p in prepared}) == 4  # four prompt lengths share the batch
     assert prepared[0].ids == tuple(translator.chat.ids(TEXTS[0], source, target))  # type: ignore[union-attr]
-    together = translator.translate_prepared(prepared, batch_size=4)
+    together = translator.translate_prepared(prepared, batching=BatchLimits(4))
     for p, got in zip(prepared, together, strict=True):
         assert got.token_ids == _generate(model, p.ids, beams, max_new_tokens=NEW_TOKENS), p.text
-    alone = translator.translate_prepared(prepared[1:2], batch_size=1)[0]
+    alone = translator.translate_prepared(prepared[1:2], batching=BatchLimits(1))[0]
     assert alone.token_ids == together[1].token_ids and alone.score == together[1].score
 
 
@@ -127,7 +127,7 @@ def test_every_eos_id_stops_a_text(qwen3_onnx_dir: Path, qwen3_hf_dir: Path, tmp
 
 
 def _alone(translator: Translator, prepared: Prepared) -> tuple[list[int], float]:
-    translation = translator.translate_prepared([prepared], batch_size=1)[0]
+    translation = translator.translate_prepared([prepared], batching=BatchLimits(1))[0]
     return translation.token_ids, translation.score
 
 

@@ -13,6 +13,7 @@ import pytest
 from onnxmt import Translator
 from onnxmt.runtime.cache import KEY_BLOCK
 from onnxmt.runtime.cancel import CancelToken
+from onnxmt.runtime.options import BatchLimits
 from onnxmt.runtime.running import RunningBatch, encode_texts
 from onnxmt.runtime.translator import Prepared
 from onnxmt.testing import generate_corpus
@@ -56,7 +57,7 @@ def _run(
 
 
 def _alone(translator: Translator, prepared: Prepared) -> tuple[list[int], float]:
-    translation = translator.translate_prepared([prepared], batch_size=1)[0]
+    translation = translator.translate_prepared([prepared], batching=BatchLimits(1))[0]
     return translation.token_ids, translation.score
 
 
@@ -235,7 +236,7 @@ def test_a_text_joining_running_rows_gets_the_logits_it_gets_alone(tiny_onnx_dir
     running = translator.prepare([ENGLISH[7] * 2, ENGLISH[3]], beams=beams, max_new_tokens=20, min_new_tokens=20)
     (joining,) = translator.prepare([ENGLISH[5]], beams=beams, max_new_tokens=6, min_new_tokens=6)
     assert len(joining.ids) < max(len(p.ids) for p in running)  # a narrower source than the batch's
-    translator.translate_prepared([joining], batch_size=1)
+    translator.translate_prepared([joining], batching=BatchLimits(1))
     alone = list(calls)  # each of its steps, `beams` rows each
     assert len(alone) == 6
     batch = RunningBatch(translator.graphs, beams, translator.manifest.tokens["pad"])
@@ -282,7 +283,7 @@ def test_the_librarys_running_batch_translates_as_alone_within_the_limits(
     gone = CancelToken()
     gone.cancel()
     cancel = [gone if i == 7 else None for i in range(len(texts))]
-    events = list(translator.generate(prepared, batch_size=4, cancel=cancel))
+    events = list(translator.generate(prepared, batching=BatchLimits(4), cancel=cancel))
     together = {e.index: e.translation for e in events if e.translation}
     assert sorted(together) == list(range(len(texts)))
     assert together[7].cancelled and together[7].token_ids == []
@@ -292,5 +293,5 @@ def test_the_librarys_running_batch_translates_as_alone_within_the_limits(
     # A cost budget of twice the cheapest text: never three running (a text alone always fits).
     running.clear()
     budget = 2 * min(p.cost for p in prepared)
-    list(translator.generate(prepared, batch_size=16, max_batch_cost=budget))
+    list(translator.generate(prepared, batching=BatchLimits(16, budget)))
     assert 1 <= max(running) <= 2

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from onnxmt.runtime.scheduler import BatchLimits, Request, Scheduler
+from onnxmt.runtime.options import BatchLimits
+from onnxmt.runtime.scheduler import Request, Scheduler
 
 
 def request(texts: int, arrived: float = 0.0, cost: int = 10, preemptible: bool = True) -> Request:
@@ -20,7 +21,7 @@ def run(scheduler: Scheduler, now: float = 0.0) -> list[tuple[int, int]]:
 
 
 def test_a_request_takes_the_free_places_one_text_at_a_time() -> None:
-    s = Scheduler(BatchLimits(max_texts=32))
+    s = Scheduler(BatchLimits(batch_size=32))
     big = request(64)
     s.add(big)
     admitted = s.schedule(0.0).admit
@@ -30,7 +31,7 @@ def test_a_request_takes_the_free_places_one_text_at_a_time() -> None:
 
 
 def test_a_one_text_request_beside_a_big_one_takes_a_reserved_place_at_once() -> None:
-    s = Scheduler(BatchLimits(max_texts=32))  # a reserve of 32 / 8 = 4 places
+    s = Scheduler(BatchLimits(batch_size=32))  # a reserve of 32 / 8 = 4 places
     big = request(64)
     s.add(big)
     s.schedule(0.0)
@@ -51,7 +52,7 @@ def test_a_one_text_request_beside_a_big_one_takes_a_reserved_place_at_once() ->
 def test_a_two_sentence_request_beside_a_big_one_runs_both_sentences_at_once() -> None:
     """Not one after the other: its second text also takes a reserved place while it holds less than its share
     (the service cuts a sentence-level model's text into sentences, so a short request is often two texts)."""
-    s = Scheduler(BatchLimits(max_texts=32))  # a reserve of 4 places
+    s = Scheduler(BatchLimits(batch_size=32))  # a reserve of 4 places
     big = request(64)
     s.add(big)
     s.schedule(0.0)
@@ -70,7 +71,7 @@ def test_a_two_sentence_request_beside_a_big_one_runs_both_sentences_at_once() -
 
 
 def test_with_the_reserve_taken_a_one_text_request_takes_a_place_from_a_big_one() -> None:
-    s = Scheduler(BatchLimits(max_texts=32, reserve=0))
+    s = Scheduler(BatchLimits(batch_size=32, reserve=0))
     big = request(64)
     s.add(big)
     s.schedule(0.0)
@@ -87,7 +88,7 @@ def test_with_the_reserve_taken_a_one_text_request_takes_a_place_from_a_big_one(
 
 
 def test_nobody_is_preempted_at_or_below_their_share() -> None:
-    s = Scheduler(BatchLimits(max_texts=4, reserve=0))
+    s = Scheduler(BatchLimits(batch_size=4, reserve=0))
     ones = [request(1, arrived=i) for i in range(4)]
     for r in ones:
         s.add(r)
@@ -100,7 +101,7 @@ def test_nobody_is_preempted_at_or_below_their_share() -> None:
 
 
 def test_two_big_requests_share_the_places_as_texts_finish() -> None:
-    s = Scheduler(BatchLimits(max_texts=8, reserve=0))
+    s = Scheduler(BatchLimits(batch_size=8, reserve=0))
     a, b = request(16, arrived=0.0), request(16, arrived=1.0)
     s.add(a)
     s.schedule(0.0)
@@ -114,7 +115,7 @@ def test_two_big_requests_share_the_places_as_texts_finish() -> None:
 
 
 def test_a_request_that_does_not_fit_does_not_block_later_ones_that_do() -> None:
-    s = Scheduler(BatchLimits(max_texts=8, max_cost=100, max_skip_age=2.0, reserve=0))
+    s = Scheduler(BatchLimits(batch_size=8, max_batch_cost=100, max_skip_age=2.0, reserve=0))
     running = request(1, cost=60)
     s.add(running)
     s.schedule(0.0)
@@ -127,7 +128,7 @@ def test_a_request_that_does_not_fit_does_not_block_later_ones_that_do() -> None
 
 
 def test_a_request_that_waited_max_skip_age_is_not_passed() -> None:
-    s = Scheduler(BatchLimits(max_texts=8, max_cost=100, max_skip_age=2.0, reserve=0))
+    s = Scheduler(BatchLimits(batch_size=8, max_batch_cost=100, max_skip_age=2.0, reserve=0))
     running = request(1, cost=60)
     s.add(running)
     s.schedule(0.0)
@@ -142,7 +143,7 @@ def test_a_request_that_waited_max_skip_age_is_not_passed() -> None:
 
 
 def test_a_stream_is_never_preempted() -> None:
-    s = Scheduler(BatchLimits(max_texts=4, reserve=0))
+    s = Scheduler(BatchLimits(batch_size=4, reserve=0))
     stream = request(8, preemptible=False)
     s.add(stream)
     s.schedule(0.0)
@@ -151,7 +152,7 @@ def test_a_stream_is_never_preempted() -> None:
 
 
 def test_a_dry_run_changes_nothing() -> None:
-    s = Scheduler(BatchLimits(max_texts=4, reserve=0))
+    s = Scheduler(BatchLimits(batch_size=4, reserve=0))
     big = request(8)
     s.add(big)
     s.schedule(0.0)
@@ -162,7 +163,7 @@ def test_a_dry_run_changes_nothing() -> None:
 
 
 def test_a_dropped_request_never_runs_its_waiting_texts() -> None:
-    s = Scheduler(BatchLimits(max_texts=2))
+    s = Scheduler(BatchLimits(batch_size=2))
     a = request(4)
     s.add(a)
     s.schedule(0.0)
@@ -175,7 +176,7 @@ def test_a_dropped_request_never_runs_its_waiting_texts() -> None:
 @pytest.mark.parametrize("seed", range(5))
 def test_the_budgets_are_never_exceeded_under_random_load(seed: int) -> None:
     rng = random.Random(seed)
-    limits = BatchLimits(max_texts=16, max_cost=400, max_skip_age=rng.choice([0.5, 2.0]))
+    limits = BatchLimits(batch_size=16, max_batch_cost=400, max_skip_age=rng.choice([0.5, 2.0]))
     s = Scheduler(limits)
     now, done = 0.0, 0
     total = 0
@@ -187,9 +188,9 @@ def test_the_budgets_are_never_exceeded_under_random_load(seed: int) -> None:
             total += len(r.costs)
         decision = s.schedule(now)
         running = [(r, t) for r in s.requests for t in r.running]
-        assert len(running) == s.texts <= limits.max_texts + limits.reserved
+        assert len(running) == s.texts <= limits.batch_size + limits.reserved
         assert s.cost == sum(r.costs[t] for r, t in running)
-        assert s.cost <= limits.max_cost or s.texts == 1  # a text alone always fits
+        assert s.cost <= limits.max_batch_cost or s.texts == 1  # a text alone always fits
         assert all(r.preemptible for r, _ in decision.preempt)
         for r, t in running:  # finish some
             if rng.random() < 0.2:
@@ -209,7 +210,7 @@ def test_the_budgets_are_never_exceeded_under_random_load(seed: int) -> None:
 
 
 def test_beam_widths_share_the_time_by_request() -> None:
-    s = Scheduler(BatchLimits(max_texts=32))
+    s = Scheduler(BatchLimits(batch_size=32))
     steps = {1: 0, 4: 0}
     seconds = {1: 0.004, 4: 0.05}  # a one-row greedy step and a 64-row beam step
     requests = {1: 1, 4: 2}
@@ -233,7 +234,7 @@ def _picks(s: Scheduler, steps: int, seconds: dict[int, float], requests: dict[i
 
 
 def test_a_width_that_starts_has_three_turns_of_credit_and_none_saved() -> None:
-    s = Scheduler(BatchLimits(max_texts=32))
+    s = Scheduler(BatchLimits(batch_size=32))
     for _ in range(100):
         s.stepped(s.next_width([4]), 0.05, 1)
     picks = _picks(s, 10, {1: 0.05, 4: 0.05}, {1: 1, 4: 1})
@@ -247,7 +248,7 @@ def test_a_one_text_request_beside_a_long_beam_batch_takes_its_turn_at_once() ->
     """A greedy request that starts beside a 128-row beam batch of three requests (a step of 90 ms, 30 ms to each)
     takes three turns of 30 ms in its 7 ms steps (13 of them: a short text's whole translation) before the beam
     batch steps again, then shares the time by request (30 ms of greedy steps to each beam step)."""
-    s = Scheduler(BatchLimits(max_texts=32))
+    s = Scheduler(BatchLimits(batch_size=32))
     for _ in range(20):
         s.stepped(s.next_width([4]), 0.09, 3)
     picks = _picks(s, 24, {1: 0.007, 4: 0.09}, {1: 1, 4: 3})
@@ -257,7 +258,7 @@ def test_a_one_text_request_beside_a_long_beam_batch_takes_its_turn_at_once() ->
 def test_a_full_batch_of_one_text_requests_takes_no_reserved_place() -> None:
     """The reserve is for a request beside one that holds more than its share, not a larger batch under a flood of
     one-text requests (their encoding is pooled while they wait)."""
-    s = Scheduler(BatchLimits(max_texts=8, reserve=2))
+    s = Scheduler(BatchLimits(batch_size=8, reserve=2))
     for i in range(12):
         s.add(request(1, arrived=float(i)))
     assert len(s.schedule(12.0).admit) == 8

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from onnxmt import DecodeOptions, ModelDirError, RuntimeOptions, Translation, Translator
+from onnxmt import BatchLimits, DecodeOptions, ModelDirError, RuntimeOptions, Translation, Translator
 from onnxmt.manifest import DECODER_FILE, MANIFEST_NAME, WEIGHTS_FILE
 from onnxmt.runtime.cancel import CancelToken
 from onnxmt.testing.marian import OPUS_MT_EN_ZH_TARGETS
@@ -109,6 +109,18 @@ def test_keyword_arguments_override_options(translator: Translator) -> None:
     assert len(short.token_ids) == 3
     with pytest.raises(TypeError, match="unknown decoding option"):
         translator.translate(["x"], beam=2)
+
+
+def test_typed_options_are_what_keyword_arguments_give(translator: Translator) -> None:
+    keywords = translator.translate(TEXTS, beams=2, max_new_tokens=5, batch_size=2)
+    typed = translator.translate(TEXTS, options=DecodeOptions(beams=2, max_new_tokens=5), batching=BatchLimits(2))
+    assert [t.token_ids for t in typed] == [t.token_ids for t in keywords]
+    assert all(len(t.token_ids) <= 5 for t in typed)
+    # Keyword arguments go over the typed options they come with.
+    over = translator.translate(TEXTS, options=DecodeOptions(beams=2, max_new_tokens=20), max_new_tokens=5)
+    assert [t.token_ids for t in over] == [t.token_ids for t in keywords]
+    with pytest.raises(TypeError, match=r"\['batch_size'\]"):
+        translator.prepare(TEXTS, batch_size=2)
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from onnxmt import Translator
+from onnxmt.runtime.options import BatchLimits
 from onnxmt.runtime.running import RunningBatch
-from onnxmt.runtime.scheduler import BatchLimits
 from onnxmt.serve import inflight
 from onnxmt.serve.inflight import InflightBatcher
 from onnxmt.testing import generate_corpus
@@ -125,7 +125,7 @@ LOAD = [(3, 1, 30), (1, 2, 20), (5, 1, 40), (2, 2, 30), (1, 1, 10), (4, 2, 20), 
 def test_the_budgets_hold_at_every_step_under_concurrent_load(
     translator: Translator, record: Record, max_texts: int, max_cost: int | None
 ) -> None:
-    limits = BatchLimits(max_texts=max_texts, max_cost=max_cost, reserve=1)
+    limits = BatchLimits(batch_size=max_texts, max_batch_cost=max_cost, reserve=1)
     requests, start = [], 0
     for n, beams, new in LOAD:
         requests.append((TEXTS[start : start + n], {"beams": beams, "max_new_tokens": new}))
@@ -191,7 +191,7 @@ def test_a_request_that_does_not_fit_is_passed_until_it_has_waited_max_skip_age(
     small = translator.prepare([TEXTS[2]], beams=1, max_new_tokens=4)
     budget = first[0].cost + small[0].cost
     assert first[0].cost + big[0].cost > budget  # the big one does not fit beside the first; the small one does
-    limits = BatchLimits(max_texts=8, max_cost=budget, max_skip_age=max_skip_age, reserve=0)
+    limits = BatchLimits(batch_size=8, max_batch_cost=budget, max_skip_age=max_skip_age, reserve=0)
 
     async def run() -> list[Any]:
         async with running(translator, limits, record) as batcher:
@@ -232,7 +232,7 @@ def test_every_beam_widths_batch_progresses_while_the_others_run(
     requests = [(TEXTS[10 + 2 * i : 12 + 2 * i], {"beams": beams, **forced}) for i, beams in enumerate((1, 2, 4))]
 
     async def run() -> list[Any]:
-        async with running(translator, BatchLimits(max_texts=16), record) as batcher:
+        async with running(translator, BatchLimits(batch_size=16), record) as batcher:
             futures = [send(batcher, translator, texts, **options) for texts, options in requests]
             return await asyncio.wait_for(asyncio.gather(*futures), 120)
 
@@ -260,7 +260,7 @@ def test_a_big_requests_texts_are_admitted_one_by_one_and_a_short_request_joins_
     options = {"beams": 1, "max_new_tokens": 30}
 
     async def run() -> tuple[list[Any], list[Any]]:
-        async with running(translator, BatchLimits(max_texts=4, reserve=0), record) as batcher:
+        async with running(translator, BatchLimits(batch_size=4, reserve=0), record) as batcher:
             big = send(batcher, translator, big_texts, **options)
             await until(lambda: batcher.scheduler.texts == 4)
             short = await send(batcher, translator, [short_text], beams=1, max_new_tokens=4)

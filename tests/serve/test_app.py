@@ -22,6 +22,7 @@ import pytest
 
 from onnxmt import DecodeOptions, Translator
 from onnxmt.documents.translate import translate_document
+from onnxmt.runtime.options import BatchLimits
 from onnxmt.serve.options import ServeOptions
 from tests.helpers import ROOT
 from tests.helpers.browser import headless_chromium, translation_done
@@ -42,7 +43,7 @@ KEYS = ("key-one", "key-two")
 
 @pytest.fixture(scope="module")
 def translator(tiny_multi_onnx_dir: Path) -> Translator:
-    return Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(batch_size=16))
+    return Translator(tiny_multi_onnx_dir, batching=BatchLimits(16))
 
 
 # The multi-target tiny model with small limits, so each limit is cheap to reach.
@@ -573,7 +574,7 @@ def test_max_cache_mb_caps_both_costs_per_model(tiny_onnx_dir: Path) -> None:
         assert "the limit is 1000 (max_cache_mb:" in message and "KB per token x beam" in message, message
         assert client.post("/translate", json={**body, "q": body["q"][:1], "beams": 1}).status_code == 200
         entry = client.app.state.service.catalog.entries[0]  # type: ignore[attr-defined]
-        assert entry.batcher is not None and entry.batcher.max_batch_cost == 1000
+        assert entry.batcher is not None and entry.batcher.limits.max_batch_cost == 1000
     with TestClient(create_app(tiny_onnx_dir, ServeOptions(max_cache_mb=0, max_request_cost=10000))) as client:
         deadline = time.monotonic() + 30
         while client.get("/ready").status_code != 200 and time.monotonic() < deadline:

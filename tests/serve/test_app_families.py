@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from onnxmt import DecodeOptions, Translator
+from onnxmt.runtime.options import BatchLimits
 from tests.helpers.sentences import SENTENCES
 from tests.helpers.server import Server, assert_error, server_fixture
 
@@ -25,7 +26,7 @@ pool = server_fixture("tiny_multi_onnx_dir", "tiny_tc_big_onnx_dir", "tiny_mbart
 @pytest.fixture(scope="module")
 def translators(tiny_multi_onnx_dir: Path, tiny_tc_big_onnx_dir: Path, tiny_mbart50_onnx_dir: Path) -> dict:
     directories = {"marian": tiny_multi_onnx_dir, "tc_big": tiny_tc_big_onnx_dir, "mbart": tiny_mbart50_onnx_dir}
-    return {name: Translator(d, decoding=DecodeOptions(batch_size=8)) for name, d in directories.items()}
+    return {name: Translator(d, batching=BatchLimits(8)) for name, d in directories.items()}
 
 
 def translate(server: Server, body: dict[str, Any]) -> httpx.Response:

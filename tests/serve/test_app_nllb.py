@@ -13,11 +13,11 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from onnxmt import DecodeOptions, Translator
+from onnxmt import Translator
 from onnxmt.cli import app
 from onnxmt.documents.html import translate_html
 from onnxmt.documents.translate import translate_document, translate_texts
-from onnxmt.runtime.options import RuntimeOptions
+from onnxmt.runtime.options import BatchLimits, RuntimeOptions
 from onnxmt.runtime.translator import Translation
 from onnxmt.runtime.translator import Translator as DirectoryTranslator
 from onnxmt.runtime.tune import tune
@@ -33,7 +33,7 @@ CHINESE = ["河流很长，山很高。", "他和三个朋友从城里来。"]
 
 @pytest.fixture(scope="module")
 def nllb(tiny_nllb_onnx_dir: Path) -> Translator:
-    return Translator(tiny_nllb_onnx_dir, decoding=DecodeOptions(batch_size=16))
+    return Translator(tiny_nllb_onnx_dir, batching=BatchLimits(16))
 
 
 server = server_fixture("tiny_nllb_onnx_dir", log="nllb-serve")
@@ -162,7 +162,7 @@ def test_libretranslatepy(server: Server, nllb: Translator) -> None:
 
 @pytest.fixture(scope="module")
 def marian(tiny_multi_onnx_dir: Path) -> Translator:
-    return Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(batch_size=16))
+    return Translator(tiny_multi_onnx_dir, batching=BatchLimits(16))
 
 
 # opus-mt-en-zh's metadata (en → 13 Chinese targets) first, then NLLB: en → zh is Marian's, the rest NLLB's.

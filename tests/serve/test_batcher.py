@@ -14,6 +14,7 @@ import pytest
 
 from onnxmt.architectures import Prompt
 from onnxmt.runtime.cancel import CancelToken
+from onnxmt.runtime.options import BatchLimits
 from onnxmt.runtime.search import Settings
 from onnxmt.runtime.translator import Prepared, Translation
 from onnxmt.serve import batcher as batcher_module
@@ -47,7 +48,9 @@ def test_batcher_reports_the_decoder_batches_the_translator_ran() -> None:
 
     async def main() -> None:
         with ThreadPoolExecutor(1) as executor:
-            batcher = MicroBatcher(translate, executor, max_batch_size=8, window=0, max_queue=10, on_batch=seen.append)
+            batcher = MicroBatcher(
+                translate, executor, limits=BatchLimits(8), window=0, max_queue=10, on_batch=seen.append
+            )
             batcher.start()
             await batcher.translate(_prepared(list("abcdef")), timeout=10)
             await batcher.stop()
@@ -67,7 +70,7 @@ def test_batcher_batches_but_never_mixes_settings() -> None:
 
     async def main() -> list[list[Translation]]:
         with ThreadPoolExecutor(1) as executor:
-            batcher = MicroBatcher(translate, executor, max_batch_size=4, window=0.02, max_queue=100)
+            batcher = MicroBatcher(translate, executor, limits=BatchLimits(4), window=0.02, max_queue=100)
             batcher.start()
             results = await asyncio.gather(
                 *(batcher.translate(_prepared([f"{i}"], beams=1 + i % 2), timeout=10) for i in range(20))
@@ -99,7 +102,7 @@ def test_batcher_queue_full_and_timeout() -> None:
 
     async def main() -> None:
         with ThreadPoolExecutor(1) as executor:
-            batcher = MicroBatcher(blocked, executor, max_batch_size=1, window=0, max_queue=1)
+            batcher = MicroBatcher(blocked, executor, limits=BatchLimits(1), window=0, max_queue=1)
             batcher.start()
             running = asyncio.create_task(batcher.translate(_prepared(["a"]), None))
             await asyncio.sleep(0.1)
@@ -134,7 +137,7 @@ def test_batcher_cancels_the_work_of_requests_that_are_gone() -> None:
 
     async def main() -> None:
         with ThreadPoolExecutor(1) as executor:
-            batcher = MicroBatcher(stepping, executor, max_batch_size=1, window=0, max_queue=10)
+            batcher = MicroBatcher(stepping, executor, limits=BatchLimits(1), window=0, max_queue=10)
             batcher.start()
             loop = asyncio.get_running_loop()
             # Timed out while running: the work stops, and the next request runs at once.
@@ -181,7 +184,7 @@ def test_batcher_does_not_spin_on_a_request_that_left_but_is_still_queued() -> N
 
     async def main() -> tuple[list[Translation], list[Translation]]:
         with ThreadPoolExecutor(1) as executor:
-            batcher = MicroBatcher(blocked, executor, max_batch_size=1, window=0, max_queue=10)
+            batcher = MicroBatcher(blocked, executor, limits=BatchLimits(1), window=0, max_queue=10)
             batcher.start()
             loop = asyncio.get_running_loop()
             running = asyncio.create_task(batcher.translate(_prepared(["a"]), None))

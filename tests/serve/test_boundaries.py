@@ -31,6 +31,7 @@ from onnxmt import Translator
 from onnxmt.cli import app as cli
 from onnxmt.documents.limits import DocumentLimits, DocumentTooLarge
 from onnxmt.documents.translate import counting, plan_texts
+from onnxmt.runtime.options import BatchLimits
 from onnxmt.serve.apis import texts_of
 from onnxmt.serve.app import create_app
 from onnxmt.serve.batcher import MicroBatcher, QueueFull
@@ -323,7 +324,7 @@ def test_the_queue_holds_max_queue_requests_and_refuses_the_next() -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(1) as executor:
-            batcher = MicroBatcher(_gated(gate), executor, max_batch_size=1, window=0, max_queue=3)
+            batcher = MicroBatcher(_gated(gate), executor, limits=BatchLimits(1), window=0, max_queue=3)
             batcher.start()
             try:
                 running = asyncio.create_task(batcher.translate(_prepared(["run"]), None))

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from onnxmt import DecodeOptions, Translator
+from onnxmt import Translator
 from onnxmt.architectures import Prompt
+from onnxmt.runtime.options import BatchLimits
 from onnxmt.runtime.search import Settings
 from onnxmt.runtime.translator import Prepared, Translation
 from onnxmt.serve.app import create_app
@@ -122,7 +123,7 @@ def test_sixteen_texts_of_which_ten_are_cached_decode_six(client: TestClient, ti
     assert [b - a for a, b in zip(middle, after, strict=True)] == [10, 6, 6]  # hits, misses, texts decoded
     # The cached answers are the uncached ones, and the library's.
     assert second.json()["translatedText"][:10] == first.json()["translatedText"]
-    library = Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(batch_size=16))
+    library = Translator(tiny_multi_onnx_dir, batching=BatchLimits(16))
     expected = library.translate(TEXTS[:16], target_lang="zh", beams=2, max_new_tokens=16)
     assert second.json()["translatedText"] == [t.text for t in expected]
     metrics = client.get("/metrics").text

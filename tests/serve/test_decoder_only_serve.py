@@ -146,7 +146,7 @@ def test_a_short_prompt_is_prefilled_between_a_long_prompts_chunks(
     from concurrent.futures import ThreadPoolExecutor
 
     from onnxmt.runtime import decoder_only
-    from onnxmt.runtime.scheduler import BatchLimits
+    from onnxmt.runtime.options import BatchLimits
     from onnxmt.serve.inflight import InflightBatcher
 
     monkeypatch.setattr(decoder_only, "PREFILL_CHUNK", 8)
@@ -170,7 +170,7 @@ def test_a_short_prompt_is_prefilled_between_a_long_prompts_chunks(
 
     async def run() -> list[str]:
         executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
-        limits = BatchLimits(max_texts=4, max_skip_age=max_skip)
+        limits = BatchLimits(batch_size=4, max_skip_age=max_skip)
         batcher = InflightBatcher(library, executor, limits=limits, max_queue=16)
         batcher.start()
         try:

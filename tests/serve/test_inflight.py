@@ -17,9 +17,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from onnxmt import Translator
-from onnxmt.runtime.options import RuntimeOptions
+from onnxmt.runtime.options import BatchLimits, RuntimeOptions
 from onnxmt.runtime.running import RunningBatch
-from onnxmt.runtime.scheduler import BatchLimits
 from onnxmt.serve import inflight
 from onnxmt.serve.app import create_app
 from onnxmt.serve.inflight import InflightBatcher
@@ -170,7 +169,7 @@ def test_requests_waiting_for_a_place_are_encoded_together(tiny_onnx_dir: Path, 
 async def _two_places(translator: Translator) -> AsyncIterator[InflightBatcher]:
     """An in-flight batcher of `translator` with room for two texts (none reserved), on an inference thread."""
     executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
-    batcher = InflightBatcher(translator, executor, limits=BatchLimits(max_texts=2, reserve=0), max_queue=16)
+    batcher = InflightBatcher(translator, executor, limits=BatchLimits(batch_size=2, reserve=0), max_queue=16)
     batcher.start()
     try:
         yield batcher
@@ -344,7 +343,7 @@ def test_a_one_text_request_beside_a_big_one_takes_a_place_at_once(tiny_onnx_dir
 
     async def run() -> tuple[list[Any], list[Any], float, float]:
         executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
-        limits = BatchLimits(max_texts=4, reserve=reserve)
+        limits = BatchLimits(batch_size=4, reserve=reserve)
         batcher = InflightBatcher(translator, executor, limits=limits, max_queue=16, on_step=stats.append)
         batcher.start()
         try:
@@ -381,7 +380,7 @@ def test_a_greedy_request_behind_queued_beam_requests_is_not_held_up_by_them(tin
 
     async def run() -> None:
         executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
-        batcher = InflightBatcher(translator, executor, limits=BatchLimits(max_texts=4), max_queue=16)
+        batcher = InflightBatcher(translator, executor, limits=BatchLimits(batch_size=4), max_queue=16)
         batcher.start()
 
         async def send(name: str, texts: list[str], **options: Any) -> None:

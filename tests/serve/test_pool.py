@@ -17,6 +17,7 @@ import pytest
 from onnxmt import DecodeOptions, Translator
 from onnxmt.documents.translate import translate_document
 from onnxmt.runtime.modeldir import load_manifest
+from onnxmt.runtime.options import BatchLimits
 from onnxmt.runtime.translator import Translation
 from onnxmt.serve.batcher import MicroBatcher
 from onnxmt.serve.metrics import Metrics
@@ -43,12 +44,12 @@ def models(tiny_multi_onnx_dir: Path, tiny_zh_en_onnx_dir: Path, tmp_path_factor
 
 @pytest.fixture(scope="module")
 def en_zh(tiny_multi_onnx_dir: Path) -> Translator:
-    return Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(batch_size=16))
+    return Translator(tiny_multi_onnx_dir, batching=BatchLimits(16))
 
 
 @pytest.fixture(scope="module")
 def zh_en(tiny_zh_en_onnx_dir: Path) -> Translator:
-    return Translator(tiny_zh_en_onnx_dir, decoding=DecodeOptions(batch_size=16))
+    return Translator(tiny_zh_en_onnx_dir, batching=BatchLimits(16))
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +215,7 @@ def _pool(model_dir: Path, names: list[str], **budget: int) -> ModelPool:
     entries = [ModelEntry(name, model_dir, manifest, Languages(manifest), bytes=100) for name in names]
 
     def make_batcher(entry: ModelEntry) -> MicroBatcher:
-        return MicroBatcher(_echo, None, max_batch_size=4, window=0, max_queue=8)
+        return MicroBatcher(_echo, None, limits=BatchLimits(4), window=0, max_queue=8)
 
     # A stand-in for a translator: loading is not what is tested here, choosing what to unload is.
     return ModelPool(

@@ -3,6 +3,8 @@ report's path), sizes and the variant line."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -11,6 +13,22 @@ from rich.console import Console
 from rich.markup import escape
 
 err = Console(stderr=True)
+
+
+@contextmanager
+def building(what: str, command: str) -> Iterator[Callable[[str], None]]:
+    """A build step (`onnxmt export`, `onnxmt quantize`) under a status line `what`, given `progress(message)`. A
+    missing optional dependency exits 2 with the command that installs the export extra; a ValueError (a bad
+    directory or option) or an OSError, with its message."""
+    from ..extras import missing_extra
+
+    with err.status(what) as status:
+        try:
+            yield lambda message: say(status, message)
+        except ImportError as e:
+            fail(str(missing_extra(command, "export", e)))
+        except (ValueError, OSError) as e:
+            fail(str(e))
 
 
 def say(status: Any, message: str) -> None:
@@ -53,6 +71,8 @@ TargetLangOption = Annotated[
         "(see /languages of onnxmt serve)."
     ),
 ]
+# What `export` and `quantize` write: a new directory, never an existing one's files mixed with its own.
+OutputDirArgument = Annotated[Path, typer.Argument(help="Directory to write (must be new or empty unless --force).")]
 REPORT_HELP = "Also write the report to REPORT.md and REPORT.json (a path without suffix)."
 
 

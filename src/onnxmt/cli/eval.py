@@ -17,7 +17,7 @@ from .flags import flags, with_options
 
 HELPS = {
     "decoding.beams": "Beam size (default: each model's).",
-    "decoding.batch_size": "Batch size of the quality and throughput pass.",
+    "batching.batch_size": "Batch size of the quality and throughput pass.",
 }
 
 
@@ -27,7 +27,7 @@ HELPS = {
         "limit",
         "decoding.beams",
         "decoding.max_new_tokens",
-        "decoding.batch_size",
+        "batching.batch_size",
         "latency_sentences",
         "runtime.threads",
         "tokenize",

@@ -10,31 +10,22 @@ from rich.console import Console
 from rich.table import Table
 
 from ..export.quantize import QuantizeOptions
-from ..extras import missing_extra
-from ..manifest import ModelDirError
-from .common import err, fail, say, size
+from .common import OutputDirArgument, building, err, size
 from .flags import flags, with_options
 
 
 @with_options(options=flags(QuantizeOptions))
 def quantize(
     model_dir: Annotated[Path, typer.Argument(help="Exported (fp32) model directory; it is not modified.")],
-    output_dir: Annotated[Path, typer.Argument(help="New directory to write (must be new or empty unless --force).")],
+    output_dir: OutputDirArgument,
     *,
     options: QuantizeOptions,
 ) -> None:
     """Quantize a model directory into a new one (int8 dynamic, or int4 weight-only) and print sizes before/after."""
-    try:
+    with building("quantizing", "onnxmt quantize") as progress:
         from ..export.quantize import quantize as run_quantize
-    except ImportError as e:
-        fail(str(missing_extra("onnxmt quantize", "export", e)))
-    with err.status("quantizing") as status:
-        try:
-            manifest, results = run_quantize(model_dir, output_dir, options, progress=lambda m: say(status, m))
-        except ImportError as e:
-            fail(str(missing_extra("onnxmt quantize", "export", e)))
-        except (ModelDirError, ValueError, OSError) as e:
-            fail(str(e))
+
+        manifest, results = run_quantize(model_dir, output_dir, options, progress=progress)
     method = manifest.quantization["method"] if manifest.quantization else ""
     Console().print(_table(f"{model_dir} -> {output_dir} ({method})", results))
     err.print(f"[green]wrote {output_dir}[/green]")

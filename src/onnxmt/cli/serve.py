@@ -103,6 +103,7 @@ def serve(
     from ..models import resolve_model_dirs
 
     try:
+        from ..serve.app import create_app
         from ..serve.server import ServeError, run
     except ImportError as e:
         fail(str(missing_extra("onnxmt serve", "serve", e)))
@@ -113,6 +114,6 @@ def serve(
 
             rayserve.run(directories, options, runtime, decoding, scaling, address=address)
         else:
-            run(directories, options, runtime, decoding)
+            run(create_app(directories, options, runtime, decoding))
     except (ModelDirError, ValueError, ImportError, OSError, ServeError) as e:
         fail(str(e))

@@ -11,13 +11,14 @@ import typer
 
 from ..architectures import check_text_unit
 from ..manifest import ModelDirError
-from ..runtime.options import DecodeOptions, RuntimeOptions
+from ..runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
 from .common import ModelOption, SourceLangOption, TargetLangOption, err, fail, report_variant
 from .flags import flags, with_options
 
 
 @with_options(
-    decoding=flags(DecodeOptions, "beams", "max_new_tokens", "batch_size"),
+    decoding=flags(DecodeOptions, "beams", "max_new_tokens"),
+    batching=flags(BatchLimits, "batch_size"),
     runtime=flags(RuntimeOptions, "threads", "variant"),
 )
 def translate(
@@ -73,6 +74,7 @@ def translate(
     ] = False,
     *,
     decoding: DecodeOptions,
+    batching: BatchLimits,
     runtime: RuntimeOptions,
 ) -> None:
     """Translate plain text line by line, in input order (empty line in, empty line out), each line sentence by
@@ -93,7 +95,7 @@ def translate(
     try:
         check_text_unit(unit)
         directory = resolve_model_dir(model, progress=lambda msg: err.print(msg))
-        translator = Translator(directory, runtime, decoding)
+        translator = Translator(directory, runtime, decoding, batching)
         translator.prompt(**request)  # an unknown language or a refused glossary fails here, before any output
         report_variant(translator.manifest)
         if show_prompt:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from ..manifest import ModelDirError
-from ..runtime.options import DecodeOptions, RuntimeOptions
+from ..runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
 from ..scale.corpus import CorpusJob
 from .common import ModelOption, SourceLangOption, TargetLangOption, err, fail
 from .flags import flags, with_options
@@ -18,7 +18,8 @@ THREADS_HELP = "ONNX Runtime threads per worker (default: the cluster's CPUs / w
 
 @with_options(
     job=flags(CorpusJob, "field", "output_field", "workers", "block_rows", "work_dir", "unit", partial=True),
-    decoding=flags(DecodeOptions, "beams", "max_new_tokens", "batch_size"),
+    decoding=flags(DecodeOptions, "beams", "max_new_tokens"),
+    batching=flags(BatchLimits, "batch_size"),
     runtime=flags(RuntimeOptions, "threads", helps={"threads": THREADS_HELP}),
 )
 def translate_corpus(
@@ -33,6 +34,7 @@ def translate_corpus(
     *,
     job: dict[str, Any],
     decoding: DecodeOptions,
+    batching: BatchLimits,
     runtime: RuntimeOptions,
 ) -> None:
     """Translate a corpus on Ray Data, across the cores of this machine or a Ray cluster; run it again to resume.
@@ -51,6 +53,7 @@ def translate_corpus(
             output_file,
             directory,
             decoding,
+            batching,
             runtime=runtime,
             source_lang=source_lang,
             target_lang=target_lang,

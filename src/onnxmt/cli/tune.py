@@ -10,13 +10,13 @@ from rich.console import Console
 from rich.table import Table
 
 from ..manifest import ModelDirError
-from ..runtime.options import DecodeOptions, RuntimeOptions
+from ..runtime.options import BatchLimits, RuntimeOptions
 from .common import ModelOption, SourceLangOption, TargetLangOption, err, fail
 from .flags import flags, with_options
 
 
 @with_options(
-    decoding=flags(DecodeOptions, "batch_size", helps={"batch_size": "Batch size of the throughput figure."}),
+    batching=flags(BatchLimits, "batch_size", helps={"batch_size": "Batch size of the throughput figure."}),
     runtime=flags(RuntimeOptions, "variant"),
 )
 def tune(
@@ -29,7 +29,7 @@ def tune(
     source_lang: SourceLangOption = None,
     target_lang: TargetLangOption = None,
     *,
-    decoding: DecodeOptions,
+    batching: BatchLimits,
     runtime: RuntimeOptions,
 ) -> None:
     """Measure intra-op threads and thread spinning on this machine; prints the fastest settings."""
@@ -46,7 +46,7 @@ def tune(
                 directory,
                 [replace(c, variant=runtime.variant) for c in candidates(max_threads)],
                 tokens=tokens,
-                batch_size=decoding.batch_size,
+                batch_size=batching.batch_size,
                 rounds=rounds,
                 source_lang=source_lang,
                 target_lang=target_lang,
@@ -54,7 +54,7 @@ def tune(
             )
     except (ModelDirError, ValueError, ImportError, OSError) as e:
         fail(str(e))
-    _show(f"{directory}: {tokens} tokens per sentence, medians of {rounds} rounds", decoding.batch_size, results)
+    _show(f"{directory}: {tokens} tokens per sentence, medians of {rounds} rounds", batching.batch_size, results)
 
 
 def _show(title: str, batch_size: int, results: list[Any]) -> None:

@@ -16,7 +16,7 @@ from .flags import flags, with_options
 
 HELPS = {
     "decoding.beams": "Beam size of the beam pass (default: the model's).",
-    "decoding.batch_size": "Sentences per batch, on both sides.",
+    "batching.batch_size": "Sentences per batch, on both sides.",
     "runtime.threads": "Threads of ONNX Runtime and torch (default: all cores).",
 }
 
@@ -26,7 +26,7 @@ HELPS = {
         ValidateOptions,
         "decoding.beams",
         "decoding.max_new_tokens",
-        "decoding.batch_size",
+        "batching.batch_size",
         "runtime.threads",
         "invariance.batch_check",
         "invariance.batch_sample",

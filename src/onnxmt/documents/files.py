@@ -4,7 +4,7 @@ with their translations (`prepare`), so that the library, the CLI and the servic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,14 +78,15 @@ def translate_string(
     format: str = "text",
     progress: Progress | None = None,
     limits: DocumentLimits = DEFAULT_LIMITS,
-    **overrides: Any,
+    **arguments: Any,
 ) -> str:
-    """`source` in `format` (text, html, markdown, srt, vtt) translated, its structure kept."""
+    """`source` in `format` (text, html, markdown, srt, vtt) translated, its structure kept; keyword arguments as
+    `translate_texts`'."""
     if format not in TEXT_FORMATS:
         raise ValueError(f"unknown format {format!r}; valid formats: {', '.join(TEXT_FORMATS)}")
     texts, rebuild = TEXT_FORMATS[format](source)
     limits.check_texts(len(texts))
-    return rebuild(_translate(translator, texts, format, progress, limits, overrides))
+    return rebuild(translate_texts(translator, texts, progress, limits, **arguments) if texts else [])
 
 
 def translate_file(
@@ -95,23 +96,11 @@ def translate_file(
     format: str | None = None,
     progress: Progress | None = None,
     limits: DocumentLimits = DEFAULT_LIMITS,
-    **overrides: Any,
+    **arguments: Any,
 ) -> None:
-    """The file at `source` translated into `target`, in the format its extension names (or `format`)."""
+    """The file at `source` translated into `target`, in the format its extension names (or `format`); keyword
+    arguments as `translate_texts`'."""
     kind = format_of(source, format)
     texts, rebuild = prepare(Path(source).read_bytes(), kind, limits)
-    Path(target).write_bytes(rebuild(_translate(translator, texts, kind, progress, limits, overrides)))
-
-
-def _translate(
-    translator: Translator,
-    texts: Sequence[str],
-    format: str,
-    progress: Progress | None,
-    limits: DocumentLimits,
-    overrides: dict[str, Any],
-) -> list[str]:
-    """The texts of any format unit by unit (translate.plan_texts: the model's sentences or paragraphs)."""
-    if not texts:
-        return []
-    return translate_texts(translator, texts, progress, limits, **overrides)
+    translated = translate_texts(translator, texts, progress, limits, **arguments) if texts else []
+    Path(target).write_bytes(rebuild(translated))

@@ -14,47 +14,34 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .segment import Piece, separator
-from .translate import plan_document
+from .translate import prepare_texts
 
 if TYPE_CHECKING:
-    from ..runtime.translator import Glossary, Prepared, Translator
+    from ..runtime.options import BatchLimits
+    from ..runtime.translator import Prepared, Translator
 
 # (sentence index, its translation so far, whether that is all of it); sentences in order.
 Update = tuple[int, str, bool]
 
 
-def translate_stream(
-    translator: Translator,
-    text: str,
-    *,
-    source_lang: str | None = None,
-    target_lang: str | None = None,
-    unit: str | None = None,
-    glossary: Glossary = (),
-    context: str | None = None,
-    **overrides: Any,
-) -> Iterator[str]:
+def translate_stream(translator: Translator, text: str, **arguments: Any) -> Iterator[str]:
     """One text (a sentence or a whole document) translated as a stream of pieces of text: token by token with
     greedy search, unit by unit with beam search. `"".join(...)` is what `translate_document` returns (the model's
     units of text, whitespace and line breaks kept). Keyword arguments as `translate_document`'s; a bad option or
     language raises here, before the first piece."""
     if not isinstance(text, str):
         raise TypeError(f"text must be a string, got {type(text).__name__}")
-    batching: dict[str, Any] = {k: overrides[k] for k in ("batch_size", "max_batch_cost") if k in overrides}
-    request: dict[str, Any] = {"source_lang": source_lang, "target_lang": target_lang}
-    request.update(glossary=glossary, context=context)
-    plan = plan_document(translator, text, unit=unit, **request)
-    prepared = translator.prepare(plan.sentences, ids=plan.ids, **request, **overrides)
+    plan, prepared, batching = prepare_texts(translator, [text], **arguments)
     return _joined(plan.layouts[0], _updates(translator, prepared, batching))
 
 
-def _updates(translator: Translator, prepared: list[Prepared], batching: dict[str, Any]) -> Iterator[Update]:
+def _updates(translator: Translator, prepared: list[Prepared], batching: BatchLimits) -> Iterator[Update]:
     """Each sentence's text so far, in order: after every token of the first unfinished one (greedy search),
     once it is done. The last token is held back until the next: it may join it into one word."""
     tokens: list[list[int]] = [[] for _ in prepared]
     done: dict[int, str] = {}
     current = 0  # the first sentence not yet finished: the only one shown while it runs
-    events = translator.generate(prepared, in_order=True, **batching)
+    events = translator.generate(prepared, batching=batching, in_order=True)
     try:
         for event in events:
             i = event.index

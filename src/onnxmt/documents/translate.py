@@ -28,7 +28,8 @@ from .segment import Piece, fit, join, split_sentences
 
 if TYPE_CHECKING:
     from ..runtime.decoder_only import Prompts
-    from ..runtime.translator import Glossary, Translator
+    from ..runtime.options import BatchLimits, DecodeOptions
+    from ..runtime.translator import Glossary, Prepared, Translator
 
 # Sentences per `translate` call when a progress bar is shown: enough to fill many sorted batches.
 PROGRESS_CHUNK = 256
@@ -232,10 +233,9 @@ def layout(translator: Translator, text: str, **request: Any) -> list[Piece]:
     return plan_document(translator, text, **request).layouts[0]
 
 
-def translate_texts(
+def prepare_texts(
     translator: Translator,
     texts: Sequence[str],
-    progress: Progress | None = None,
     limits: DocumentLimits = DEFAULT_LIMITS,
     *,
     source_lang: str | None = None,
@@ -243,23 +243,38 @@ def translate_texts(
     unit: str | None = None,
     glossary: Glossary = (),
     context: str | None = None,
+    options: DecodeOptions | None = None,
+    batching: BatchLimits | None = None,
     **overrides: Any,
-) -> list[str]:
-    """Each of `texts` translated unit by unit (`unit`: sentence or paragraph, None: the model's family's; see
-    `plan_texts`), its whitespace and line breaks kept. Keyword arguments as `Translator.translate`'s.
-    DocumentTooLarge past `limits`."""
+) -> tuple[Plan, list[Prepared], BatchLimits]:
+    """`texts` cut into units of text (`unit`: sentence or paragraph, None: the model's family's; see `plan_texts`)
+    and the units prepared for the decoder, with the batch limits to run them by: what `translate_texts` and
+    `translate_stream` do first. `options`, `batching` and keyword arguments as `Translator.translate`'s.
+    DocumentTooLarge past `limits`; a bad option or language raises here, before any decoding."""
+    options, batching = translator.call_options(overrides, options, batching)
     request: dict[str, Any] = {"source_lang": source_lang, "target_lang": target_lang}
     request.update(glossary=glossary, context=context)
     plan = plan_texts(texts, counting(translator, unit=unit, **request), limits, tokenizer=translator.tokenizer)
-    prepared = translator.prepare(plan.sentences, ids=plan.ids, **request, **overrides)
-    batching = {k: overrides[k] for k in ("batch_size", "max_batch_cost") if k in overrides}
+    return plan, translator.prepare(plan.sentences, ids=plan.ids, **request, options=options), batching
+
+
+def translate_texts(
+    translator: Translator,
+    texts: Sequence[str],
+    progress: Progress | None = None,
+    limits: DocumentLimits = DEFAULT_LIMITS,
+    **arguments: Any,
+) -> list[str]:
+    """Each of `texts` translated unit by unit, its whitespace and line breaks kept; keyword arguments (the
+    language pair, `unit`, options) as `prepare_texts`'. `progress(done, total)`: told as units are done."""
+    plan, prepared, batching = prepare_texts(translator, texts, limits, **arguments)
     if progress is None:
-        return join_texts(plan.layouts, [t.text for t in translator.translate_prepared(prepared, **batching)])
+        return join_texts(plan.layouts, [t.text for t in translator.translate_prepared(prepared, batching=batching)])
     translated: list[str] = []
     progress(0, len(prepared))
     for start in range(0, len(prepared), PROGRESS_CHUNK):
         chunk = prepared[start : start + PROGRESS_CHUNK]
-        translated += [t.text for t in translator.translate_prepared(chunk, **batching)]
+        translated += [t.text for t in translator.translate_prepared(chunk, batching=batching)]
         progress(len(translated), len(prepared))
     return join_texts(plan.layouts, translated)
 
@@ -274,19 +289,20 @@ def join_texts(layouts: Sequence[Sequence[Piece]], translated: Sequence[str]) ->
     return out
 
 
-def translate_lines(translator: Translator, texts: Iterable[str], **overrides: Any) -> Iterator[str]:
+def translate_lines(
+    translator: Translator, texts: Iterable[str], *, batching: BatchLimits | None = None, **arguments: Any
+) -> Iterator[str]:
     """Plain text, the one rule of the CLI, `translate-corpus` and `/translate_file` for .txt: each line of each
     text translated unit by unit, as `translate_texts` (a sentence-level model's sentences, a paragraph-level
-    model's line whole unless too long); read lazily, in order, in windows of many batches. Keyword arguments as
-    `translate_texts`'."""
-    options = translator.decoding.merged(batch_size=overrides.get("batch_size"))
-    window = max(1, options.batch_size) * LINES_WINDOW_BATCHES
+    model's line whole unless too long); read lazily, in order, in windows of many batches of `batching` (default:
+    the translator's). Keyword arguments as `translate_texts`'."""
+    batching = batching or translator.batching
     iterator = iter(texts)
-    while chunk := list(islice(iterator, window)):
-        yield from translate_texts(translator, chunk, None, DEFAULT_LIMITS, **overrides)
+    while chunk := list(islice(iterator, batching.batch_size * LINES_WINDOW_BATCHES)):
+        yield from translate_texts(translator, chunk, None, DEFAULT_LIMITS, batching=batching, **arguments)
 
 
-def translate_document(translator: Translator, text: str, **overrides: Any) -> str:
+def translate_document(translator: Translator, text: str, **arguments: Any) -> str:
     """One text (a paragraph, a page, a whole file) translated unit by unit; keyword arguments as
     `translate_texts`'."""
-    return translate_texts(translator, [text], **overrides)[0]
+    return translate_texts(translator, [text], **arguments)[0]

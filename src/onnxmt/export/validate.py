@@ -18,7 +18,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ import numpy as np
 from ..architectures import Prompt, scheme_for
 from ..runtime.invariance import InvarianceOptions, batch_invariance
 from ..runtime.modeldir import load_manifest
-from ..runtime.options import DecodeOptions, RuntimeOptions
+from ..runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
 from ..runtime.tokenizer import load_tokenizer
 from ..runtime.translator import Translator
 from . import reference as hf
@@ -71,12 +71,13 @@ DEFAULT_CORPUS = SHORT_SENTENCES + LONG_SENTENCES
 @dataclass(frozen=True)
 class ValidateOptions:
     """decoding: beams is the beam size of the beam-search pass (a greedy pass runs too), max_new_tokens None keeps
-    the model's generation limit, batch_size the sentences per batch on both sides. runtime: threads is that of
-    ONNX Runtime and torch. invariance: the batch check (runtime/invariance.py). source_lang, target_lang: the
-    language pair, as `Translator.translate` takes it."""
+    the model's generation limit. batching: batch_size is the sentences per batch on both sides. runtime: threads
+    is that of ONNX Runtime and torch. invariance: the batch check (runtime/invariance.py). source_lang,
+    target_lang: the language pair, as `Translator.translate` takes it."""
 
-    decoding: DecodeOptions = DecodeOptions(batch_size=1)
+    decoding: DecodeOptions = DecodeOptions()
     runtime: RuntimeOptions = RuntimeOptions()
+    batching: BatchLimits = BatchLimits(batch_size=1)
     invariance: InvarianceOptions = InvarianceOptions()
     source_lang: str | None = None
     target_lang: str | None = None
@@ -350,10 +351,16 @@ def validate(
     report.mean_abs_logit_diff = total_abs / count if count else 0.0
     if options.invariance.wanted(translator.manifest):
         report.batch_invariance = {}
-        pair: dict[str, Any] = {"source_lang": options.source_lang, "target_lang": options.target_lang}
-        sample, max_new_tokens = options.invariance.batch_sample, options.decoding.max_new_tokens
         for search, b in ref.searches:
-            result = batch_invariance(translator, texts, beams=b, max_new_tokens=max_new_tokens, sample=sample, **pair)
+            decoding = replace(translator.decoding, beams=b, max_new_tokens=options.decoding.max_new_tokens)
+            result = batch_invariance(
+                translator,
+                texts,
+                sample=options.invariance.batch_sample,
+                options=decoding,
+                source_lang=options.source_lang,
+                target_lang=options.target_lang,
+            )
             report.batch_invariance[search] = {**result.to_dict(), "description": result.describe()}
     return report
 
@@ -386,7 +393,7 @@ def _reference_side(
     ref = _Reference(reference, options.runtime.threads, int(manifest.model["max_positions"]), manifest)
     searches = (("greedy", 1), ("beam", beams))
     outputs: dict[str, list[list[int]]] = {search: [] for search, _ in searches}
-    size, max_new_tokens = options.decoding.batch_size, options.decoding.max_new_tokens
+    size, max_new_tokens = options.batching.batch_size, options.decoding.max_new_tokens
     limit: dict[str, Any] = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}
     for first in range(0, len(texts), size):
         batch = texts[first : first + size]
@@ -433,16 +440,16 @@ def _onnx_outputs(
 ) -> list[list[int]]:
     """onnxmt's outputs, in batches of the same sentences as the reference's."""
     out: list[list[int]] = []
-    size = options.decoding.batch_size
+    size = options.batching.batch_size
+    decoding = replace(translator.decoding, beams=beams, max_new_tokens=options.decoding.max_new_tokens)
     for first in range(0, len(texts), size):
         batch = texts[first : first + size]
         results = translator.translate(
             batch,
             source_lang=options.source_lang,
             target_lang=options.target_lang,
-            beams=beams,
-            max_new_tokens=options.decoding.max_new_tokens,
-            batch_size=size,
+            options=decoding,
+            batching=options.batching,
         )
         out += [r.token_ids for r in results]
         advance(len(batch))

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..manifest import Manifest
 from ..options import check, option
 from .capabilities import activation_scales
+from .options import DecodeOptions
 from .translator import Translator, resolve_settings
 
 SAMPLE = 32  # sentences: ~5 s at batch 1 for opus-mt's architecture in int8 on 2 cores, greedy
@@ -78,22 +79,33 @@ def batch_invariance(
     sample: int = SAMPLE,
     batch_size: int = BATCH_SIZE,
     seed: int = 0,
-    **options: Any,
+    options: DecodeOptions | None = None,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
 ) -> BatchInvariance:
     """Translate up to `sample` non-empty `texts` one at a time and in shuffled batches of `batch_size` (each
     sorted by length inside, as `translate` does); count the sentences whose tokens are the same both ways.
-    `options`: `Translator.translate`'s keywords (beams, max_new_tokens, the language pair)."""
+    `options`: the decoding options (default: the translator's); the language pair as `Translator.translate`
+    takes it."""
     if sample < 1 or batch_size < 2:
         raise ValueError(f"sample must be at least 1 and batch_size at least 2, got {sample} and {batch_size}")
     chosen = [t for t in texts if t.strip()][:sample]
-    alone = [translator.translate([t], batch_size=1, **options)[0].token_ids for t in chosen]
+    options = options or translator.decoding
+
+    def translated(group: list[str], size: int) -> list[list[int]]:
+        batching = replace(translator.batching, batch_size=size)
+        translations = translator.translate(
+            group, source_lang=source_lang, target_lang=target_lang, options=options, batching=batching
+        )
+        return [t.token_ids for t in translations]
+
+    alone = [translated([t], 1)[0] for t in chosen]
     order = list(range(len(chosen)))
     random.Random(seed).shuffle(order)
     batched: dict[int, list[int]] = {}
     for start in range(0, len(order), batch_size):
         group = order[start : start + batch_size]
-        results = translator.translate([chosen[i] for i in group], batch_size=batch_size, **options)
-        batched.update({i: r.token_ids for i, r in zip(group, results, strict=True)})
+        batched.update(zip(group, translated([chosen[i] for i in group], batch_size), strict=True))
     identical = sum(alone[i] == batched[i] for i in order)
-    used = resolve_settings(translator.manifest, translator.decoding.merged(beams=options.get("beams"))).num_beams
+    used = resolve_settings(translator.manifest, options).num_beams
     return BatchInvariance(len(chosen), identical, batch_size, used, activation_scales(translator.manifest))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -71,6 +72,19 @@ class DecodeOptions:
         None, help="Log-softmax the beam scores again after the logits processors (opus-mt models set it)."
     )
     num_return_sequences: int = option(1, help="Translations returned per text, best first (at most beams).")
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """What runs at once, apart from how each text is decoded (`DecodeOptions`): texts per decoder batch, and
+    tokens x beams (None: no budget). For the scheduler (runtime/scheduler.py): `max_skip_age`, how many seconds a
+    waiting request may be passed by later ones that fit before it; `reserve`, places past `batch_size` kept for
+    requests holding less than their share while another holds more (None: an eighth of `batch_size`, at least
+    1)."""
+
     batch_size: int = option(16, help="Texts per decoder batch.", min=1)
     # Which bounds the decoder's memory: batches are cut at `batch_size` texts or this budget, whichever comes first.
     max_batch_cost: int | None = option(
@@ -78,14 +92,42 @@ class DecodeOptions:
         help="Most tokens x beams per decoder batch (source tokens + max new tokens, times beams, summed over its "
         "texts; default: no budget).",
     )
+    # The service's --max-skip-ms and --reserved-texts (ServeOptions) say these; a library call keeps the defaults.
+    max_skip_age: float = 2.0
+    reserve: int | None = None
 
     def __post_init__(self) -> None:
         check(self)
 
-    def merged(self, **overrides: Any) -> DecodeOptions:
-        """A copy with the non-None overrides applied; unknown names raise TypeError."""
-        known = {f.name for f in fields(self)}
-        unknown = set(overrides) - known
-        if unknown:
-            raise TypeError(f"unknown decoding option(s) {sorted(unknown)}; valid: {sorted(known)}")
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+    @property
+    def reserved(self) -> int:
+        return max(1, self.batch_size // 8) if self.reserve is None else self.reserve
+
+
+# The batch limits a call may set by keyword (the scheduler's fairness settings are the service's).
+CALL_LIMITS = ("batch_size", "max_batch_cost")
+
+
+def decode_options(decoding: DecodeOptions, keywords: Mapping[str, Any]) -> DecodeOptions:
+    """`decoding` with a call's keyword arguments over it (`prepare(texts, beams=4)`), None keeping its value;
+    TypeError naming the valid names for another."""
+    _check_names(keywords, [f.name for f in fields(DecodeOptions)])
+    return replace(decoding, **{name: value for name, value in keywords.items() if value is not None})
+
+
+def call_options(
+    decoding: DecodeOptions, batching: BatchLimits, keywords: Mapping[str, Any]
+) -> tuple[DecodeOptions, BatchLimits]:
+    """A call's keyword arguments (`translate(texts, beams=4, batch_size=8)`) over its options, as typed options:
+    each name a field of `DecodeOptions` or one of `CALL_LIMITS`, None keeping the value given; TypeError naming
+    the valid names for another. The one place where keyword arguments become options: the public API's edge."""
+    _check_names(keywords, [f.name for f in fields(DecodeOptions)] + list(CALL_LIMITS))
+    limits = {name: value for name, value in keywords.items() if name in CALL_LIMITS and value is not None}
+    decode = {name: value for name, value in keywords.items() if name not in CALL_LIMITS}
+    return decode_options(decoding, decode), replace(batching, **limits)
+
+
+def _check_names(keywords: Mapping[str, Any], valid: list[str]) -> None:
+    unknown = set(keywords) - set(valid)
+    if unknown:
+        raise TypeError(f"unknown decoding option(s) {sorted(unknown)}; valid: {sorted(valid)}")

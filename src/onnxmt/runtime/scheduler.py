@@ -13,7 +13,7 @@ Fairness is a property of admission:
   free, and a one-text request that arrives meanwhile takes the next one.
 - A waiting request whose next text does not fit does not block later ones that do, unless it has waited
   `max_skip_age` seconds: then nothing is admitted past it until it fits (no starvation of big texts).
-- A waiting request holding less than its share may take one of a few places kept past `max_texts` (`reserve`)
+- A waiting request holding less than its share may take one of a few places kept past `batch_size` (`reserve`)
   while a request holds more than its share: a one-text request (or a two-sentence one) beside a 64-text one
   starts at the next step, and nobody's work is lost. When those are taken too, a request with nothing running
   takes a place from the request with the most texts running, if that one holds more than its share (running
@@ -32,30 +32,12 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .options import BatchLimits
+
 # The turns a beam width that starts is owed (see `Scheduler.next_width`): three turns let a one-text request
 # beside beam-4 batches of 16-text requests finish in about three of their steps (p50 2.1x idle, max 6.8-7.8x over
 # three rounds, against 4.3-4.7x and 9.7-13x with one turn; benchmarks/mixed_load.py --scenario queued-beams).
 OWED_TURNS = 3
-
-
-@dataclass(frozen=True)
-class BatchLimits:
-    """What may run at once: texts, and tokens x beams (None: no budget); how long a waiting request may be
-    passed by later ones that fit before it; `reserve`: places past `max_texts` kept for requests with nothing
-    running (None: an eighth of `max_texts`, at least 1)."""
-
-    max_texts: int
-    max_cost: int | None = None
-    max_skip_age: float = 2.0
-    reserve: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_texts < 1:
-            raise ValueError(f"max_texts must be at least 1, got {self.max_texts}")
-
-    @property
-    def reserved(self) -> int:
-        return max(1, self.max_texts // 8) if self.reserve is None else self.reserve
 
 
 @dataclass(eq=False)
@@ -118,16 +100,16 @@ class Scheduler:
         self, request: Request, text: int, texts: int | None = None, cost: int | None = None, reserve: bool = False
     ) -> bool:
         """Whether `request`'s `text` fits beside `texts` texts of `cost` running (default: those running now), in
-        the `reserve` places past `max_texts` too if it may take one. A text alone always fits: the budgets bound a
+        the `reserve` places past `batch_size` too if it may take one. A text alone always fits: the budgets bound a
         batch, not what one text may cost (the request limits do)."""
         texts = self.texts if texts is None else texts
         cost = self.cost if cost is None else cost
         if texts == 0:
             return True
-        places = self.limits.max_texts + (self.limits.reserved if reserve else 0)
+        places = self.limits.batch_size + (self.limits.reserved if reserve else 0)
         if texts + 1 > places:
             return False
-        budget = self.limits.max_cost
+        budget = self.limits.max_batch_cost
         return budget is None or cost + request.costs[text] <= budget
 
     def schedule(self, now: float, commit: bool = True) -> Decision:

@@ -177,36 +177,30 @@ class CacheSlots:
         cap_rows, cap_sentences, cap_width, cap_positions = new
         released: list[np.ndarray] = []
         if (cap_rows, cap_positions) != (now[0], now[3]):
-            keep_positions = min(cap_positions, now[3])
-            kv = [
-                self._copied(a, (cap_rows, a.shape[1], cap_positions, a.shape[3]), self.rows, keep_positions)
-                for a in self.kv
-            ]
             released += self.kv
-            self.kv = kv
+            self.kv = self._copied(self.kv, cap_rows, cap_positions, self.rows, min(cap_positions, now[3]))
         if cap_rows != now[0]:
             self.lengths = _resized(self.lengths, cap_rows, self.rows)
             self.limits = _resized(self.limits, cap_rows, self.rows)
         if (cap_sentences, cap_width) != (now[1], now[2]):
             keep_width = min(cap_width, now[2])
-            cross = [
-                self._copied(a, (cap_sentences, a.shape[1], cap_width, a.shape[3]), self.sentences, keep_width)
-                for a in self.cross
-            ]
             released += self.cross
-            self.cross = cross
+            self.cross = self._copied(self.cross, cap_sentences, cap_width, self.sentences, keep_width)
             mask = np.zeros((cap_sentences, cap_width), self.mask.dtype)
             mask[: self.sentences, :keep_width] = self.mask[: self.sentences, :keep_width]
             self.mask = mask
         self._release(released)
 
-    def _copied(self, a: np.ndarray, shape: tuple[int, ...], live: int, keep: int) -> np.ndarray:
-        """A buffer of `shape` holding `a`'s first `live` rows and first `keep` places along axis 2; the rest holds
-        zeros or stale values (never read)."""
-        out = self._buffer(shape, a.dtype)
+    def _copied(self, arrays: list[np.ndarray], rows: int, places: int, live: int, keep: int) -> list[np.ndarray]:
+        """Each of `arrays` (rows, heads, places, head_dim) in a buffer of `rows` rows and `places` places, holding
+        its first `live` rows and first `keep` places; the rest holds zeros or stale values (never read)."""
         index = (slice(0, live), slice(None), slice(0, keep))
-        out[index] = a[index]
-        return out
+        copies = []
+        for a in arrays:
+            out = self._buffer((rows, a.shape[1], places, a.shape[3]), a.dtype)
+            out[index] = a[index]
+            copies.append(out)
+        return copies
 
     def _buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """A buffer of `shape`: in the smallest spare memory that holds it, if that is at most twice its size

@@ -23,9 +23,9 @@ from .capabilities import Capabilities
 from .decoder_only import DecoderOnlyGraphs, Prompts, check_prompt_lengths
 from .graphs import Graphs, OnnxmtGraphs, OptimumGraphs
 from .modeldir import load_manifest
-from .options import DecodeOptions, RuntimeOptions
+from .options import BatchLimits, DecodeOptions, RuntimeOptions, call_options, decode_options
 from .running import RunningBatch, decode, encode_texts, pad_batch
-from .scheduler import BatchLimits, Request, Scheduler
+from .scheduler import Request, Scheduler
 from .search import Hypothesis, Settings, forced_bos_rows, resolve_settings
 from .tokenizer import load_tokenizer
 
@@ -96,8 +96,9 @@ class Translator:
         model_dir: str | Path,
         runtime: RuntimeOptions = RuntimeOptions(),
         decoding: DecodeOptions = DecodeOptions(),
+        batching: BatchLimits = BatchLimits(),
     ) -> None:
-        self.directory = Path(model_dir)  # a hub id: onnxmt.Translator (models.py) resolves it first
+        self.directory = self.model_dir(model_dir)
         sessions: dict[str, Any] = {}  # graphs opened to read an Optimum directory, reused to run it
         # Sizes are checked here; the sha256 of every file (300 MB in fp32: ~0.3 s) is computed on a thread while
         # ONNX Runtime builds the sessions, and a mismatch is raised before this constructor returns.
@@ -130,10 +131,16 @@ class Translator:
                 hashes.result()
         self.runtime = runtime
         self.decoding = decoding
+        self.batching = batching
         self.capabilities = Capabilities.of(self.manifest)
         self.chat: Prompts | None = None  # a decoder-only model's prompts: its chat template around the request
         if self.graphs.decoder_only:
             self.chat = Prompts(self.directory, self.manifest, self.tokenizer)
+
+    @staticmethod
+    def model_dir(given: str | Path) -> Path:
+        """The directory `given` names: here a path (onnxmt.Translator, models.py, also takes a hub id)."""
+        return Path(given)
 
     @property
     def target_languages(self) -> list[str]:
@@ -225,13 +232,11 @@ class Translator:
         settings and cost known. What `translate` does first; the service prepares a request once and carries
         the result through its cost check, cache and batcher. Arguments as `translate`'s; `ids`: each text's source
         ids under its prompt where the caller already has them (a document's sentences, counted when it was cut),
-        which are then not tokenized again; `options`: this call's whole decoding options (typed), in place of this
-        translator's with `overrides`. ValueError naming the valid choices for a bad option or language."""
+        which are then not tokenized again; `options`: this call's decoding options (default: this translator's),
+        keyword arguments (any field of DecodeOptions) over them. ValueError naming the valid choices for a bad
+        option or language."""
         _check_texts(texts)
-        if options is not None and overrides:
-            raise TypeError("give the call's options as `options` or as keyword arguments, not both")
-        options = options or self.decoding.merged(**overrides)
-        settings = resolve_settings(self.manifest, options)
+        settings = resolve_settings(self.manifest, decode_options(options or self.decoding, overrides))
         prompts = self._prompts(len(texts), source_lang, target_lang, glossary, context)
         if ids is not None and len(ids) != len(texts):
             raise ValueError(f"ids holds {len(ids)} lists for {len(texts)} texts")
@@ -262,11 +267,16 @@ class Translator:
         context: str | None = None,
         cancel: CancelToken | Sequence[CancelToken] | None = None,
         on_batch: Callable[[int], None] | None = None,
+        options: DecodeOptions | None = None,
+        batching: BatchLimits | None = None,
         **overrides: Any,
     ) -> list[Translation]:
-        """Translate `texts` (a list of strings); keyword arguments (beams, max_new_tokens, batch_size, ...)
-        override this translator's DecodeOptions for this call. Empty texts give empty translations; the order of
-        the input is kept.
+        """Translate `texts` (a list of strings). Empty texts give empty translations; the order of the input is
+        kept.
+
+        `options`, `batching`: this call's decoding options and batch limits (default: this translator's); keyword
+        arguments, any field of DecodeOptions and `batch_size`, `max_batch_cost`, override them for this call
+        (`translate(texts, beams=4)`); TypeError for another name.
 
         `source_lang`, `target_lang`: one code for all texts, or one per text (a batch may mix them; models told
         the source language by a token, as NLLB and M2M100, use it, others check it). None: the model's defaults.
@@ -279,17 +289,33 @@ class Translator:
         `cancel`: one token for all texts, or one per text. Once a text's token is set, the text leaves its decoder
         batch at the next step (or is never started) and comes back with `cancelled=True`. `on_batch(n)` is called
         with the size of each decoder batch as it starts (the service's batch metrics)."""
-        batching = self._batching(overrides)
+        options, batching = self.call_options(overrides, options, batching)
         prepared = self.prepare(
-            texts, source_lang=source_lang, target_lang=target_lang, glossary=glossary, context=context, **overrides
+            texts, source_lang=source_lang, target_lang=target_lang, glossary=glossary, context=context, options=options
         )
-        return self.translate_prepared(prepared, cancel=cancel, on_batch=on_batch, **batching)
+        return self.translate_prepared(prepared, cancel=cancel, on_batch=on_batch, batching=batching)
 
-    def translate_prepared(self, prepared: Sequence[Prepared], **run: Any) -> list[Translation]:
-        """The translations of texts `prepare` made ready, in their order; keyword arguments as `generate`'s
-        (cancel, on_batch, batch_size, max_batch_cost)."""
+    def call_options(
+        self,
+        keywords: Mapping[str, Any],
+        options: DecodeOptions | None = None,
+        batching: BatchLimits | None = None,
+    ) -> tuple[DecodeOptions, BatchLimits]:
+        """A call's decoding options and batch limits: `options` and `batching` (default: this translator's) with
+        the call's keyword arguments (`beams=4`, `batch_size=8`) over them; TypeError for an unknown name."""
+        return call_options(options or self.decoding, batching or self.batching, keywords)
+
+    def translate_prepared(
+        self,
+        prepared: Sequence[Prepared],
+        *,
+        cancel: CancelToken | Sequence[CancelToken | None] | None = None,
+        on_batch: Callable[[int], None] | None = None,
+        batching: BatchLimits | None = None,
+    ) -> list[Translation]:
+        """The translations of texts `prepare` made ready, in their order; arguments as `generate`'s."""
         results: list[Translation | None] = [None] * len(prepared)
-        for event in self.generate(prepared, **run):
+        for event in self.generate(prepared, cancel=cancel, on_batch=on_batch, batching=batching):
             if event.translation is not None:
                 results[event.index] = event.translation
         return [r for r in results if r is not None]
@@ -300,11 +326,13 @@ class Translator:
         *,
         source_lang: str | Sequence[str | None] | None = None,
         target_lang: str | Sequence[str | None] | None = None,
+        options: DecodeOptions | None = None,
         **overrides: Any,
     ) -> int:
         """What translating `texts` may cost, in tokens x beams: the sum over texts of (source tokens + most new
-        tokens) x beams. Decoder memory grows with it (the attention caches); the service budgets by it."""
-        prepared = self.prepare(texts, source_lang=source_lang, target_lang=target_lang, **overrides)
+        tokens) x beams. Decoder memory grows with it (the attention caches); the service budgets by it. Options
+        as `prepare`'s."""
+        prepared = self.prepare(texts, source_lang=source_lang, target_lang=target_lang, options=options, **overrides)
         return sum(p.cost for p in prepared)
 
     def _prompts(
@@ -330,13 +358,17 @@ class Translator:
         *,
         source_lang: str | None = None,
         target_lang: str | None = None,
+        options: DecodeOptions | None = None,
+        batching: BatchLimits | None = None,
         **overrides: Any,
     ) -> Iterator[Translation]:
-        """Streaming variant: reads `texts` lazily, yields translations in input order."""
-        window = self._batching(overrides)["batch_size"] * STREAM_WINDOW_BATCHES
+        """Streaming variant: reads `texts` lazily, yields translations in input order. Options as `translate`'s."""
+        options, batching = self.call_options(overrides, options, batching)
         iterator = iter(texts)
-        while chunk := list(islice(iterator, window)):
-            yield from self.translate(chunk, source_lang=source_lang, target_lang=target_lang, **overrides)
+        while chunk := list(islice(iterator, batching.batch_size * STREAM_WINDOW_BATCHES)):
+            yield from self.translate(
+                chunk, source_lang=source_lang, target_lang=target_lang, options=options, batching=batching
+            )
 
     def generate(
         self,
@@ -344,15 +376,14 @@ class Translator:
         *,
         cancel: CancelToken | Sequence[CancelToken | None] | None = None,
         on_batch: Callable[[int], None] | None = None,
-        batch_size: int | None = None,
-        max_batch_cost: int | None = None,
+        batching: BatchLimits | None = None,
         in_order: bool = False,
     ) -> Generator[Event, None, None]:
         """The decoding of prepared texts, step by step: an `Event` with each new token of a text (greedy search;
         beam search knows its best hypothesis only at the end) and one with its `Translation` when it is done.
-        Texts run in decoder batches of at most `batch_size` texts and `max_batch_cost` tokens x beams (default:
-        this translator's DecodeOptions), sorted by length so that padding stays small, or, `in_order`, of
-        consecutive texts with the first alone, so that the first text comes soonest (streams). A decoder-only
+        Texts run in decoder batches within `batching` (default: this translator's), sorted by length so that
+        padding stays small, or, `in_order`, of consecutive texts with the first alone, so that the first text
+        comes soonest (streams). A decoder-only
         model's texts run in running batches that the scheduler fills (its rows start at their prompts' lengths).
         Encoder-decoders keep sorted fixed batches offline: one running batch refilled as texts finish measured
         0.82-1.04x their speed (docs/benchmarks.md). Closing the iterator stops the batch running at its next
@@ -364,11 +395,11 @@ class Translator:
                 yield Event(i, None, Translation(text="", token_ids=[], score=0.0))
             else:
                 todo.append(i)
-        batching = self._batching({"batch_size": batch_size, "max_batch_cost": max_batch_cost})
+        batching = batching or self.batching
         if self.graphs.decoder_only:
-            yield from self._running(prepared, todo, tokens, **batching)
+            yield from self._running(prepared, todo, tokens, batching)
             return
-        for batch in _batches(prepared, todo, in_order=in_order, **batching):
+        for batch in _batches(prepared, todo, batching, in_order=in_order):
             # Texts cancelled before their batch starts are never encoded.
             for i in [i for i in batch if _is_cancelled(tokens[i])]:
                 yield Event(i, None, Translation(text="", token_ids=[], score=0.0, cancelled=True))
@@ -383,15 +414,14 @@ class Translator:
         prepared: Sequence[Prepared],
         todo: list[int],
         tokens: list[CancelToken | None],
-        batch_size: int,
-        max_batch_cost: int | None,
+        batching: BatchLimits,
     ) -> Iterator[Event]:
         """`generate`'s events from running batches (one per beam width) that the scheduler fills: the texts by
         length, each joining as soon as a place is free within the limits; encoded a batch ahead, in one call."""
         order = sorted(todo, key=lambda i: len(prepared[i].ids))
         position = {i: text for text, i in enumerate(order)}  # each text's place in the scheduler's request
         request = Request([prepared[i].cost for i in order], 0.0, preemptible=False)
-        scheduler = Scheduler(BatchLimits(batch_size, max_batch_cost))
+        scheduler = Scheduler(batching)
         scheduler.add(request)
         batches: dict[int, RunningBatch] = {}
         caches: dict[int, Cache] = {}
@@ -406,7 +436,7 @@ class Translator:
                 else:
                     admitted.append(i)
             if any(i not in caches for i in admitted):  # with the next texts, up to a batch: one encoder call
-                ahead = [order[t] for t in itertools.islice(request.waiting, batch_size)]
+                ahead = [order[t] for t in itertools.islice(request.waiting, batching.batch_size)]
                 group = [i for i in dict.fromkeys(admitted + ahead) if i not in caches]
                 caches.update(zip(group, encode_texts(self.graphs, pad, [prepared[i].ids for i in group]), strict=True))
             for settings, group in _by_settings(prepared, admitted).items():
@@ -432,15 +462,6 @@ class Translator:
             for key, hyps in step.finished:
                 scheduler.finished(request, position[cast(int, key)])
                 yield Event(cast(int, key), None, self.translation(hyps))
-
-    def _batching(self, overrides: dict[str, Any]) -> dict[str, Any]:
-        """The decoder batches' limits for a call: its overrides, else this translator's DecodeOptions."""
-        options = self.decoding.merged(
-            batch_size=overrides.get("batch_size"), max_batch_cost=overrides.get("max_batch_cost")
-        )
-        if options.batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {options.batch_size}")
-        return {"batch_size": options.batch_size, "max_batch_cost": options.max_batch_cost}
 
     def _decode_batch(
         self, batch: list[Prepared], indices: list[int], tokens: list[CancelToken | None]
@@ -505,11 +526,10 @@ def text_cost(source_tokens: int, settings: Settings) -> int:
 
 
 def _batches(
-    prepared: Sequence[Prepared], todo: list[int], *, batch_size: int, max_batch_cost: int | None, in_order: bool
+    prepared: Sequence[Prepared], todo: list[int], batching: BatchLimits, *, in_order: bool
 ) -> Iterator[list[int]]:
-    """The texts `todo` cut into decoder batches of one setting, at most `batch_size` texts and `max_batch_cost`
-    tokens x beams (a text above the budget alone gets a batch of its own): sorted by length, or `in_order` (the
-    first text alone)."""
+    """The texts `todo` cut into decoder batches of one setting within `batching` (a text above its cost budget
+    alone gets a batch of its own): sorted by length, or `in_order` (the first text alone)."""
     if not in_order:
         # Sorting by length keeps padding, and so wasted work, small; texts of one setting together.
         rank = {s: r for r, s in enumerate(dict.fromkeys(prepared[i].settings for i in todo))}
@@ -518,8 +538,8 @@ def _batches(
     total = 0
     for i in todo:
         cost = prepared[i].cost
-        full = len(batch) == batch_size or (in_order and len(batch) == 1 and batch[0] == todo[0])
-        over = max_batch_cost is not None and total + cost > max_batch_cost
+        full = len(batch) == batching.batch_size or (in_order and len(batch) == 1 and batch[0] == todo[0])
+        over = batching.max_batch_cost is not None and total + cost > batching.max_batch_cost
         if batch and (full or over or prepared[batch[0]].settings != prepared[i].settings):
             yield batch
             batch, total = [], 0

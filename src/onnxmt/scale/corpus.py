@@ -24,7 +24,7 @@ from ..architectures import TEXT_UNITS
 from ..documents.translate import translate_lines
 from ..extras import missing_extra
 from ..options import check, option
-from ..runtime.options import DecodeOptions, RuntimeOptions
+from ..runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -57,6 +57,7 @@ class CorpusJob:
     output: Path
     model_dir: Path
     decoding: DecodeOptions = DecodeOptions()
+    batching: BatchLimits = BatchLimits()
     field: str = option("text", help="JSONL field or Parquet column to translate.")
     output_field: str = option("translation", help="JSONL field or Parquet column for the translation.")
     workers: int = option(1, help="Ray actors, each with one Translator.", min=1)
@@ -196,13 +197,16 @@ class TranslateBatch:
         model_dir: str,
         runtime: dict[str, Any],
         decoding: dict[str, Any],
-        languages: dict[str, str | None],
+        batching: dict[str, Any],
+        languages: dict[str, Any],
         column: str,
         output_column: str,
     ) -> None:
         from ..runtime.translator import Translator
 
-        self.translator = Translator(model_dir, RuntimeOptions(**runtime), DecodeOptions(**decoding))
+        self.translator = Translator(
+            model_dir, RuntimeOptions(**runtime), DecodeOptions(**decoding), BatchLimits(**batching)
+        )
         self.languages = languages
         self.column, self.output_column = column, output_column
 
@@ -224,6 +228,7 @@ def translate_dataset(
     workers: int = 1,
     runtime: RuntimeOptions = RuntimeOptions(),
     decoding: DecodeOptions = DecodeOptions(),
+    batching: BatchLimits = BatchLimits(),
     source_lang: str | None = None,
     target_lang: str | None = None,
     unit: str | None = None,
@@ -241,11 +246,12 @@ def translate_dataset(
             "model_dir": str(Path(model_dir).resolve()),
             "runtime": asdict(replace(runtime, threads=threads)),
             "decoding": asdict(decoding),
+            "batching": asdict(batching),
             "languages": {"source_lang": source_lang, "target_lang": target_lang, "unit": unit},
             "column": column,
             "output_column": output_column,
         },
-        batch_size=rows_per_call or decoding.batch_size * 8,  # whole sorted decoder batches per call
+        batch_size=rows_per_call or batching.batch_size * 8,  # whole sorted decoder batches per call
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=workers),
         num_cpus=threads,
@@ -338,6 +344,7 @@ def _translate_blocks(
             workers=job.workers,
             runtime=runtime,
             decoding=job.decoding,
+            batching=job.batching,
             source_lang=job.source_lang,
             target_lang=job.target_lang,
             unit=job.unit,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.cancel import CancelToken
+from ..runtime.options import BatchLimits
 from ..runtime.search import Settings
 from ..runtime.translator import Prepared, Translation
 
@@ -72,12 +73,14 @@ class BatchStats:
 
 class Batcher:
     """What every batcher does for its request handlers: a bounded queue, `translate()` with its timeout, its
-    client's disconnection and its cancellation, and `start`/`stop`. Subclasses decide what runs when."""
+    client's disconnection and its cancellation, and `start`/`stop`. Subclasses decide what runs when, within
+    `limits`."""
 
     def __init__(
         self,
         executor: Executor,
         *,
+        limits: BatchLimits,
         max_queue: int,
         on_queue: Callable[[int], None],
         on_idle: Callable[[], object] | None = None,
@@ -85,6 +88,7 @@ class Batcher:
         """`on_idle`: run on the executor once the batcher has had no request for IDLE_SECONDS (the service gives
         back the memory its requests let go: runtime.sessions.release_memory)."""
         self._executor = executor
+        self.limits = limits
         self.max_queue = max_queue
         self._on_queue = on_queue
         self._on_idle = on_idle
@@ -182,19 +186,16 @@ class MicroBatcher(Batcher):
         translate: TranslateFn,
         executor: Executor,
         *,
-        max_batch_size: int,
+        limits: BatchLimits,
         window: float,
         max_queue: int,
-        max_batch_cost: int | None = None,
         on_queue: Callable[[int], None] = lambda depth: None,
         on_batch: Callable[[BatchStats], None] = lambda stats: None,
         on_idle: Callable[[], object] | None = None,
     ) -> None:
-        super().__init__(executor, max_queue=max_queue, on_queue=on_queue, on_idle=on_idle)
+        super().__init__(executor, limits=limits, max_queue=max_queue, on_queue=on_queue, on_idle=on_idle)
         self._translate = translate
-        self.max_batch_size = max_batch_size
         self.window = window
-        self.max_batch_cost = max_batch_cost
         self._on_batch = on_batch
         self._pending: deque[_Job] = deque()
         self._running: list[_Job] = []
@@ -238,7 +239,7 @@ class MicroBatcher(Batcher):
         """Wait until `head` is `window` old or a full batch of its settings is queued; False if `head` left."""
         loop = asyncio.get_running_loop()
         deadline = head.arrived + self.window
-        while self._queued_texts(head.settings) < self.max_batch_size and loop.time() < deadline:
+        while self._queued_texts(head.settings) < self.limits.batch_size and loop.time() < deadline:
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), deadline - loop.time())
@@ -256,7 +257,7 @@ class MicroBatcher(Batcher):
         least one request, however many texts it has: the translator splits it into decoder batches)."""
         taken: list[_Job] = []
         count = cost = 0
-        budget = self.max_batch_cost
+        budget = self.limits.max_batch_cost
         for job in list(self._pending):
             if job.future.done() or job.token.cancelled:
                 # Its request has left and will remove it after its own clean-up; remove it now, or a batch loop
@@ -265,7 +266,7 @@ class MicroBatcher(Batcher):
                 continue
             if job.settings != settings:
                 continue
-            if taken and count + len(job.texts) > self.max_batch_size:
+            if taken and count + len(job.texts) > self.limits.batch_size:
                 break
             if taken and budget is not None and cost + job.cost > budget:
                 break

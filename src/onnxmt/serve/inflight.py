@@ -5,7 +5,7 @@ The event loop only moves requests in and results out: a request's texts become 
 `Scheduler.schedule` says which texts join and which give their place back, the inference thread carries that out
 and takes steps (the scheduler says which beam width's batch steps next), and the finished texts are counted out
 and answered. Texts waiting for a place are encoded meanwhile on an encoder thread of their own (at most
-`max_texts` ahead of their admission), so that they join with their caches ready and the encoder's work overlaps
+`batch_size` ahead of their admission), so that they join with their caches ready and the encoder's work overlaps
 the decoder's. A text's translation is the same as alone (exact in fp32 and per-row int8), preempted or not.
 """
 
@@ -27,8 +27,9 @@ import numpy as np
 from ..runtime.cache import Cache
 from ..runtime.cancel import CancelToken
 from ..runtime.decoder_only import DecoderOnlyGraphs
+from ..runtime.options import BatchLimits
 from ..runtime.running import RunningBatch, encode_texts, prefixes
-from ..runtime.scheduler import BatchLimits, Request, Scheduler
+from ..runtime.scheduler import Request, Scheduler
 from ..runtime.search import Hypothesis
 from ..runtime.translator import Translation, Translator
 from .batcher import Batcher, _Job
@@ -161,9 +162,8 @@ class InflightBatcher(Batcher):
         on_step: Callable[[StepStats], None] = lambda stats: None,
         on_idle: Callable[[], object] | None = None,
     ) -> None:
-        super().__init__(executor, max_queue=max_queue, on_queue=on_queue, on_idle=on_idle)
+        super().__init__(executor, limits=limits, max_queue=max_queue, on_queue=on_queue, on_idle=on_idle)
         self.translator = translator
-        self.limits = limits
         self.scheduler = Scheduler(limits)
         self._on_step = on_step
         self._entries: dict[int, _Entry] = {}  # id(job) -> its entry, while it waits or runs
@@ -179,14 +179,6 @@ class InflightBatcher(Batcher):
         self._interrupt = False  # set on the event loop: the scheduler has a change to make, or texts are encoded
         self._deferred: list[_Join] = []  # texts admitted whose encoder call had not ended when the round started
         self._stopping = False
-
-    @property
-    def max_batch_size(self) -> int:
-        return self.limits.max_texts
-
-    @property
-    def max_batch_cost(self) -> int | None:
-        return self.limits.max_cost
 
     @property
     def depth(self) -> int:
@@ -318,7 +310,7 @@ class InflightBatcher(Batcher):
 
     def _encode(self, admitted: list[tuple[_Entry, int]], ahead: bool = True) -> None:
         """On the event loop: texts encoded on the encoder thread, while the running batches step. The `admitted`
-        texts not encoded yet are sent at once, with the next waiting texts (up to `max_texts` encoded ahead).
+        texts not encoded yet are sent at once, with the next waiting texts (up to `batch_size` encoded ahead).
         Waiting texts alone are sent when the encoder is idle and they fill the room ahead, if that is at least half
         a call. Not `ahead`: the `admitted` texts alone. Small calls cost
         the encoder, and one call for many requests keeps its batching (one by one, under load, it would run once
@@ -329,14 +321,14 @@ class InflightBatcher(Batcher):
         if self._stopping or (not needed and busy):
             return
         held = sum(len(e.caches) + len(e.encoding) for e in self._entries.values())  # encoded ahead, or being
-        room = max(self.limits.max_texts - held, 0) if ahead else 0
+        room = max(self.limits.batch_size - held, 0) if ahead else 0
         upcoming: list[tuple[_Entry, int]] = []
         for entry, text in self._waiting():
             if len(upcoming) >= room:
                 break
             if text not in entry.caches and text not in entry.encoding and (entry, text) not in needed:
                 upcoming.append((entry, text))
-        if not needed and (not upcoming or len(upcoming) < room or 2 * len(upcoming) < self.limits.max_texts):
+        if not needed and (not upcoming or len(upcoming) < room or 2 * len(upcoming) < self.limits.batch_size):
             return  # waiting texts alone are pooled until they fill the room ahead, if that is half a call
         texts = needed + upcoming
         # Texts of one-text requests pooled in calls of up to a batch (the encoder's batching is throughput); those
@@ -348,7 +340,7 @@ class InflightBatcher(Batcher):
         # of texts, is the work, and each prompt's call is ranked by what it has left (`_Call.priority`).
         prefill = self.translator.graphs.decoder_only
         for group, size in (
-            (pooled, 1 if prefill else self.limits.max_texts),
+            (pooled, 1 if prefill else self.limits.batch_size),
             (big, 1 if prefill else BIG_REQUEST_CALL),
         ):
             for start in range(0, len(group), size):
@@ -356,7 +348,7 @@ class InflightBatcher(Batcher):
 
     def _submit(self, texts: list[tuple[_Entry, int]]) -> None:
         """One encoder call for `texts`, queued for the encoder thread (`_run_call`); texts of one-text requests
-        join a queued call of such texts that has not started, if it has room (up to `max_texts`)."""
+        join a queued call of such texts that has not started, if it has room (up to `batch_size`)."""
         loop = asyncio.get_running_loop()
         if not self.translator.graphs.decoder_only and all(len(e.request.costs) == 1 for e, _ in texts):
             with self._calls_lock:  # the encoder thread takes a call out of the queue before it starts it
@@ -364,7 +356,7 @@ class InflightBatcher(Batcher):
                     c
                     for c in self._calls
                     if c.work is None
-                    and len(c.texts) + len(texts) <= self.limits.max_texts
+                    and len(c.texts) + len(texts) <= self.limits.batch_size
                     and all(len(e.request.costs) == 1 for e, _ in c.texts)
                 )
                 call = next(pooled, None)

@@ -17,8 +17,7 @@ from ..models import is_model_dir, model_dirs_in
 from ..runtime.cancel import CancelToken
 from ..runtime.capabilities import Capabilities
 from ..runtime.modeldir import check_model_dir, load_manifest
-from ..runtime.options import DecodeOptions, RuntimeOptions
-from ..runtime.scheduler import BatchLimits
+from ..runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
 from ..runtime.sessions import release_memory
 from ..runtime.translator import Prepared, Translation, Translator
 from .batcher import Batcher, MicroBatcher
@@ -39,6 +38,7 @@ class Loader:
     options: ServeOptions
     runtime: RuntimeOptions
     decoding: DecodeOptions
+    batching: BatchLimits
     executor: ThreadPoolExecutor
     metrics: Metrics
 
@@ -55,7 +55,7 @@ class Loader:
 
     def translator(self, directory: Path) -> Translator:
         """A model opened at once, its checks with it (the only model of a service)."""
-        return Translator(directory, self.runtime_for(directory), self.decoding)
+        return Translator(directory, self.runtime_for(directory), self.decoding, self.batching)
 
     def check(self, entry: ModelEntry) -> None:
         """Runs on a thread of its own before a load: the directory's checks, its files' sha256 included, which
@@ -65,7 +65,7 @@ class Loader:
     def load(self, entry: ModelEntry) -> Translator:
         """Runs on the inference thread, after `check`."""
         runtime = replace(self.runtime_for(entry.directory, entry.manifest), verify=False)
-        return Translator(entry.directory, runtime, self.decoding)
+        return Translator(entry.directory, runtime, self.decoding, self.batching)
 
     def manifest_options(self) -> RuntimeOptions:
         """What a manifest is read with: an Optimum directory's graphs are opened to read it, on one thread."""
@@ -94,10 +94,10 @@ class Loader:
         o = self.options
         on_queue = self.metrics.queue_depth.labels(entry.name).set
         on_idle = partial(release_memory, entry.translator.directory)
+        limits = BatchLimits(
+            o.max_batch_size, cost_limits(entry.manifest, o).batch, o.max_skip_ms / 1000, o.reserved_texts
+        )
         if entry.translator.capabilities.in_flight:
-            limits = BatchLimits(
-                o.max_batch_size, cost_limits(entry.manifest, o).batch, o.max_skip_ms / 1000, o.reserved_texts
-            )
             return InflightBatcher(
                 entry.translator,
                 self.executor,
@@ -115,10 +115,9 @@ class Loader:
         return MicroBatcher(
             partial(_translate, entry),
             self.executor,
-            max_batch_size=o.max_batch_size,
+            limits=limits,
             window=o.batch_window_ms / 1000,
             max_queue=o.max_queue,
-            max_batch_cost=cost_limits(entry.manifest, o).batch,
             on_queue=on_queue,
             on_batch=partial(self.metrics.observe_batch, entry.name),
             on_idle=on_idle,

@@ -20,18 +20,15 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.config import LOGGING_CONFIG
 
-from ..runtime.options import DecodeOptions, RuntimeOptions
-from .app import create_app
 from .connections import KEEP_ALIVE_GRACE, guarded_protocol
 from .guards import HttpMiddleware, with_header
-from .options import ServeOptions
 from .service import Service
 
 FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,39}")
@@ -88,15 +85,10 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def run(
-    model_dirs: str | Path | Sequence[str | Path],
-    options: ServeOptions,
-    runtime: RuntimeOptions = RuntimeOptions(),
-    decoding: DecodeOptions = DecodeOptions(),
-) -> None:
-    """Serve until SIGTERM or Ctrl+C; ServeError if the models cannot be opened."""
-    app = create_app(model_dirs, options, runtime, decoding)
+def run(app: FastAPI) -> None:
+    """Serve `app` (`create_app`'s) until SIGTERM or Ctrl+C; ServeError if the models cannot be opened."""
     service: Service = app.state.service
+    options = service.options
     config = uvicorn.Config(
         _CloseWhenDraining(app, service),
         host=options.host,

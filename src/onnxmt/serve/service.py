@@ -19,6 +19,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 from ..architectures import text_unit
 from ..documents.translate import Counting, counting
 from ..manifest import Manifest
-from ..runtime.options import DecodeOptions, RuntimeOptions
+from ..runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
 from ..runtime.search import names_no_length
 from ..runtime.translator import Prepared, Translation, Translator, resolve_settings, text_cost
 from . import units
@@ -62,10 +63,9 @@ class Service:
         self.model_dirs = [Path(d) for d in given]
         self.options = options
         self.runtime = runtime
+        self.decoding = decoding
         # Decoder batches are the service's to size, whatever the library default.
-        self.decoding = decoding.merged(
-            batch_size=options.max_batch_size, max_batch_cost=options.max_batch_cost or None
-        )
+        self.batching = BatchLimits(options.max_batch_size, options.max_batch_cost or None)
         self.metrics = Metrics()
         self.cache = TranslationCache(options.cache_size, int(options.cache_mb * 2**20))
         self.limits = options.document_limits()
@@ -76,7 +76,7 @@ class Service:
         # would only compete for the same cores. Loads run there too, between batches. (Its thread starts with
         # the first load.)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxmt-inference")
-        self.loader = Loader(options, runtime, self.decoding, self._executor, self.metrics)
+        self.loader = Loader(options, runtime, decoding, self.batching, self._executor, self.metrics)
         self.pool: ModelPool | None = None
         self.catalog: Catalog | None = None
         self.detector: Detector | None = None
@@ -380,16 +380,13 @@ class Service:
 
     def _decoding(self, translator: Translator, request: TranslateRequest, alternatives: int) -> DecodeOptions:
         """The request's decoding settings over the service's."""
-        beams = request.beams
+        beams = request.beams or self.decoding.beams
         returned = alternatives + 1
         if alternatives:
             # LibreTranslate's alternatives are the runner-up beams: widen the beam when it is too narrow.
-            default_beams = self.decoding.beams or translator.manifest.generation.get("num_beams") or 1
-            beams = max(beams or default_beams, returned)
-        max_new = request.max_new_tokens
-        if max_new is None:
-            max_new = self._fallback_length(translator.manifest)
-        return self.decoding.merged(beams=beams, max_new_tokens=max_new, num_return_sequences=returned)
+            beams = max(beams or translator.manifest.generation.get("num_beams") or 1, returned)
+        max_new = request.max_new_tokens or self._fallback_length(translator.manifest) or self.decoding.max_new_tokens
+        return replace(self.decoding, beams=beams, max_new_tokens=max_new, num_return_sequences=returned)
 
     def _fallback_length(self, manifest: Manifest) -> int | None:
         """--fallback-max-new-tokens (at most the model's positions) for a model whose configs name no length,
