@@ -68,7 +68,7 @@ def test_plain_text_has_one_rule_through_every_surface(tiny_onnx_dir: Path, tmp_
         assert result.exit_code == 0, result.output
     assert piped.stdout == from_file.stdout == "\n".join(expected) + "\n"
     assert (tmp_path / "out.txt").read_text(encoding="utf-8") == "\n".join(expected) + "\n"
-    actor = TranslateBatch(str(tiny_onnx_dir), {}, {"max_new_tokens": 5}, {}, column="text", output_column="out")
+    actor = TranslateBatch(str(tiny_onnx_dir), {}, {"max_new_tokens": 5}, {}, {}, column="text", output_column="out")
     batch = actor({"text": lines})
     assert list(batch["out"]) == expected
     with TestClient(create_app(tiny_onnx_dir, ServeOptions(), decoding=DecodeOptions(max_new_tokens=5))) as client:

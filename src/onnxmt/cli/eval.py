@@ -82,7 +82,7 @@ def _table(result: Any, width: int) -> Table:
     """Models as rows when they fit the terminal's width, else as columns (a metric per row)."""
     from ..eval import COLUMNS
 
-    header = [c.replace("batch N", f"batch {result.options.decoding.batch_size}") for c in COLUMNS]
+    header = [c.replace("batch N", f"batch {result.options.batching.batch_size}") for c in COLUMNS]
     rows = [row.cells() for row in result.rows]
     if not any(row.batch_invariance for row in result.rows):
         header, rows = header[:-1], [cells[:-1] for cells in rows]
