@@ -61,7 +61,7 @@ def test_the_serve_deployment_builds_a_decoder_only_translator(hy_mt_onnx_dir: P
 
 def test_the_corpus_batch_function_gives_each_line_whole(hy_mt_onnx_dir: Path) -> None:
     batch = TranslateBatch(
-        str(hy_mt_onnx_dir), {"threads": 1}, {"max_new_tokens": 6}, PAIR, column="text", output_column="out"
+        str(hy_mt_onnx_dir), {"threads": 1}, {"max_new_tokens": 6}, {}, PAIR, column="text", output_column="out"
     )
     assert list(batch({"text": TEXTS})["out"]) == _library(hy_mt_onnx_dir, TEXTS)
     assert isinstance(batch.translator.decoding, DecodeOptions)

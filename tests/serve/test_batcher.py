@@ -219,7 +219,7 @@ def test_batcher_runs_on_idle_once_each_time_it_has_been_idle(monkeypatch: pytes
             batcher = MicroBatcher(
                 lambda prepared, tokens, on_batch: _echo(prepared),
                 executor,
-                max_batch_size=4,
+                limits=BatchLimits(4),
                 window=0,
                 max_queue=10,
                 on_idle=lambda: idle.append(threading.current_thread().name),
