@@ -7,8 +7,8 @@ finished hypotheses kept per sentence, the same early-stopping heuristic). Score
 
 Two drivers step these rules (runtime/running.py): a running batch whose rows join and leave at every step (in
 flight), and a static padded batch (graphs that take one cache length for all rows). Neither holds a rule of its
-own: a driver runs the decoder for the rows' `inputs()`, hands the logits to `greedy_step` or `beam_step`, and
-moves its cache as the returned `Advance`s say. Nothing here calls a model or assumes an encoder: a row's history
+own: a driver runs the decoder for the rows' `inputs()`, hands the logits to `search_step`, and moves its cache
+as the returned `Advance`s say. Nothing here calls a model or assumes an encoder: a row's history
 starts with whatever the prompt put in it.
 """
 
