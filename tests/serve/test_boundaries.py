@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 
 from onnxmt import Translator
 from onnxmt.cli import app as cli
-from onnxmt.documents.limits import DocumentLimits, DocumentTooLarge
+from onnxmt.documents.limits import DEFAULT_LIMITS, DocumentLimits, DocumentTooLarge
 from onnxmt.documents.translate import counting, plan_texts
 from onnxmt.runtime.options import BatchLimits
 from onnxmt.serve.apis import texts_of
@@ -310,6 +310,17 @@ def test_docx_unpacked_bytes_ratio_and_xml_nodes() -> None:
         with pytest.raises(DocumentTooLarge, match=match.replace("(", r"\(").replace(")", r"\)")):
             prepare_docx(data, replace(exact, **over))
     assert base_docx()  # the document the members come from
+
+
+def test_the_services_document_limits_default_to_the_librarys() -> None:
+    """A document's bounds that the library has too are the service's defaults; a sentence's characters and the
+    tokens are the service's own settings (max_chars, max_document_cost)."""
+    options = ServeOptions()
+    expected = replace(DEFAULT_LIMITS, max_sentence_chars=options.max_chars, max_tokens=options.max_document_cost)
+    assert options.document_limits() == expected
+    assert ServeOptions(max_document_texts=7, max_document_unpacked_mb=0.5).document_limits() == replace(
+        expected, max_texts=7, max_unpacked_bytes=2**19
+    )
 
 
 # --- the queue ------------------------------------------------------------------------------------------------------

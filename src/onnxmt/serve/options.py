@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..architectures import TEXT_UNITS
-from ..documents.limits import DocumentLimits
+from ..documents.limits import DEFAULT_LIMITS, DocumentLimits
 from ..options import check, option
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
@@ -149,20 +149,29 @@ class ServeOptions:
         64.0, help="Most megabytes the translation cache takes; least recently used dropped first (0: no limit).", min=0
     )
     # Documents (/translate_file, format html, /translate/stream; docs/documents.md). A document is translated in
-    # requests under max_request_cost each, its sentences limited to max_chars as texts are.
+    # requests under max_request_cost each, its sentences limited to max_chars as texts are; the bounds the library
+    # has too default to its own (documents/limits.py).
     max_document_cost: int = option(
         1 << 22, help="Most tokens x beams one document (file, html, stream) may cost in all; more get 413.", min=1
     )
-    max_document_sentences: int = option(50_000, help="Most sentences per document; more get 413.", min=1)
-    max_document_texts: int = option(
-        50_000, help="Most blocks of text (paragraphs, cues, cells) per document; more get 413.", min=1
+    max_document_sentences: int = option(
+        DEFAULT_LIMITS.max_sentences, help="Most sentences per document; more get 413.", min=1
     )
-    max_document_unpacked_mb: float = option(64.0, help="Most megabytes a .docx may expand to; more get 413.", above=0)
+    max_document_texts: int = option(
+        DEFAULT_LIMITS.max_texts,
+        help="Most blocks of text (paragraphs, cues, cells) per document; more get 413.",
+        min=1,
+    )
+    max_document_unpacked_mb: float = option(
+        DEFAULT_LIMITS.max_unpacked_bytes / 2**20, help="Most megabytes a .docx may expand to; more get 413.", above=0
+    )
     max_document_ratio: float = option(  # DocumentLimits checks it (at least 1)
-        200.0, help="Most a .docx's zip member may expand (uncompressed / compressed); more get 413."
+        DEFAULT_LIMITS.max_ratio, help="Most a .docx's zip member may expand (uncompressed / compressed); more get 413."
     )
     max_document_xml_elements: int = option(
-        500_000, help="Most XML nodes (elements, attributes, comments) in a .docx; more get 413.", min=1
+        DEFAULT_LIMITS.max_xml_elements,
+        help="Most XML nodes (elements, attributes, comments) in a .docx; more get 413.",
+        min=1,
     )
     # Each step of a document in a worker runs within `timeout`.
     document_workers: int = option(1, help="Processes that read and write documents, each one at a time.", min=1)
