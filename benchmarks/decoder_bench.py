@@ -4,12 +4,14 @@ decoder-only model with the real architecture (HY-MT1.5-1.8B, Qwen3-1.7B, Transl
     python benchmarks/bench.py decoder --model hy-mt1.5-1.8b --rounds 3 --llama-cpp LLAMA_CPP_DIR
     python benchmarks/bench.py decoder --model qwen3-1.7b --layers 4 --rounds 1   # a smoke run
     python benchmarks/bench.py decoder --model translategemma-4b --rounds 0       # build only
+    python benchmarks/bench.py decoder --model qwen3-1.7b --merge R1/qwen3-1.7b.json R2/qwen3-1.7b.json --out OUT
 
 Every row runs in a fresh process (decoder_worker.py) per round, rounds interleaved (A B C, A B C, ...); each
-figure is the median of the rounds'. The served column starts `onnxmt serve` or `llama-server --parallel 8` and
+figure is the median of the rounds'; `--merge` pools the rounds of several such runs (one round each keeps every
+measuring run short on a shared machine). The served column starts `onnxmt serve` or `llama-server --parallel 8` and
 sends the same prompts from 8 concurrent clients (decoder_serve.py). The floor: the bytes a batch-1 step reads
 (the weights of the row's bit width, from onnxmt's graphs: every layer and the head; the embedding is a gather of
-one row) over the memory bandwidth measured in the same run (machine.bandwidth). See benchmarks/README.md.
+one row) over the memory bandwidth measured in the same run (floor.py, machine.bandwidth). See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import decoder_models as dm
+import floor
 import machine
 import models
 import worker
@@ -110,6 +113,66 @@ def merge_rounds(entries: list[dict[str, Any]]) -> dict[str, Any]:
     return {**entries[0], "result": merged}
 
 
+def pool_rounds(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from the same row of several runs (`--merge`): their rounds pooled, every figure the median of all
+    of them; the served column's rounds likewise."""
+    failed = [e for e in entries if e["status"] != "ok"]
+    if failed:
+        return failed[0]
+    rounds = [r for e in entries for r in e["result"]["rounds"]]
+    merged = dict(entries[0]["result"])
+    for key in MEDIAN_KEYS:
+        merged[key] = statistics.median(r[key] for r in rounds)
+    merged["prefill_tokens_per_s"] = {
+        k: statistics.median(r["prefill_tokens_per_s"][k] for r in rounds) for k in rounds[0]["prefill_tokens_per_s"]
+    }
+    merged["rounds"] = rounds
+    row = {**entries[0], "result": merged}
+    served = [r for e in entries if "served" in e for r in e["served"]["rounds"]]
+    if served:
+        import decoder_serve
+
+        row["served"] = decoder_serve.merge(served)
+    return row
+
+
+def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from runs of the same model (each a `--rounds N` run of its own, e.g. one round each, so that no
+    single measuring run holds the machine long): rows pooled by name in the first run's order, bandwidth samples
+    and load averages pooled, floors recomputed at the pooled bandwidth, agreement recomputed. A row with fewer
+    rounds than the others says so in its label."""
+    first = results[0]
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for result in results:
+        for entry in result["engines"]:
+            by_name.setdefault(entry["name"], []).append(entry)
+    rows = [pool_rounds(entries) for entries in by_name.values()]
+    most = max(len(r["result"]["rounds"]) for r in rows if r.get("result"))
+    for row in rows:
+        n = len(row["result"]["rounds"]) if row.get("result") else most
+        if n < most:
+            row["label"] += f" ({n} of {most} rounds)"
+    agreement(rows, "transformers" if "transformers" in by_name else "onnxmt-fp32")
+    samples = [s for r in results for s in r["bandwidth"]["samples"]]
+    bw = statistics.median(samples)
+    floors = {k: f for r in reversed(results) for k, f in r["floors"].items()}
+    machine_info = {
+        **first["machine"],
+        "load_average_during": [la for r in results for la in r["machine"]["load_average_during"]],
+        "load_average_end": results[-1]["machine"]["load_average_end"],
+    }
+    return {
+        **first,
+        "settings": {**first["settings"], "rounds": most, "merged_runs": len(results)},
+        "machine": machine_info,
+        "bandwidth": {"bytes_per_s": bw, "samples": samples},
+        "floors": {k: {**f, "floor_ms": f["read_per_step"] / bw * 1000} for k, f in floors.items()},
+        "builds": {k: v for r in results for k, v in r["builds"].items()},
+        "engines": rows,
+        "skipped": {k: v for r in results for k, v in r["skipped"].items() if k not in by_name},
+    }
+
+
 def agreement(rows: list[dict[str, Any]], reference: str) -> None:
     """Each row's greedy tokens against the reference row's (fp32): how many of the 9 outputs (the 100-token
     prompt's and the batch's 8) are equal, and the mean length of their common prefix."""
@@ -131,30 +194,6 @@ def agreement(rows: list[dict[str, Any]], reference: str) -> None:
         }
 
 
-def weight_bytes(directory: Path) -> dict[str, int]:
-    """The bytes of an onnxmt directory's graph weights a batch-1 step reads: every initializer but the
-    embedding's (a gather reads one row of it), split by kind."""
-    import onnx
-
-    manifest = json.loads((directory / "onnxmt.json").read_text(encoding="utf-8"))
-    graph_file = manifest["graphs"]["decoder"]["file"]
-    model = onnx.load(str(directory / graph_file), load_external_data=False)
-    graph = model.graph
-    gathered = {n.input[0] for n in graph.node if n.op_type in ("Gather", "GatherBlockQuantized")}
-    # GatherBlockQuantized's scales are its second input.
-    gathered |= {n.input[2] for n in graph.node if n.op_type == "GatherBlockQuantized" and len(n.input) > 2}
-    read = gathered_bytes = 0
-    for init in graph.initializer:
-        size = next((int(e.value) for e in init.external_data if e.key == "length"), None)
-        if size is None:
-            size = len(init.raw_data) or 4 * len(init.float_data)
-        if init.name in gathered:
-            gathered_bytes += size
-        else:
-            read += size
-    return {"read_per_step": read, "gathered": gathered_bytes}
-
-
 def floors(variants: list[dm.Variant], bandwidth: float) -> dict[str, Any]:
     """ms/token at batch 1 per bit width: onnxmt's graph of that width's step bytes / bandwidth (bytes/s)."""
     out: dict[str, Any] = {}
@@ -164,8 +203,7 @@ def floors(variants: list[dm.Variant], bandwidth: float) -> dict[str, Any]:
         key = str(v.bits)
         if key in out and v.bits == 4 and "b32" not in v.name:
             continue  # int4: the block-32 graph's bytes, as the other engines' int4 (ortgenai block 32, Q4_0)
-        b = weight_bytes(v.path)
-        out[key] = {"graph": v.name, **b, "floor_ms": b["read_per_step"] / bandwidth * 1000}
+        out[key] = floor.floor(v.name, v.path, bandwidth)
     return out
 
 
@@ -208,6 +246,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=HERE / "results", help="where <model>.json/.md go")
     p.add_argument("--data", type=Path, default=DATA, help="the shared data folder (flores200/)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per row's process")
+    p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="measure nothing: pool these runs' results (<model>.json of runs of this command) into one under --out",
+    )
     args = p.parse_args(argv)
     args.tokens = args.tokens or (4 if args.quick else 32)
     args.repeats = args.repeats or (1 if args.quick else 3)
@@ -220,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    if args.merge:
+        merged = merge_results([json.loads(f.read_text(encoding="utf-8")) for f in args.merge])
+        report.write_decoder(merged, args.out / merged["mode"])
+        return 0
 
     info = machine.describe()
     if info["load_average"][0] > 2.5:

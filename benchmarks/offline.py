@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import floor
 import machine
 import models
 import report
@@ -137,7 +138,8 @@ def merge_rounds(entries: list[dict[str, Any]]) -> dict[str, Any]:
             "p90_ms": median([r["latency"][beams]["p90_ms"] for r in results]),
             "samples": sum(r["latency"][beams]["samples"] for r in results),
         }
-        for beams in results[0]["latency"]
+        | ({"step_ms": median([r["latency"][beams]["step_ms"] for r in results])} if "step_ms" in first else {})
+        for beams, first in results[0]["latency"].items()
     }
     merged["throughput"] = {
         key: {
@@ -149,6 +151,24 @@ def merge_rounds(entries: list[dict[str, Any]]) -> dict[str, Any]:
     }
     merged["rounds"] = [report.flatten(e) for e in entries]
     return {**entries[0], "result": merged}
+
+
+def floors(selected: list[Engine], bandwidth: float) -> dict[str, Any]:
+    """The floor of a greedy batch-1 decoder step (floor.py) of each onnxmt row's own graph, by row name."""
+    return {e.name: floor.floor(e.name, e.model_dir, bandwidth) for e in selected if e.kind == "onnxmt"}
+
+
+def mark_floor_ratios(results: list[dict[str, Any]], floors: dict[str, Any]) -> None:
+    """Each row's greedy step over a floor: an onnxmt row's own graph's; another engine's, onnxmt's graph of its
+    precision (int8 rows onnxmt int8's, the others onnxmt fp32's)."""
+    for entry in results:
+        step = entry.get("result", {}).get("latency", {}).get("1", {}).get("step_ms")
+        graph = (
+            entry["name"] if entry["name"] in floors else "onnxmt-int8" if "int8" in entry["name"] else "onnxmt-fp32"
+        )
+        if step and graph in floors:
+            entry["floor"] = graph
+            entry["floor_ratio"] = step / floors[graph]["floor_ms"]
 
 
 def mark_agreement(results: list[dict[str, Any]], n: int) -> None:
@@ -311,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, directory in args.onnxmt:
         selected.append(Engine(name, f"onnxmt {name.removeprefix('onnxmt-')}", "onnxmt", directory))
     settings["reference"] = selected[0].label  # the ratios' denominator
+    settings["floor"] = 1 in args.beams and args.tokens > 1
+    log(f"measuring memory bandwidth ({args.threads} threads)")
+    bandwidth = [machine.bandwidth(args.threads)]
     rounds: dict[str, list[dict[str, Any]]] = {engine.name: [] for engine in selected}
     for r in range(args.rounds):
         for engine in selected:
@@ -324,10 +347,15 @@ def main(argv: list[str] | None = None) -> int:
                 + (f": {entry.get('error', '')[-500:]}" if entry["status"] != "ok" else "")
             )
             rounds[engine.name].append(entry)
+        bandwidth.append(machine.bandwidth(args.threads))
     results = [merge_rounds(rounds[engine.name]) for engine in selected]
     mark_agreement(results, args.tokens)
+    bw = statistics.median(bandwidth)
+    step_floors = floors(selected, bw)
+    mark_floor_ratios(results, step_floors)
     info["load_average_end"] = os.getloadavg()
     result = {"mode": mode, "settings": settings, "machine": info, "engines": results, "skipped": art.skipped}
+    result |= {"bandwidth": {"bytes_per_s": bw, "samples": bandwidth}, "floors": step_floors}
     if args.envsize:
         import envsize
 

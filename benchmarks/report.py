@@ -20,6 +20,8 @@ def _beam_name(beams: int) -> str:
 def metrics(settings: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(column header, key, unit) for every figure, in table order; keys index `flatten()`'s output."""
     cols = [(f"{_beam_name(b)} bs1", f"lat{b}", "ms") for b in settings["beams"]]
+    if settings.get("floor"):  # a greedy step and its ratio to the bandwidth floor (offline.mark_floor_ratios)
+        cols += [("greedy step", "step", "ms"), ("× floor", "floor_ratio", "×")]
     cols += [
         (f"{_beam_name(b)} bs{bs}", f"tps{b}x{bs}", "tok/s")
         for b in settings["beams"]
@@ -39,12 +41,18 @@ def flatten(engine: dict[str, Any]) -> dict[str, float]:
     out |= {f"lat{b}_p90": v["p90_ms"] for b, v in r["latency"].items()}
     out |= {f"tps{k}": v["tokens_per_s"] for k, v in r["throughput"].items()}
     out |= {"rss": r["peak_rss_mb"], "cold": r["cold_start_s"], "disk": engine["disk_bytes"] / MB}
+    if "step_ms" in r["latency"].get("1", {}):
+        out["step"] = r["latency"]["1"]["step_ms"]
+    if "floor_ratio" in engine:
+        out["floor_ratio"] = engine["floor_ratio"]
     if "peak_rss_end_mb" in r:  # results from before it was recorded have no whole-run peak
         out["rss_end"] = r["peak_rss_end_mb"]
     return out
 
 
 def _fmt(value: float, unit: str) -> str:
+    if unit == "×":
+        return f"{value:.2f}×"
     if unit == "s":
         return f"{value:.2f} s"
     if unit == "tok/s":
@@ -72,7 +80,7 @@ def table(result: dict[str, Any]) -> str:
             cell = _fmt(values[key], unit)
             if key.startswith("lat"):
                 cell += f" / {_fmt(values[key + '_p90'], unit)}"
-            if engine is not result["engines"][0] and ref.get(key):
+            if engine is not result["engines"][0] and ref.get(key) and unit != "×":
                 ratio = values[key] / ref[key]
                 cell += f" ({ratio:.2f}×)" if ratio >= 0.1 else f" ({ratio:.3f}×)"
             cells.append(cell)
@@ -103,7 +111,27 @@ def legend(result: dict[str, Any]) -> str:
         f"beam's). Peak RSS and cold start: a fresh process that loads the model and translates a batch of "
         f"{s['cold_batch']} (greedy); peak RSS, whole run: the same process's peak at its end, after every column "
         f"(the largest batches set it). (×): the engine's value divided by {reference}'s. Same tokens: greedy "
-        f"outputs of that batch equal to {reference}'s."
+        f"outputs of that batch equal to {reference}'s." + floor_legend(result)
+    )
+
+
+def floor_legend(result: dict[str, Any]) -> str:
+    """The greedy step and floor columns' caption (offline.floors); empty for a run without them."""
+    if not result["settings"].get("floor") or not result.get("floors"):
+        return ""
+    s, bw = result["settings"], result["bandwidth"]
+    floors = "; ".join(
+        f"{name}: {f['read_per_step'] / 1e6:.1f} MB a step = {f['floor_ms']:.2f} ms"
+        for name, f in result["floors"].items()
+    )
+    return (
+        f" Greedy step: a batch-1 decoder step, (time of a sentence's {s['max_new_tokens']} tokens − time of its 1) / "
+        f"{s['max_new_tokens'] - 1}, the median over the bs1 sentences. × floor: the step over the floor, the bytes a "
+        "greedy batch-1 step reads (the decoder graph's weights: its layers and the head; the embedding is a gather, "
+        "the cross-attention keys and values come from the encoder once per sentence) over the memory bandwidth "
+        f"measured in the same run (STREAM copy, {s['threads']} threads, {bw['bytes_per_s'] / 1e9:.1f} GB/s, median "
+        f"of {len(bw['samples'])}): {floors}; an onnxmt row against its own graph, another engine against onnxmt's "
+        "graph of its precision."
     )
 
 

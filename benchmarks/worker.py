@@ -29,9 +29,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-# Translate a batch with `beams` beams (detokenizing, as a user would); return each text's generated token ids
-# (the best hypothesis, after the decoder start token, up to and including eos).
-TranslateFn = Callable[[Sequence[str], int], list[list[int]]]
+# Translate a batch with `beams` beams and exactly `n` new tokens (detokenizing, as a user would); return each
+# text's generated token ids (the best hypothesis, after the decoder start token, up to and including eos).
+TranslateFn = Callable[[Sequence[str], int, int], list[list[int]]]
 
 
 def launch(script: Path, python: Path, cfg: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
@@ -104,16 +104,14 @@ def load_onnxmt(cfg: dict[str, Any]) -> TranslateFn:
     from onnxmt.runtime.options import DecodeOptions, RuntimeOptions
     from onnxmt.runtime.translator import Translator
 
-    n = cfg["max_new_tokens"]
     translator = Translator(
-        cfg["model_dir"],
-        RuntimeOptions(threads=cfg["threads"], spinning=bool(cfg.get("spinning"))),
-        DecodeOptions(max_new_tokens=n, min_new_tokens=n),
+        cfg["model_dir"], RuntimeOptions(threads=cfg["threads"], spinning=bool(cfg.get("spinning"))), DecodeOptions()
     )
     languages = {"source_lang": cfg.get("source_lang"), "target_lang": cfg["target_lang"]}
 
-    def translate(texts: Sequence[str], beams: int) -> list[list[int]]:
-        out = translator.translate(list(texts), beams=beams, batch_size=len(texts), **languages)
+    def translate(texts: Sequence[str], beams: int, n: int) -> list[list[int]]:
+        forced = {"max_new_tokens": n, "min_new_tokens": n}
+        out = translator.translate(list(texts), beams=beams, batch_size=len(texts), **languages, **forced)
         return [t.token_ids for t in out]
 
     return translate
@@ -130,10 +128,9 @@ def _hf_generate(model: Any, cfg: dict[str, Any]) -> TranslateFn:
     if prefix is None:
         prefix = f">>{cfg['target_lang']}<< " if cfg["target_lang"] and not source else ""
     forced = {"forced_bos_token_id": tokenizer.convert_tokens_to_ids(cfg["target_lang"])} if source else {}
-    n = cfg["max_new_tokens"]
     eos = model.generation_config.eos_token_id
 
-    def translate(texts: Sequence[str], beams: int) -> list[list[int]]:
+    def translate(texts: Sequence[str], beams: int, n: int) -> list[list[int]]:
         batch = tokenizer([prefix + t for t in texts], return_tensors="pt", padding=True)
         out = model.generate(**batch, num_beams=beams, max_new_tokens=n, min_new_tokens=n, **forced)
         tokenizer.batch_decode(out, skip_special_tokens=True)
@@ -202,7 +199,6 @@ def load_ctranslate2(cfg: dict[str, Any]) -> TranslateFn:
     directory = Path(cfg["model_dir"])
     vocab_file = directory / "shared_vocabulary.json"
     ids = {token: i for i, token in enumerate(json.loads(vocab_file.read_text(encoding="utf-8")))}
-    n = cfg["max_new_tokens"]
     if (directory / "tokenizer.json").is_file():  # T5: its tokenizer.json and its config's task prefix
         return _ctranslate2_tokenizer_json(translator, directory, cfg, ids)
     # NLLB and mBART-50: one sentencepiece model, `[src_lang] X </s>`, the target language as the target prefix
@@ -216,7 +212,7 @@ def load_ctranslate2(cfg: dict[str, Any]) -> TranslateFn:
     else:
         prefix, target_prefix = ([f">>{cfg['target_lang']}<<"] if cfg["target_lang"] else []), []
 
-    def translate(texts: Sequence[str], beams: int) -> list[list[int]]:
+    def translate(texts: Sequence[str], beams: int, n: int) -> list[list[int]]:
         tokens = [[*prefix, *source.encode(t, out_type=str), "</s>"] for t in texts]
         # CTranslate2 sorts and splits by itself with max_batch_size; 0 keeps the harness's batches as given.
         results = translator.translate_batch(
@@ -243,9 +239,8 @@ def _ctranslate2_tokenizer_json(translator: Any, directory: Path, cfg: dict[str,
     prefix = _task_prefix(directory, cfg["target_lang"]) or ""
     if cfg["target_lang"] and f"<2{cfg['target_lang']}>" in ids:  # MADLAD-400: `<2zh> X`, as onnxmt writes it
         prefix = f"<2{cfg['target_lang']}> "
-    n = cfg["max_new_tokens"]
 
-    def translate(texts: Sequence[str], beams: int) -> list[list[int]]:
+    def translate(texts: Sequence[str], beams: int, n: int) -> list[list[int]]:
         tokens = [tokenizer.encode(prefix + t).tokens for t in texts]  # `</s>` appended by its post-processor
         results = translator.translate_batch(
             tokens, beam_size=beams, max_decoding_length=n, min_decoding_length=n, max_batch_size=0
@@ -282,32 +277,42 @@ def _count(outputs: list[list[int]], expected: int, where: str) -> int:
 
 
 def measure_latency(translate: TranslateFn, texts: list[str], beams: int, repeats: int, n: int) -> dict[str, Any]:
-    translate(texts[:1], beams)  # warm-up
-    times = []
+    """Batch-1 latency per sentence. Greedy also times each sentence with one new token, right after its n: a
+    decoder step is (time of n − time of 1) / (n − 1) (the encoder, the first step and the tokenizer cancel out),
+    the figure the bandwidth floor is compared with (floor.py)."""
+    translate(texts[:1], beams, n)  # warm-up
+    times, steps = [], []
     for _ in range(repeats):
         for text in texts:
             start = time.perf_counter()
-            outputs = translate([text], beams)
+            outputs = translate([text], beams, n)
             times.append(time.perf_counter() - start)
             _count(outputs, n, f"batch 1, beams {beams}")
-    return {
+            if beams == 1 and n > 1:
+                start = time.perf_counter()
+                _count(translate([text], beams, 1), 1, "batch 1, one token")
+                steps.append((times[-1] - (time.perf_counter() - start)) / (n - 1))
+    figures = {
         "median_ms": statistics.median(times) * 1000,
         "p90_ms": percentile(times, 90) * 1000,
         "samples": len(times),
     }
+    if steps:
+        figures["step_ms"] = statistics.median(steps) * 1000
+    return figures
 
 
 def measure_throughput(
     translate: TranslateFn, texts: list[str], beams: int, batch_size: int, repeats: int, n: int
 ) -> dict[str, Any]:
     batches = [texts[i : i + batch_size] for i in range(0, len(texts), batch_size)]
-    translate(batches[0], beams)  # warm-up: first use of this batch shape
+    translate(batches[0], beams, n)  # warm-up: first use of this batch shape
     rates = []
     for _ in range(repeats):
         tokens = 0
         start = time.perf_counter()
         for batch in batches:
-            tokens += _count(translate(batch, beams), n, f"batch {batch_size}, beams {beams}")
+            tokens += _count(translate(batch, beams, n), n, f"batch {batch_size}, beams {beams}")
         rates.append(tokens / (time.perf_counter() - start))
     return {"tokens_per_s": statistics.median(rates), "runs": [round(r, 2) for r in rates], "texts": len(texts)}
 
@@ -321,7 +326,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     translate = load(cfg)
     loaded = time.perf_counter()
-    first = translate(texts[: cfg["cold_batch"]], 1)
+    first = translate(texts[: cfg["cold_batch"]], 1, n)
     _count(first, n, "cold batch")
     cold = {
         "cold_start_s": time.time() - cfg["t0"],

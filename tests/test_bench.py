@@ -27,6 +27,7 @@ BENCH = [sys.executable, str(BENCHMARKS / "bench.py")]
 sys.path.insert(0, str(BENCHMARKS))
 
 import bench  # noqa: E402
+import decoder_bench  # noqa: E402
 import report  # noqa: E402
 import worker  # noqa: E402
 
@@ -108,13 +109,18 @@ def test_quick_run_writes_table_json_and_chart(tmp_path: Path) -> None:
     assert all(e["status"] == "ok" for e in engines.values())
     for name, engine in engines.items():
         figures = report.flatten(engine)
-        assert all(v > 0 for v in figures.values()), name
+        # A greedy step is a difference of two timings: on a tiny model noise may take it (and its ratio to the
+        # floor) to zero or below.
+        assert all(v > 0 for key, v in figures.items() if key not in ("step", "floor_ratio")), name
         assert engine["result"]["latency"]["1"]["samples"] == 2
+        assert engine["floor"] == ("onnxmt-int8" if "int8" in name else "onnxmt-fp32"), name
+        assert engine["floor_ratio"] == figures["step"] / result["floors"][engine["floor"]]["floor_ms"], name
+    assert result["bandwidth"]["bytes_per_s"] > 1e8 and len(result["bandwidth"]["samples"]) == 2
     # fp32 engines run the same random model with the same forced length: same greedy tokens as onnxmt.
     for name in ("transformers", "optimum-fp32-nospin", "ct2-float32"):
         if name in engines:
             assert engines[name]["agreement"] == [2, 2], name
-    assert "| onnxmt fp32 |" in proc.stdout and "×)" in proc.stdout
+    assert "| onnxmt fp32 |" in proc.stdout and "×)" in proc.stdout and "| × floor |" in proc.stdout
     assert (tmp_path / "quick.md").read_text().startswith("| engine |")
     if IN_CI or importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "quick.png").stat().st_size > 10_000
@@ -160,7 +166,7 @@ def _entry(cold: float, latency: float, tps: float, runs: list[float]) -> dict:
         "first_batch_s": cold / 4,
         "peak_rss_mb": 100 + cold,
         "peak_rss_end_mb": 200 + cold,
-        "latency": {"1": {"median_ms": latency, "p90_ms": 2 * latency, "samples": 20}},
+        "latency": {"1": {"median_ms": latency, "p90_ms": 2 * latency, "samples": 20, "step_ms": latency / 10}},
         "throughput": {"1x8": {"tokens_per_s": tps, "runs": runs, "texts": 64}},
         "cold_batch_tokens": [[1, 2, 0]],
     }
@@ -174,7 +180,7 @@ def test_rounds_merge_into_medians() -> None:
     merged = offline.merge_rounds(entries)
     r = merged["result"]
     assert (r["cold_start_s"], r["load_s"], r["peak_rss_mb"]) == (2.0, 1.0, 102.0)
-    assert r["latency"]["1"] == {"median_ms": 20.0, "p90_ms": 40.0, "samples": 60}
+    assert r["latency"]["1"] == {"median_ms": 20.0, "p90_ms": 40.0, "samples": 60, "step_ms": 2.0}
     assert r["throughput"]["1x8"] == {"tokens_per_s": 700.0, "runs": [500.0, 700.0, 900.0], "texts": 64}
     assert [round(f["cold"], 1) for f in r["rounds"]] == [1.0, 3.0, 2.0]  # each round's own figures are kept
     assert report.flatten(merged)["tps1x8"] == 700.0
@@ -312,3 +318,87 @@ def test_validate_sides_give_validates_report_with_no_torch_on_the_onnx_side(
     for key in ("greedy_identical", "beam_identical", "max_abs_logit_diff", "mean_abs_logit_diff", "per_sentence"):
         assert sides[key] == direct[key], key
     assert direct["sentences"] == 2 and direct["max_abs_logit_diff"] > 0
+
+
+def test_floor_counts_what_a_step_reads_and_not_what_it_gathers(tmp_path: Path) -> None:
+    # A tied head reads the whole embedding a Gather reads a row of: it counts; a position table only gathered does
+    # not; a projection's weight does.
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import floor
+
+    embedding, positions = np.ones((50, 8), np.float32), np.ones((16, 8), np.float32)
+    projection = np.ones((8, 8), np.int8)
+    nodes = [
+        helper.make_node("Gather", ["embedding", "ids"], ["x"]),
+        helper.make_node("Gather", ["positions", "ids"], ["p"]),
+        helper.make_node("Add", ["x", "p"], ["h"]),
+        helper.make_node("Cast", ["projection"], ["w"], to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["h", "w"], ["y"]),
+        helper.make_node("Gemm", ["y", "embedding"], ["logits"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "decoder",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 50])],
+        [
+            numpy_helper.from_array(a, n)
+            for a, n in ((embedding, "embedding"), (positions, "positions"), (projection, "projection"))
+        ],
+    )
+    onnx.save(helper.make_model(graph), str(tmp_path / "decoder.onnx"))
+    (tmp_path / "onnxmt.json").write_text(json.dumps({"graphs": {"decoder": {"file": "decoder.onnx"}}}))
+    assert floor.step_bytes(tmp_path) == {"read_per_step": 50 * 8 * 4 + 8 * 8, "gathered": 16 * 8 * 4}
+    assert floor.floor("g", tmp_path, 1e6)["floor_ms"] == (50 * 8 * 4 + 8 * 8) / 1e6 * 1000
+
+
+def _decoder_run(decode: list[float], served: list[float], bandwidth: list[float], rows: tuple[str, ...]) -> dict:
+    figures = dict.fromkeys(decoder_bench.MEDIAN_KEYS, 1.0)
+    engines = []
+    for name in rows:
+        rounds = [{**figures, "decode_ms_per_token": d, "prefill_tokens_per_s": {"100": 1000 / d}} for d in decode]
+        result = {**rounds[0], "rounds": rounds, "tokens": {"100": [1, 2, 3], "batch": [[1, 2, 3]]}}
+        entry = {"name": name, "label": name, "bits": 8, "status": "ok", "disk_bytes": 1 << 20, "result": result}
+        entry["served"] = {
+            "tokens_per_s": served[0],
+            "p50_s": 1.0,
+            "rounds": [{"tokens_per_s": s, "p50_s": 1.0} for s in served],
+        }
+        engines.append(entry)
+    machine = {"load_average_during": [[1.0, 1.0, 1.0]], "load_average_end": [1.0, 1.0, 1.0]}
+    return {
+        "mode": "m",
+        "settings": {"rounds": len(decode)},
+        "machine": machine,
+        "bandwidth": {"bytes_per_s": bandwidth[0], "samples": bandwidth},
+        "floors": {"8": {"graph": "onnxmt-int8", "read_per_step": 10**9, "floor_ms": 1000 / bandwidth[0]}},
+        "builds": {},
+        "engines": engines,
+        "skipped": {"ct2-int8": "failed"},
+    }
+
+
+def test_decoder_runs_merge_their_rounds_into_medians() -> None:
+    # Three one-round runs (each a short measuring run) pool into one three-round result: every figure the median of
+    # the pooled rounds, the floor at the pooled bandwidth; a row run once says so in its label.
+    runs = [
+        _decoder_run([30.0], [5.0], [4e10, 4e10], ("onnxmt-int8", "onnxmt-fp32")),
+        _decoder_run([10.0], [7.0], [5e10, 5e10], ("onnxmt-int8",)),
+        _decoder_run([20.0], [9.0], [3e10, 6e10], ("onnxmt-int8",)),
+    ]
+    merged = decoder_bench.merge_results(runs)
+    rows = {r["name"]: r for r in merged["engines"]}
+    assert rows["onnxmt-int8"]["result"]["decode_ms_per_token"] == 20.0
+    assert rows["onnxmt-int8"]["result"]["prefill_tokens_per_s"]["100"] == 50.0
+    assert len(rows["onnxmt-int8"]["result"]["rounds"]) == 3 and rows["onnxmt-int8"]["served"]["tokens_per_s"] == 7.0
+    assert (
+        rows["onnxmt-int8"]["label"] == "onnxmt-int8" and rows["onnxmt-fp32"]["label"] == "onnxmt-fp32 (1 of 3 rounds)"
+    )
+    assert merged["bandwidth"] == {"bytes_per_s": 4.5e10, "samples": [4e10, 4e10, 5e10, 5e10, 3e10, 6e10]}
+    assert merged["floors"]["8"]["floor_ms"] == 10**9 / 4.5e10 * 1000
+    assert merged["settings"]["rounds"] == 3 and merged["skipped"] == {"ct2-int8": "failed"}
+    assert rows["onnxmt-int8"]["agreement"]["reference"] == "onnxmt-fp32"  # no transformers row: the fp32 one
+    assert (rows["onnxmt-int8"]["agreement"]["same"], rows["onnxmt-int8"]["agreement"]["outputs"]) == (2, 2)
