@@ -30,8 +30,11 @@ from .sessions import load_session, release_memory
 
 # Prompt positions a prefill call takes per row: a prompt is cut into chunks at these fixed boundaries, whatever
 # runs beside it, so that its cache is the same bits alone and in any batch (the chunks' boundaries change the
-# last bits: tests/runtime/test_decoder_only.py). On CPU a chunk of this size is already a large matrix product.
-PREFILL_CHUNK = 256
+# last bits: tests/runtime/test_decoder_only.py). The service runs a chunk between two steps (serve/inflight.py), so
+# that a chunk's time is the longest a running row or a short prompt waits for one; on CPU a chunk of this size is
+# already a large matrix product, and prefills nearly as many positions per second as larger ones
+# (benchmarks/results/prefill-chunks-*.json).
+PREFILL_CHUNK = 64
 
 
 class DecoderOnlyGraphs(Graphs):
