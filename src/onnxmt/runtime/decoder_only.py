@@ -111,7 +111,11 @@ class DecoderOnlyGraphs(Graphs):
         active = [i for i, p in enumerate(prompts) if len(p)]
         if not active:
             return out
-        cache = self.empty_cache(len(active), max(len(prompts[i]) for i in active))
+        longest = max(len(prompts[i]) for i in active)
+        cache = self.empty_cache(len(active), longest)
+        # Room for the whole prompt at once (no chunk runs past it): grown chunk by chunk, the cache would be
+        # copied at every chunk, and held twice meanwhile.
+        cache = replace(cache, self_kv=self._room(cache, longest))
         start = 0
         while active:
             ids, lengths = right_padded([prompts[i][start : start + chunk] for i in active])
