@@ -39,7 +39,7 @@ GROUPS: dict[str, dict[str, Command]] = {
     "decoding": {
         "int8-batch": Command("int8_batch", "does batching change a translation?"),
         "encoder-pools": Command("encoder_pools", "the encoder's cost on pools of waiting requests"),
-        "probes": Command("probes", "steps, vocab-ops, attention, rss-stages"),
+        "probes": Command("probes", "steps, vocab-ops, attention, rss-stages, prefill-chunks"),
     },
     "the service": {
         "load": Command("load", "load test of onnxmt serve at a few concurrency levels"),

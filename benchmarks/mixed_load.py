@@ -9,9 +9,10 @@ sent back to back (`--short-beams`) while big work runs, again and again: `big-r
 `--big-texts` texts (greedy, `--big-tokens`); `queued-beams`, three clients each sending a request of 16 texts with
 4 beams, so that two of them always wait for a place; `upload`, a `--upload-lines`-line .txt through
 /translate_file; `long-prompts` (decoder-only translators: the prompt is prefilled in chunks between steps),
-`--prompt-clients` clients each sending one text of about `--prompt-words` words (a 500-token prompt at 350) back to
-back. Besides the short client's p50 and max against its idle p50, the big work's own time beside the short client
-against its time alone (what fairness costs it).
+`--prompt-clients` clients each sending one text of about `--prompt-words` words back to back (at 350, prompts of
+1,300-1,650 tokens with HY-MT1.5-1.8B's bench directory: run the server with ONNXMT_TIMEOUT=0). Besides the short
+client's p50 and max against its idle p50, the big work's own time beside the short client against its time alone
+(what fairness costs it).
 
 One run, one server (started here on 127.0.0.1 as load.py starts it, stopped with SIGTERM): first the short client
 alone (`--idle-requests` requests back to back: its idle latency), then `--long-clients` clients sending texts with

@@ -4,6 +4,7 @@
     python benchmarks/bench.py probes vocab-ops                # log-softmax and top-k over the vocabulary
     python benchmarks/bench.py probes attention                # separate attention ops against ORT's fused ones
     python benchmarks/bench.py probes rss-stages DIR [DIR ...] # resident memory by stage, onnxmt and CTranslate2
+    python benchmarks/bench.py probes prefill-chunks DIR       # a decoder-only prompt's prefill by chunk size
 
 `python benchmarks/bench.py probes PROBE --help` says more. They share interleaved timing (`interleaved`: the calls
 take turns, so the machine's drift hits them alike) and their Markdown output (`emit`).
@@ -449,11 +450,63 @@ def _rss_stages(argv: list[str]) -> None:
     emit(lines, args.out)
 
 
+# --- prefill-chunks --------------------------------------------------------------------------------------------------
+
+PREFILL_CHUNKS_DOC = """\
+A decoder-only directory's prefill of one prompt cut into chunks of each size (the chunks take turns, run after
+run), and a step of one row after it: the positions per second each chunk size prefills, and a chunk's seconds (what
+a running row waits when the service runs a chunk between two steps: runtime/decoder_only.py PREFILL_CHUNK).
+
+    python benchmarks/bench.py probes prefill-chunks DIR [--chunks 256,64,32,16] [--positions 512] [--out F.json]
+
+The prompt is random token ids (the positions' cost does not depend on them).
+"""
+
+
+def _prefill_chunks(argv: list[str]) -> None:
+    from machine import describe
+
+    p = argparse.ArgumentParser(prog="bench.py probes prefill-chunks", description=PREFILL_CHUNKS_DOC)
+    p.add_argument("model", type=Path)
+    p.add_argument("--chunks", default="256,64,32,16", help="chunk sizes, comma-separated")
+    p.add_argument("--positions", type=int, default=512, help="the prompt's positions")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    graphs = Translator(args.model, RuntimeOptions(threads=args.threads)).graphs
+    prompt = np.random.default_rng(0).integers(100, graphs.vocab_size, args.positions).tolist()
+    graphs.prefill_each([prompt[:64]])  # warm-up
+    chunks = [int(c) for c in args.chunks.split(",")]
+    times = interleaved({c: partial(graphs.prefill_each, [prompt], c) for c in chunks}, args.rounds)
+    (cache,) = graphs.prefill_each([prompt])
+    step = interleaved({"step": partial(graphs.step, np.array([[5]]), cache)}, 10)["step"]
+    rows = []
+    print("| chunk | positions/s | s per chunk |\n| --- | --- | --- |")
+    for c in chunks:
+        seconds = statistics.median(times[c])
+        per_chunk = seconds / -(-args.positions // c)
+        rows.append({"chunk": c, "seconds": times[c], "positions_per_s": round(args.positions / seconds, 1)})
+        rows[-1]["seconds_per_chunk"] = round(per_chunk, 3)
+        print(f"| {c} | {args.positions / seconds:.1f} | {per_chunk:.3f} |")
+    print(f"\na step of one row after {args.positions} positions: {1e3 * statistics.median(step):.1f} ms")
+    if args.out:
+        result = {
+            "model_dir": str(args.model),
+            "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "chunks": rows,
+            "step_ms": round(1e3 * statistics.median(step), 1),
+            "machine": describe(),
+        }
+        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
 COMMANDS: dict[str, Callable[[list[str]], None]] = {
     "steps": _steps,
     "vocab-ops": _vocab_ops,
     "attention": _attention,
     "rss-stages": _rss_stages,
+    "prefill-chunks": _prefill_chunks,
 }
 
 

@@ -540,13 +540,16 @@ def test_cache_bytes_per_token_from_the_real_configs() -> None:
 
     from onnxmt.serve.costs import cache_bytes_per_cost
 
-    def per_token(layers: int, heads: int, head_dim: int) -> int:
+    def per_token(layers: int, heads: int, head_dim: int, kv_heads: int | None = None) -> int:
         facts = {"num_layers": layers, "num_heads": heads, "head_dim": head_dim}
+        if kv_heads is not None:
+            facts["num_kv_heads"] = kv_heads
         return cache_bytes_per_cost(SimpleNamespace(model=facts))  # type: ignore[arg-type]
 
     assert per_token(6, 8, 64) == 24 * 1024  # opus-mt-en-zh: 6 decoder layers, d_model 512
     assert per_token(24, 16, 128) == 384 * 1024  # NLLB-200-3.3B: 24 layers, d_model 2048
     assert per_token(32, 16, 128) == 512 * 1024  # MADLAD-400-3B: 32 layers, 16 heads of d_kv 128
+    assert per_token(32, 16, 128, 4) == 128 * 1024  # HY-MT1.5-1.8B: its cache holds 4 key-value heads of 16
 
 
 def test_max_cache_mb_caps_both_costs_per_model(tiny_onnx_dir: Path) -> None:

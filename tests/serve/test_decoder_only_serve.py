@@ -136,56 +136,17 @@ def test_bad_languages_are_400s_naming_the_valid_ones(hy_mt: Server, gemma: Serv
 def test_a_short_prompt_is_prefilled_between_a_long_prompts_chunks(
     hy_mt_onnx_dir: Path, library: Translator, monkeypatch: pytest.MonkeyPatch, max_skip: float
 ) -> None:
-    """Prompts are prefilled a chunk at a time on the encoder thread, the call with the fewest positions left first:
-    a short request arriving while a long prompt is being prefilled has its prompt run before the long one's last
-    chunk, and both answers are the library's (the same chunk boundaries: the same bits). With the age bound at 0,
-    the long call has waited long enough: the encoder alternates between it and the short one."""
-    import asyncio
-    import threading
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
+    """Prompts are prefilled a chunk at a time, the call with the fewest positions left first: a short request
+    arriving while a long prompt is being prefilled has its prompt run before the long one's last chunk, and both
+    answers are the library's (the same chunk boundaries: the same bits). With the age bound at 0, the long call has
+    waited long enough: the prefill alternates between it and the short one."""
     from onnxmt.runtime import decoder_only
-    from onnxmt.runtime.options import BatchLimits
-    from onnxmt.serve.inflight import InflightBatcher
 
     monkeypatch.setattr(decoder_only, "PREFILL_CHUNK", 8)
-    graphs = library.graphs
-    calls: list[tuple[int, int]] = []  # (start, positions) of each prefill call
-    real = graphs.extend
-    started = threading.Event()
-
-    def extend(ids: Any, lengths: Any, cache: Any) -> Any:
-        if threading.current_thread().name.startswith("onnxmt-encoder"):  # a prefill call (not a step)
-            calls.append((int(cache.self_len[0]), int(lengths[0])))
-            started.set()
-            time.sleep(0.01)  # a long prompt's chunk takes a while, as on a real model
-        return real(ids, lengths, cache)
-
-    monkeypatch.setattr(graphs, "extend", extend)
-    long_text = " ".join(TEXTS) * 3
-    short = library.prepare([TEXTS[2]], source_lang="en", target_lang="zh", **SHORT)
-    long = library.prepare([long_text], source_lang="en", target_lang="zh", **SHORT)
-    assert len(long[0].ids) > 3 * len(short[0].ids)
-
-    async def run() -> list[str]:
-        executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
-        limits = BatchLimits(batch_size=4, max_skip_age=max_skip)
-        batcher = InflightBatcher(library, executor, limits=limits, max_queue=16)
-        batcher.start()
-        try:
-            first = asyncio.ensure_future(batcher.translate(long, None))
-            while not started.is_set():
-                await asyncio.sleep(0.001)
-            second = asyncio.ensure_future(batcher.translate(short, None))
-            done = await asyncio.wait_for(asyncio.gather(first, second), 120)
-            return [d[0].text for d in done]
-        finally:
-            await batcher.stop()
-            executor.shutdown()
-
-    answers = asyncio.run(run())
+    long, short = _long_and_short(library)
+    calls, _, answers = _beside_a_long_prompt(library, monkeypatch, long, short, max_skip)
     monkeypatch.undo()
+    calls = [c for c in calls if c != (-1, -1)]  # the prefill calls alone
 
     def last_chunk(prompt: tuple[int, ...]) -> int:
         """The index of the prefill call that ran a prompt's last chunk (its prefix: all but the last token)."""
@@ -205,6 +166,101 @@ def test_a_short_prompt_is_prefilled_between_a_long_prompts_chunks(
         assert between >= chunks - 1  # the long call has waited long enough: every other piece is its
     monkeypatch.setattr(decoder_only, "PREFILL_CHUNK", 8)
     assert answers == [library.translate_prepared(p)[0].text for p in (long, short)]
+
+
+def test_a_short_request_decodes_between_a_long_prompts_chunks(
+    library: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefill chunks and steps take turns on the inference thread: no two model calls run at once (a chunk beside
+    a step would share the cores with it), and a one-sentence request that arrives while a long prompt is prefilled
+    is answered before the long prompt's last chunk (its steps run between the chunks, not after the whole prompt).
+    Both answers are the library's."""
+    from onnxmt.runtime import decoder_only
+
+    monkeypatch.setattr(decoder_only, "PREFILL_CHUNK", 8)
+    long, short = _long_and_short(library)
+    calls, overlapped, answers = _beside_a_long_prompt(library, monkeypatch, long, short, 2.0)
+    monkeypatch.undo()
+    n = len(long[0].ids) - 1  # its prefix: all but the last token
+    last = calls.index(((n - 1) // 8 * 8, n - (n - 1) // 8 * 8))
+    answered = calls.index((-1, -1))  # where the short answer came, among the prefill calls
+    assert not overlapped
+    assert answered < last, (answered, last, len(calls))
+    monkeypatch.setattr(decoder_only, "PREFILL_CHUNK", 8)
+    assert answers == [library.translate_prepared(p)[0].text for p in (long, short)]
+
+
+def _long_and_short(library: Translator) -> tuple[list[Any], list[Any]]:
+    long = library.prepare([" ".join(TEXTS) * 3], source_lang="en", target_lang="zh", **SHORT)
+    short = library.prepare([TEXTS[2]], source_lang="en", target_lang="zh", **SHORT)
+    assert len(long[0].ids) > 3 * len(short[0].ids)
+    return long, short
+
+
+def _beside_a_long_prompt(
+    library: Translator, monkeypatch: pytest.MonkeyPatch, long: list[Any], short: list[Any], max_skip: float
+) -> tuple[list[tuple[int, int]], bool, list[str]]:
+    """The long request served, then the short one sent once the long prompt's prefill has started: the (start,
+    positions) of each prefill call in order, with (-1, -1) where the short answer came; whether two model calls
+    ever ran at once; the two answers."""
+    import asyncio
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from onnxmt.runtime.options import BatchLimits
+    from onnxmt.serve.inflight import InflightBatcher
+
+    graphs = library.graphs
+    calls: list[tuple[int, int]] = []
+    running: list[int] = []  # model calls in progress
+    overlapped = False
+    real_step, real_extend = graphs.step, graphs.extend
+    stepping = threading.local()
+    started = threading.Event()
+
+    def step(tokens: Any, cache: Any) -> Any:
+        stepping.on = True
+        try:
+            return real_step(tokens, cache)
+        finally:
+            stepping.on = False
+
+    def extend(ids: Any, lengths: Any, cache: Any) -> Any:
+        nonlocal overlapped
+        running.append(1)
+        overlapped = overlapped or len(running) > 1
+        try:
+            if not getattr(stepping, "on", False):  # a prefill call
+                calls.append((int(cache.self_len[0]), int(lengths[0])))
+                started.set()
+                time.sleep(0.01)  # a long prompt's chunk takes a while, as on a real model
+            return real_extend(ids, lengths, cache)
+        finally:
+            running.pop()
+
+    monkeypatch.setattr(graphs, "step", step)
+    monkeypatch.setattr(graphs, "extend", extend)
+
+    async def run() -> list[str]:
+        executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
+        limits = BatchLimits(batch_size=4, max_skip_age=max_skip)
+        batcher = InflightBatcher(library, executor, limits=limits, max_queue=16)
+        batcher.start()
+        try:
+            first = asyncio.ensure_future(batcher.translate(long, None))
+            while not started.is_set():
+                await asyncio.sleep(0.001)
+            second = asyncio.ensure_future(batcher.translate(short, None))
+            second.add_done_callback(lambda _: calls.append((-1, -1)))
+            done = await asyncio.wait_for(asyncio.gather(first, second), 120)
+            return [d[0].text for d in done]
+        finally:
+            await batcher.stop()
+            executor.shutdown()
+
+    answers = asyncio.run(run())
+    return calls, overlapped, answers
 
 
 def test_a_glossary_and_a_context_per_request(hy_mt: Server, gemma: Server, library: Translator) -> None:

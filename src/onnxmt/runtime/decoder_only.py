@@ -30,8 +30,11 @@ from .sessions import load_session, release_memory
 
 # Prompt positions a prefill call takes per row: a prompt is cut into chunks at these fixed boundaries, whatever
 # runs beside it, so that its cache is the same bits alone and in any batch (the chunks' boundaries change the
-# last bits: tests/runtime/test_decoder_only.py). On CPU a chunk of this size is already a large matrix product.
-PREFILL_CHUNK = 256
+# last bits: tests/runtime/test_decoder_only.py). The service runs a chunk between two steps (serve/inflight.py), so
+# that a chunk's time is the longest a running row or a short prompt waits for one; on CPU a chunk of this size is
+# already a large matrix product, and prefills nearly as many positions per second as larger ones
+# (benchmarks/results/prefill-chunks-*.json).
+PREFILL_CHUNK = 64
 
 
 class DecoderOnlyGraphs(Graphs):
@@ -108,7 +111,11 @@ class DecoderOnlyGraphs(Graphs):
         active = [i for i, p in enumerate(prompts) if len(p)]
         if not active:
             return out
-        cache = self.empty_cache(len(active), max(len(prompts[i]) for i in active))
+        longest = max(len(prompts[i]) for i in active)
+        cache = self.empty_cache(len(active), longest)
+        # Room for the whole prompt at once (no chunk runs past it): grown chunk by chunk, the cache would be
+        # copied at every chunk, and held twice meanwhile.
+        cache = replace(cache, self_kv=self._room(cache, longest))
         start = 0
         while active:
             ids, lengths = right_padded([prompts[i][start : start + chunk] for i in active])

@@ -24,9 +24,13 @@ class CostLimits(NamedTuple):
 def cache_bytes_per_cost(manifest: Manifest) -> int:
     """Bytes of attention cache one token x beam of cost may hold: K and V, fp32, in every decoder layer. A
     generated token holds them in the self-attention cache of each beam; a source token in the cross-attention
-    K/V, once per sentence (so counting it per beam, as the cost does, bounds it from above)."""
+    K/V, once per sentence (so counting it per beam, as the cost does, bounds it from above). A decoder-only model
+    with grouped-query attention caches its `num_kv_heads`, fewer than its query heads: counted by its query heads,
+    HY-MT1.5-1.8B's cap would be a quarter of what --max-cache-mb holds, and five 1,500-token prompts would fill
+    its batch."""
     m = manifest.model
-    return int(m["num_layers"]) * 2 * int(m["num_heads"]) * int(m["head_dim"]) * 4
+    heads = int(m.get("num_kv_heads") or m["num_heads"])
+    return int(m["num_layers"]) * 2 * heads * int(m["head_dim"]) * 4
 
 
 def cost_limits(manifest: Manifest, options: ServeOptions) -> CostLimits:

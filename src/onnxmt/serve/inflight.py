@@ -6,7 +6,10 @@ The event loop only moves requests in and results out: a request's texts become 
 and takes steps (the scheduler says which beam width's batch steps next), and the finished texts are counted out
 and answered. Texts waiting for a place are encoded meanwhile on an encoder thread of their own (at most
 `batch_size` ahead of their admission), so that they join with their caches ready and the encoder's work overlaps
-the decoder's. A text's translation is the same as alone (exact in fp32 and per-row int8), preempted or not.
+the decoder's. A decoder-only model's prompts are prefilled on the inference thread instead, a chunk at a time
+between the steps (`PREFILL_SHARE`), as LLM servers' chunked prefill: a prefill and a step never run at once on the
+same cores, and no step waits for a whole prompt. A text's translation is the same as alone (exact in fp32 and
+per-row int8), preempted or not.
 """
 
 from __future__ import annotations
@@ -75,8 +78,14 @@ class _Round:
 # the event loop's other work (HTTP, JSON) delay the next step, 15% of the throughput under 32 clients.
 MAX_STEPS_PER_ROUND = 64
 # Seconds between looks at the event loop's news while the inference thread, with no rows to step, waits for an
-# encoder call (a long prompt's prefill runs for seconds).
+# encoder call.
 IDLE_POLL = 0.01
+# While prompts wait for their prefill and rows run, the part of the inference thread's time that prefill chunks take
+# (the steps have the rest): after each step, chunks run until they have taken that share of the time since. On CPU a
+# prompt position costs about what a running row's step does, so that a budget of positions per step as GPU servers
+# set it (vLLM's max_num_batched_tokens) would make every step as long as the chunk; a share of the time keeps the
+# steps coming whatever the chunk's size, and prompts still progress at half the thread's speed under any load.
+PREFILL_SHARE = 0.5
 # Texts of requests of more than one text per encoder call: on opus-mt's architecture in int8, 2 threads, a call of
 # 8 texts is short enough that a one-text request queued behind it stays within a few steps of its idle latency.
 BIG_REQUEST_CALL = 8
@@ -103,8 +112,8 @@ class _Entry:
 
 @dataclass
 class _Call:
-    """An encoder call waiting for the encoder thread; a decoder-only model's prefill, one chunk at a time (`work`:
-    its progress once started; `left`: its prompt positions still to run)."""
+    """An encoder call waiting for the encoder thread; a decoder-only model's prefill, one chunk at a time on the
+    inference thread (`work`: its progress once started; `left`: its prompt positions still to run)."""
 
     texts: list[tuple[_Entry, int]]
     future: Future[int]
@@ -169,6 +178,9 @@ class InflightBatcher(Batcher):
         self._entries: dict[int, _Entry] = {}  # id(job) -> its entry, while it waits or runs
         self._batches: dict[int, RunningBatch] = {}  # beam width -> its running batch
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-encoder")
+        # A decoder-only model's encoder calls are prefills, run on the inference thread between steps (`_steps`).
+        self._prefills = translator.graphs.decoder_only
+        self._prefill_credit = 0.0  # seconds the prefills may still take before the next step (`_prefill_beside`)
         # Encoder calls not yet started: the encoder thread takes the one of the smallest request first, so that a
         # short request's call does not wait behind a big request's queued calls.
         self._calls: list[_Call] = []
@@ -260,7 +272,8 @@ class InflightBatcher(Batcher):
                 self._entry(request).caches.pop(text, None)  # encoded again when it joins again
             joins = _without(self._deferred, set(preempted)) + joins
             self._deferred = []
-            if not joins and not preempted and not any(b.rows for b in self._batches.values()):
+            prefilling = self._prefills and bool(self._calls)  # a call of texts gone, or waiting texts' prompts
+            if not joins and not preempted and not prefilling and not any(b.rows for b in self._batches.values()):
                 self._wakeup.clear()  # nothing to run until something changes
                 await self._wakeup.wait()
                 continue
@@ -347,8 +360,9 @@ class InflightBatcher(Batcher):
                 self._submit(group[start : start + size])
 
     def _submit(self, texts: list[tuple[_Entry, int]]) -> None:
-        """One encoder call for `texts`, queued for the encoder thread (`_run_call`); texts of one-text requests
-        join a queued call of such texts that has not started, if it has room (up to `batch_size`)."""
+        """One encoder call for `texts`, queued for the encoder thread (`_run_call`), or a prefill's for the
+        inference thread; texts of one-text requests join a queued encoder call of such texts that has not started,
+        if it has room (up to `batch_size`)."""
         loop = asyncio.get_running_loop()
         if not self.translator.graphs.decoder_only and all(len(e.request.costs) == 1 for e, _ in texts):
             with self._calls_lock:  # the encoder thread takes a call out of the queue before it starts it
@@ -373,7 +387,8 @@ class InflightBatcher(Batcher):
         self._open_calls.add(work)
         with self._calls_lock:
             self._calls.append(call)
-        self._encoder.submit(self._run_call)
+        if not self._prefills:  # prefills are the inference thread's (`_steps`)
+            self._encoder.submit(self._run_call)
 
         def encoded(_: Future[int]) -> None:  # on the encoder thread
             with contextlib.suppress(RuntimeError):  # the loop closed: the service has stopped
@@ -381,39 +396,44 @@ class InflightBatcher(Batcher):
 
         work.add_done_callback(encoded)
 
-    def _run_call(self) -> None:
-        """On the encoder thread: one piece of the queued call that ranks first (`_Call.priority`), one per
-        submission. A call with more to do (a long prompt's next prefill chunks) is queued again behind its piece,
-        so that a shorter one can run first."""
+    def _run_call(self) -> bool:
+        """One piece of the queued call that ranks first (`_Call.priority`): on the encoder thread, one per
+        submission; a prefill's on the inference thread, between steps. False if no call is queued. A call with more
+        to do (a long prompt's next prefill chunks) is queued again behind its piece, so that a shorter one can run
+        first."""
         with self._calls_lock:
             if not self._calls:
-                return
+                return False
             call = self._next_call()
             self._calls.remove(call)
         if call.work is None:
             if not call.future.set_running_or_notify_cancel():
-                return
+                return True
             call.work = self._encode_work(call.texts)
         try:
             if all(e.gone for e, _ in call.texts):
                 call.work.close()  # nobody waits for it any more: the rest of its prompt is not run
                 call.future.set_result(0)
-                return
+                return True
             call.left -= next(call.work)
         except StopIteration as done:
             call.future.set_result(done.value)
-            return
+            return True
         except Exception as e:
             call.future.set_exception(e)
-            return
+            return True
         with self._calls_lock:
-            self._calls.append(call)
-        self._encoder.submit(self._run_call)
+            if not self._stopping:  # else `stop` has emptied the queue: this call ends here
+                self._calls.append(call)
+                return True
+        call.work.close()
+        call.future.set_exception(RuntimeError("the service is shutting down"))
+        return True
 
     def _next_call(self) -> _Call:
         """The queued call that runs next (the lock held): the first by `_Call.priority`; but while a prefill call
         has waited `max_skip_age` seconds, every other piece goes to the oldest call, so that long prompts keep
-        half the encoder however many short ones arrive, and a short one waits at most one piece of them."""
+        half the prefill however many short ones arrive, and a short one waits at most one piece of them."""
         prefills = [c for c in self._calls if c.left]
         now = time.monotonic() if prefills else 0.0
         aged = [c for c in prefills if now - c.arrived >= self.limits.max_skip_age]
@@ -458,13 +478,18 @@ class InflightBatcher(Batcher):
         """On the inference thread: the preempted texts leave, the admitted ones whose encoder calls have ended
         join their running batch (each text as soon as its call ends, at the next step: the running rows never wait
         for the encoder, unless there are none), then the running batches take steps, the width the scheduler picks
-        each time, until a text finishes, the scheduler has a change to make, or a token is awaited by a stream (at
-        most MAX_STEPS_PER_ROUND). `shares`: requests running per beam width."""
+        each time, with prompts' prefill chunks between them (`_prefill_beside`), until a text finishes, the
+        scheduler has a change to make, or a token is awaited by a stream (at most MAX_STEPS_PER_ROUND). `shares`:
+        requests running per beam width."""
         done = _Round()
-        idle = not any(batch.rows for batch in self._batches.values())
-        if idle and joins:  # nothing to step meanwhile: wait until a text can join, or for a request that arrives
-            # meanwhile (its prompt may be prefilled between a long prompt's chunks, and join first)
+        if not any(batch.rows for batch in self._batches.values()):
+            # Nothing to step meanwhile: prefill, or wait for the encoder, until a text can join, or until a request
+            # arrives (its prompt may be prefilled between a long prompt's chunks, and join first).
             while not self._interrupt and not any(j.ready(t) for j in joins for t in j.texts):
+                if self._prefills and self._run_call():
+                    continue
+                if not joins:
+                    break
                 wait([c for j in joins for c in j.calls.values()], IDLE_POLL, FIRST_COMPLETED)
         if preempted:
             for batch in self._batches.values():
@@ -482,6 +507,7 @@ class InflightBatcher(Batcher):
             step = batch.step()
             done.seconds.append(time.perf_counter() - started)
             self.scheduler.stepped(width, done.seconds[-1], shares[width])
+            self._prefill_beside(done.seconds[-1])
             done.tokens += step.tokens
             done.finished += step.finished
             if done.finished or (listening and done.tokens) or self._interrupt:
@@ -492,6 +518,20 @@ class InflightBatcher(Batcher):
                 break
         done.running_rows = sum(batch.rows for batch in self._batches.values())
         return done
+
+    def _prefill_beside(self, seconds: float) -> None:
+        """After a step of `seconds`: prefill chunks, the shortest prompt's first (`_next_call`), until they have
+        taken PREFILL_SHARE of the thread's time; a chunk past it is paid back by the next steps. Time not used for
+        want of prompts is not saved."""
+        if not self._prefills:
+            return
+        self._prefill_credit += seconds * PREFILL_SHARE / (1 - PREFILL_SHARE)
+        while self._prefill_credit > 0:
+            started = time.perf_counter()
+            if not self._run_call():
+                self._prefill_credit = 0.0
+                return
+            self._prefill_credit -= time.perf_counter() - started
 
     def _join_ready(self, joins: list[_Join]) -> list[_Join]:
         """The texts of `joins` that are encoded join their running batches; the others are returned."""
