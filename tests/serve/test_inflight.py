@@ -215,11 +215,12 @@ def test_an_idle_batcher_lets_go_of_its_batches_cache_buffers(
         async with _two_places(translator) as batcher:
             held = []
             first = await asyncio.gather(*_send(batcher, translator, TEXTS[:2]))
-            held.append(batcher._batches[1].slots is not None)  # answered: the buffers are kept
+            (batch,) = batcher._batches.values()  # the model's default beam width
+            held.append(batch.slots is not None)  # answered: the buffers are kept
             deadline = time.monotonic() + 30
-            while batcher._batches[1].slots is not None and time.monotonic() < deadline:
+            while batch.slots is not None and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
-            held.append(batcher._batches[1].slots is not None)
+            held.append(batch.slots is not None)
             second = await asyncio.gather(*_send(batcher, translator, TEXTS[2:4]))
             return [d[0].text for d in first + second], held
 
