@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from onnxmt import Translator
+from onnxmt.runtime import slots
 from onnxmt.runtime.cache import KEY_BLOCK
 from onnxmt.runtime.cancel import CancelToken
 from onnxmt.runtime.options import BatchLimits
@@ -104,11 +105,12 @@ def test_texts_joining_mid_batch_translate_as_alone(
 
 @pytest.mark.parametrize("beams", [1, 2])
 def test_a_batch_that_grows_past_its_buffers_and_empties_again_translates_as_alone(
-    tiny_onnx_dir: Path, beams: int
+    tiny_onnx_dir: Path, beams: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two texts join per step with their own length, 60 in all, then a long one joins the few left: the cache
     buffers grow (rows, source width, positions), rows leave from everywhere in the batch, and the buffers shrink
-    when little of them is used; every text is what it is alone."""
+    when little of them is used (here after 2 steps so); every text is what it is alone."""
+    monkeypatch.setattr(slots, "SHRINK_AFTER", 2)
     translator = Translator(tiny_onnx_dir)
     texts = [ENGLISH[i % 40] for i in range(60)]
     groups = [
@@ -197,6 +199,31 @@ def test_beam_texts_of_one_setting_but_their_limits_joining_one_by_one_run_as_on
         assert max(results["cohorts"]) == 1 and max(results["rows"]) >= 10
         if translator is opus:
             assert at_limit[forced] >= 3 and not at_limit[not forced]  # eos forced at their own limits, or none
+
+
+def test_an_emptied_batch_keeps_its_buffers_for_the_next_texts_until_released(tiny_onnx_dir: Path) -> None:
+    """Rows that all leave keep the cache buffers (the next texts join into them, as alone); `release` lets an
+    empty batch's go, and texts joining after it run in new ones, as alone too."""
+    translator = Translator(tiny_onnx_dir)
+    batch = RunningBatch(translator.graphs, 1, translator.manifest.tokens["pad"])
+
+    def run(start: int) -> None:
+        items = translator.prepare(ENGLISH[start : start + 3], beams=1, max_new_tokens=6, min_new_tokens=6)
+        batch.admit([p.ids for p in items], items[0].settings, list(range(3)))
+        finished: dict[object, list] = {}
+        while batch.rows:
+            finished.update(batch.step().finished)
+        assert [finished[i][0].tokens for i in range(3)] == [_alone(translator, p)[0] for p in items]
+
+    run(0)
+    buffers = batch.slots
+    assert buffers is not None and buffers.rows == 0
+    run(3)
+    assert batch.slots is buffers  # the second texts ran in the buffers the first left
+    batch.release()
+    assert batch.slots is None
+    run(6)
+    assert batch.slots is not None and batch.slots is not buffers
 
 
 def test_a_cancelled_text_leaves_at_the_next_step_and_the_others_are_unchanged(tiny_onnx_dir: Path) -> None:

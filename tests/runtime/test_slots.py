@@ -8,8 +8,9 @@ import importlib
 import numpy as np
 import pytest
 
+from onnxmt.runtime import slots as slots_module
 from onnxmt.runtime.cache import Cache, buffer_zeros
-from onnxmt.runtime.slots import CacheSlots
+from onnxmt.runtime.slots import SHRINK_AFTER, CacheSlots
 
 HEADS, DIM, LAYERS = 2, 3, 2
 
@@ -55,7 +56,8 @@ def _same_live(slots: CacheSlots, rows: list[list], sentences: list[tuple]) -> N
         assert a.flags.c_contiguous  # ONNX Runtime reads the views in place
 
 
-def test_joins_steps_reorders_and_departures_keep_every_live_row() -> None:
+def test_joins_steps_reorders_and_departures_keep_every_live_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slots_module, "SHRINK_AFTER", 3)  # shrinks within this test's steps
     rng = np.random.default_rng(0)
     beams = 2
     empty = tuple(np.zeros((0, HEADS, 1, DIM), np.float32) for _ in range(2 * LAYERS))
@@ -175,3 +177,38 @@ def test_cache_buffers_are_allocated_in_small_pages_and_numpys_setting_is_kept(m
         assert big.shape == (64, 8, 64, 64) and big.dtype == np.float32 and not big.any()
         assert not small.any()
     assert seen == [False, True, False, False]
+
+
+def test_rows_and_sentences_shrink_only_after_a_while_at_a_quarter_and_an_empty_batch_keeps_its_buffers() -> None:
+    """Texts that started together finish together and the next ones join a few steps later: the buffers keep
+    their rows and sentences for SHRINK_AFTER steps at a quarter used (no reallocation and copy back up as the
+    next ones join), then shrink; a batch whose rows all left keeps its buffers for the next texts."""
+    rng = np.random.default_rng(3)
+    empty = tuple(np.zeros((0, HEADS, 1, DIM), np.float32) for _ in range(2 * LAYERS))
+    texts = _texts(rng, 40)
+    slots = CacheSlots.like(empty, texts[0])
+    slots.add(texts, max_positions=200)
+    full = slots.capacity[:2]
+    rows: list[list] = [[0, *(np.zeros((HEADS, 0, DIM), np.float32) for _ in empty)] for _ in range(40)]
+    sentences = [(t.mask[0], *(a[0] for a in t.cross_kv or ())) for t in texts]
+    slots.keep(np.arange(4), np.arange(4))  # 36 of 40 finish
+    rows, sentences = rows[:4], sentences[:4]
+    for _ in range(SHRINK_AFTER - 1):
+        assert slots.capacity[:2] == full
+        _step(slots, rng, rows)
+        slots.keep(np.arange(4), np.arange(4))
+        _same_live(slots, rows, sentences)
+    assert slots.capacity[:2] == (8, 8)  # twice the rows used
+    _same_live(slots, rows, sentences)
+    grown = CacheSlots.like(empty, texts[0])
+    grown.add(texts, max_positions=200)
+    before = grown.capacity
+    grown.keep(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert grown.capacity == before and grown.rows == 0
+    grown.add(texts[:3], max_positions=200)  # into the buffers kept
+    assert grown.capacity == before
+    _same_live(
+        grown,
+        [[0, *(np.zeros((HEADS, 0, DIM), np.float32) for _ in empty)] for _ in range(3)],
+        [(t.mask[0], *(a[0] for a in t.cross_kv or ())) for t in texts[:3]],
+    )

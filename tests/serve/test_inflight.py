@@ -201,6 +201,34 @@ def _alone(translator: Translator, texts: list[str], **options: int) -> list[str
     return [translator.translate([t], **options)[0].text for t in texts]
 
 
+def test_an_idle_batcher_lets_go_of_its_batches_cache_buffers(
+    tiny_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running batch keeps its cache buffers between requests (the next ones join into them); once no request
+    has come for IDLE_SECONDS the batcher lets them go, and a request after that is answered as alone."""
+    from onnxmt.serve import batcher as batcher_module
+
+    monkeypatch.setattr(batcher_module, "IDLE_SECONDS", 0.2)
+    translator = Translator(tiny_onnx_dir)
+
+    async def run() -> tuple[list[str], list[bool]]:
+        async with _two_places(translator) as batcher:
+            held = []
+            first = await asyncio.gather(*_send(batcher, translator, TEXTS[:2]))
+            (batch,) = batcher._batches.values()  # the model's default beam width
+            held.append(batch.slots is not None)  # answered: the buffers are kept
+            deadline = time.monotonic() + 30
+            while batch.slots is not None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            held.append(batch.slots is not None)
+            second = await asyncio.gather(*_send(batcher, translator, TEXTS[2:4]))
+            return [d[0].text for d in first + second], held
+
+    answers, held = asyncio.run(run())
+    assert held == [True, False]
+    assert answers == _alone(translator, TEXTS[:4])
+
+
 def test_waiting_requests_are_encoded_on_the_encoder_thread_while_the_batch_steps(
     tiny_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -255,6 +255,13 @@ class RunningBatch:
         self._close_up(spans, counts, advances)
         return step
 
+    def release(self) -> None:
+        """An empty batch lets go of its cache buffers, made again when texts join. Rows that leave keep them
+        (`CacheSlots.keep`): under a closed loop of clients a batch often empties for a moment, and its next texts
+        would otherwise reallocate every buffer in fresh memory."""
+        if not self.rows:
+            self.slots = None
+
     def leave(self, keys: Iterable[object]) -> None:
         """The texts `keys` leave before the next step (the scheduler preempted them): their rows go, and nothing
         is returned for them."""

@@ -7,7 +7,7 @@ that took a sixth of each step. Here the buffers have spare rows, sentences, sou
 positions; the decoder reads views of their first rows (a view of a buffer's leading rows is contiguous, so ONNX
 Runtime reads it in place). A joining cohort is written into the spare rows; leaving rows are closed up in place,
 moving only the rows whose index changes. Buffers are reallocated when a capacity runs out (by half again, or a
-position chunk) or when at most a quarter of it is used.
+position chunk) or when at most a quarter of it is used (rows and sentences: for a while, see SHRINK_AFTER).
 
 Spare places hold stale or zero values that no row reads: the decoder masks every source position past a
 sentence's width and every decoder position at or past a row's length.
@@ -24,6 +24,12 @@ from .cache import KEY_BLOCK, SELF_KV_CHUNK, Cache, aligned, buffer_zeros, next_
 
 # Source positions the cross-attention buffers grow by at least (`_wider`).
 WIDTH_STEP = 4 * KEY_BLOCK
+# Steps in a row the buffers' rows or sentences stay at most a quarter used before they are reallocated smaller
+# (`_shrink`). Under a closed loop of clients, texts that started together finish together and the next ones join a
+# few steps later, once their requests are sent and encoded: shrinking at once made those joins reallocate and copy
+# the buffers back up, in fresh memory, at every such turn. Spare rows cost memory only (the decoder reads the live
+# rows' views).
+SHRINK_AFTER = 64
 
 
 @dataclass
@@ -43,8 +49,9 @@ class CacheSlots:
     # Memory of buffers a reallocation let go, reused by the next one (`_buffer`): a buffer in fresh memory costs a
     # page fault per 4 KB page on its first write, which on this project's 2-core VM made a batch that grew back to
     # 46 rows after shrinking take 72-156 ms for it (46 sentences' cross-attention K/V, 68 MB); memory already
-    # written is copied into at memory speed. Let go when the batch has no rows (`keep`).
+    # written is copied into at memory speed. Let go with the buffers (`RunningBatch.release`).
     spare: list[np.ndarray] = field(default_factory=list)
+    low_steps: int = 0  # steps in a row with the rows or sentences at most a quarter used (`_shrink`)
 
     @classmethod
     def like(cls, self_kv: Sequence[np.ndarray], text: Cache) -> CacheSlots:
@@ -142,19 +149,25 @@ class CacheSlots:
                 a[moved] = a[sources]
             self.mask[moved] = self.mask[sources]
         self.rows, self.sentences = len(rows), len(sentences)
-        if not self.rows:
-            self.spare = []  # an idle batch keeps no memory it does not use
-        self._shrink()
+        if self.rows:  # an empty batch keeps its buffers for the texts that join next (`RunningBatch.release`)
+            self._shrink()
 
     def _shrink(self) -> None:
-        """Buffers at most a quarter used (rows, sentences) or half (source width, positions: the decoder reads
-        those whole) are reallocated: at twice the rows used, the width used, a chunk past the longest row; so
-        that a batch that was once large does not keep its memory nor read spare positions."""
+        """Buffers at most a quarter used (rows, sentences: for SHRINK_AFTER steps in a row) or half (source width,
+        positions: the decoder reads those whole, at once) are reallocated: at twice the rows used, the width used, a
+        chunk past the longest row; so that a batch that was once large does not keep its memory nor read spare
+        positions."""
         used = self.mask[: self.sentences].any(axis=0)
         width = int(np.flatnonzero(used)[-1]) + 1 if used.any() else 1
         filled = int(self.lengths[: self.rows].max(initial=0))
         wanted = (2 * self.rows, 2 * self.sentences, aligned(width), aligned(filled + SELF_KV_CHUNK))
-        new = [want if 2 * want <= cap and cap > 16 else cap for want, cap in zip(wanted, self.capacity, strict=True)]
+        small = [2 * want <= cap and cap > 16 for want, cap in zip(wanted, self.capacity, strict=True)]
+        self.low_steps = self.low_steps + 1 if small[0] or small[1] else 0
+        if self.low_steps < SHRINK_AFTER:
+            small[0] = small[1] = False
+        elif small[0] or small[1]:
+            self.low_steps = 0
+        new = [want if s else cap for want, s, cap in zip(wanted, small, self.capacity, strict=True)]
         if tuple(new) != self.capacity:
             rows, sentences, width, positions = new
             self._reshape(rows, sentences, width, positions, shrink=True)

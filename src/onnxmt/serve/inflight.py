@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import cast
 
 import numpy as np
@@ -171,7 +172,9 @@ class InflightBatcher(Batcher):
         on_step: Callable[[StepStats], None] = lambda stats: None,
         on_idle: Callable[[], object] | None = None,
     ) -> None:
-        super().__init__(executor, limits=limits, max_queue=max_queue, on_queue=on_queue, on_idle=on_idle)
+        super().__init__(
+            executor, limits=limits, max_queue=max_queue, on_queue=on_queue, on_idle=partial(self._let_go, on_idle)
+        )
         self.translator = translator
         self.scheduler = Scheduler(limits)
         self._on_step = on_step
@@ -191,6 +194,14 @@ class InflightBatcher(Batcher):
         self._interrupt = False  # set on the event loop: the scheduler has a change to make, or texts are encoded
         self._deferred: list[_Join] = []  # texts admitted whose encoder call had not ended when the round started
         self._stopping = False
+
+    def _let_go(self, on_idle: Callable[[], object] | None) -> None:
+        """On the inference thread, once no request has come for a while: the empty running batches let go of their
+        cache buffers (they keep them while requests come: `RunningBatch.release`), then `on_idle`."""
+        for batch in self._batches.values():
+            batch.release()
+        if on_idle is not None:
+            on_idle()
 
     @property
     def depth(self) -> int:
