@@ -165,7 +165,7 @@ class CacheSlots:
         self.low_steps = self.low_steps + 1 if small[0] or small[1] else 0
         if self.low_steps < SHRINK_AFTER:
             small[0] = small[1] = False
-        elif small[0] or small[1]:
+        else:  # low for SHRINK_AFTER steps (so small[0] or small[1]): shrinking now, counted again from 0
             self.low_steps = 0
         new = [want if s else cap for want, s, cap in zip(wanted, small, self.capacity, strict=True)]
         if tuple(new) != self.capacity:
