@@ -365,3 +365,35 @@ def test_the_fixtures_rotary_tables_are_the_families(hy_mt_hf_dir: Path, transla
     steps = np.arange(0, d, 2) / d
     np.testing.assert_allclose(gemma.full_attention_inv_freq.numpy(), 1.0 / 1e6**steps / 8, rtol=1e-5)
     np.testing.assert_allclose(gemma.sliding_attention_inv_freq.numpy(), 1.0 / 1e4**steps, rtol=1e-5)
+
+
+def test_a_prompt_prefilled_alone_keeps_the_buffers_it_was_prefilled_into(hy_mt_onnx_dir: Path) -> None:
+    """The service prefills one prompt per call: its cache is the buffers the graph wrote, not a copy (a copy held
+    the prompt's cache twice; it is copied once more into the running batch as it joins). Prompts prefilled
+    together get their own rows, copied out, as before; both give the prompt's cache and last logits as one call
+    over the whole prompt does."""
+    graphs = _graphs(hy_mt_onnx_dir)
+    short, _, long = sorted(_prompts(hy_mt_onnx_dir, *PAIRS["hy_mt"]), key=len)
+    written: list[tuple[np.ndarray, ...]] = []
+    extend = graphs.extend
+
+    def recorded(ids: np.ndarray, lengths: np.ndarray, cache: Any) -> Any:
+        logits, cache = extend(ids, lengths, cache)
+        written.append(cache.self_kv)
+        return logits, cache
+
+    graphs.extend = recorded  # type: ignore[method-assign]
+    (alone,) = graphs.prefill_each([long], chunk=16)
+    assert len(written) == -(-len(long) // 16)
+    assert all(a is b for a, b in zip(alone.self_kv, written[-1], strict=True))
+    together = graphs.prefill_each([short, long], chunk=16)
+    # The short prompt's row, done first, is copied out of the call's buffers (they run on for the long one).
+    assert all(not np.shares_memory(a, b) for a, b in zip(together[0].self_kv, written[-1], strict=True))
+    graphs.extend = extend  # type: ignore[method-assign]
+    _, whole = graphs.prefill([long])
+    n = len(long)
+    assert alone.self_len is not None and together[1].self_len is not None
+    assert alone.self_len.tolist() == together[1].self_len.tolist() == [n]
+    for a, b, c in zip(alone.self_kv, together[1].self_kv, whole.self_kv, strict=True):
+        np.testing.assert_array_equal(a[:, :, :n], b[:, :, :n])
+        np.testing.assert_allclose(a[:, :, :n], c[:, :, :n], atol=TOLERANCE)

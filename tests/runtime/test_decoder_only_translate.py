@@ -233,3 +233,36 @@ def test_a_glossary_is_refused_without_a_terminology_prompt(translategemma_onnx_
             translator.translate(["Hi"], source_lang="en", target_lang=target, glossary={"Hi": "Hallo"})
         with pytest.raises(ValueError, match="a context goes into HY-MT's"):
             translator.prepare(["Hi"], source_lang="en", target_lang=target, context="before")
+
+
+def test_a_running_batchs_buffers_are_allocated_as_prompts_join_never_as_they_decode(hy_mt_onnx_dir: Path) -> None:
+    """A prompt joining the running batch gets its positions up to its limit (prompt and max_new_tokens) at once:
+    the batch's buffers are reallocated when a text joins past their rows, never while rows decode (they grew a
+    chunk of positions at a time, each growth a copy of every row's cache). Each text is the bits it gets alone."""
+    translator = _translator(hy_mt_onnx_dir)
+    pad = translator.manifest.tokens["pad"]
+    first, second = (
+        translator.prepare([text], source_lang="en", target_lang="zh", max_new_tokens=tokens)[0]
+        for text, tokens in ((TEXTS[1], 40), (TEXTS[0], 8))
+    )
+    batch = RunningBatch(translator.graphs, 1, pad)
+    batch.admit([first.ids], first.settings, ["first"])
+    buffers: list[np.ndarray] = []  # the first layer's key buffer after each step, each kept once
+    results: dict[object, Any] = {}
+    step = 0
+    while batch.rows:
+        if step == 3:
+            batch.admit([second.ids], second.settings, ["second"])
+        results.update(batch.step().finished)
+        assert batch.slots is not None
+        if not any(buffer is batch.slots.kv[0] for buffer in buffers):
+            buffers.append(batch.slots.kv[0])
+        step += 1
+    assert step > 20  # the first text decoded past a chunk of positions (16)
+    # (rows, positions): one row with room for the first prompt and its 40 tokens; then two rows, as the second joins.
+    limit = len(first.ids) - 1 + 40
+    assert [b.shape[0] for b in buffers] == [1, 2]
+    assert all(b.shape[2] == -(-limit // 4) * 4 for b in buffers)
+    for key, prepared in (("first", first), ("second", second)):
+        (hypothesis,) = results[key]
+        assert (hypothesis.tokens, hypothesis.score) == _alone(translator, prepared)

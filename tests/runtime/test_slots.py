@@ -212,3 +212,73 @@ def test_rows_and_sentences_shrink_only_after_a_while_at_a_quarter_and_an_empty_
         [[0, *(np.zeros((HEADS, 0, DIM), np.float32) for _ in empty)] for _ in range(3)],
         [(t.mask[0], *(a[0] for a in t.cross_kv or ())) for t in texts[:3]],
     )
+
+
+def _prompt(rng: np.random.Generator, length: int, room: int) -> tuple[Cache, list]:
+    """A decoder-only text as it joins: its prompt's `length` positions prefilled into buffers of `room` positions
+    (prefill leaves spare positions past it), no source; and its reference row [length, *per-layer K/V]."""
+    kv = tuple(rng.standard_normal((1, HEADS, room, DIM)).astype(np.float32) for _ in range(2 * LAYERS))
+    text = Cache(
+        mask=np.zeros((1, 0), np.int64), self_kv=kv, cross_kv=(), per_sentence=True, self_len=np.array([length])
+    )
+    return text, [length, *(a[0, :, :length].copy() for a in kv)]
+
+
+def test_a_decoder_only_row_has_its_positions_up_to_its_limit_from_its_join_and_is_never_grown() -> None:
+    """A decoder-only model's rows (`reserve`) join with room for their prompt and every token they may generate:
+    the buffers are allocated as the row joins and stepped to its limit without another reallocation (growing a
+    chunk at a time copied every row's cache at each chunk, holding two copies meanwhile); a shorter prompt joining
+    mid-run fits in them (one more row: the rows are reallocated, not the positions). A single row is not given
+    eight rows' room: each would hold the longest row's positions."""
+    rng = np.random.default_rng(4)
+    empty = tuple(np.zeros((0, HEADS, 1, DIM), np.float32) for _ in range(2 * LAYERS))
+    long, long_row = _prompt(rng, 45, 47)
+    slots = CacheSlots.like(empty, long, reserve=True)
+    slots.add([long], max_positions=30)
+    assert slots.capacity == (1, 1, 0, 76)  # 45 + 30 positions, to a whole block; one row
+    buffers = [id(a) for a in slots.kv]
+    rows = [long_row]
+    for _ in range(10):
+        _step(slots, rng, rows)
+    short, short_row = _prompt(rng, 9, 9)
+    slots.add([short], max_positions=30)
+    rows.append(short_row)
+    assert slots.capacity[3] == 76  # the short row's 39 positions fit
+    buffers = [id(a) for a in slots.kv]
+    for _ in range(20):  # the long row to its limit
+        _step(slots, rng, rows)
+        assert [id(a) for a in slots.kv] == buffers
+        _same_live(slots, rows, [(np.zeros(0, np.int64),)] * 2)
+    assert rows[0][0] == 75
+
+
+def test_a_reallocation_holds_one_old_buffer_at_a_time_and_keeps_none_after_growing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When the rows fill their positions, the buffers are reallocated one at a time, each old buffer let go once
+    it is copied: no more than the new buffers and one old one are held at once (copying all, then letting all go,
+    held two caches). The old buffers, smaller than the new ones, are not kept as spare memory either."""
+    import weakref
+
+    rng = np.random.default_rng(5)
+    empty = tuple(np.zeros((0, HEADS, 1, DIM), np.float32) for _ in range(2 * LAYERS))
+    texts = _texts(rng, 3)
+    slots = CacheSlots.like(empty, texts[0])
+    slots.add(texts, max_positions=200)
+    rows: list[list] = [[0, *(np.zeros((HEADS, 0, DIM), np.float32) for _ in empty)] for _ in range(3)]
+    sentences = [(t.mask[0], *(a[0] for a in t.cross_kv or ())) for t in texts]
+    while slots.lengths[0] < slots.capacity[3]:
+        _step(slots, rng, rows)
+    old = [weakref.ref(a) for a in slots.kv]
+    alive: list[int] = []  # old buffers alive as each new one is allocated
+    real = slots_module.buffer_zeros
+
+    def counted(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+        alive.append(sum(ref() is not None for ref in old))
+        return real(shape, dtype)
+
+    monkeypatch.setattr(slots_module, "buffer_zeros", counted)
+    _step(slots, rng, rows)  # grows the positions
+    assert alive == [len(old) - k for k in range(len(old))]  # the k-th allocation: all but the k copied alive
+    assert all(ref() is None for ref in old) and slots.spare == []
+    _same_live(slots, rows, sentences)

@@ -125,7 +125,13 @@ class DecoderOnlyGraphs(Graphs):
             for row, i in enumerate(active):
                 if done[row]:
                     n = len(prompts[i])
-                    kv = tuple(b[row : row + 1, :, :n].copy() for b in cache.self_kv)
+                    # A prompt alone keeps the buffers it was prefilled into (the service's prefills: one prompt a
+                    # call): a copy would hold its cache twice for a moment, and it is copied once more as it joins.
+                    kv = (
+                        cache.self_kv
+                        if len(active) == 1
+                        else tuple(b[row : row + 1, :, :n].copy() for b in cache.self_kv)
+                    )
                     out[i] = replace(self.empty_cache(1), self_kv=kv, self_len=np.array([n], dtype=np.int64))
             if all(done):
                 break

@@ -237,7 +237,8 @@ class RunningBatch:
                 self.cohorts.append(cohort)
             texts = join.caches or []
             if self.slots is None:
-                self.slots = CacheSlots.like(self.graphs.empty_self_kv(0, capacity=1), texts[0])
+                empty = self.graphs.empty_self_kv(0, capacity=1)
+                self.slots = CacheSlots.like(empty, texts[0], reserve=self.graphs.decoder_only)
             self.slots.add(texts, self.beams, max_positions=settings.max_length - 1)
         self._joining = []
 

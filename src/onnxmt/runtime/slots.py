@@ -7,7 +7,15 @@ that took a sixth of each step. Here the buffers have spare rows, sentences, sou
 positions; the decoder reads views of their first rows (a view of a buffer's leading rows is contiguous, so ONNX
 Runtime reads it in place). A joining cohort is written into the spare rows; leaving rows are closed up in place,
 moving only the rows whose index changes. Buffers are reallocated when a capacity runs out (by half again, or a
-position chunk) or when at most a quarter of it is used (rows and sentences: for a while, see SHRINK_AFTER).
+position chunk) or when at most a quarter of it is used (rows and sentences: for a while, see SHRINK_AFTER). A
+reallocation copies one buffer at a time and lets each old one go once it is copied, so that it holds the new
+buffers and one old one, not two caches (the running batch's cache of a decoder-only model's long prompts is
+gigabytes).
+
+A decoder-only model's rows (`reserve`) get their positions up to their limit (the prompt and the most tokens they
+may generate) when they join: the longest row's cache is allocated once, not grown a chunk at a time (each growth a
+copy of every row). An encoder-decoder's rows grow a chunk at a time: their limit (max_length) is mostly far past
+what they generate, and the decoder reads a buffer's every position.
 
 Spare places hold stale or zero values that no row reads: the decoder masks every source position past a
 sentence's width and every decoder position at or past a row's length.
@@ -46,6 +54,9 @@ class CacheSlots:
     limits: np.ndarray
     rows: int = 0
     sentences: int = 0
+    # Positions reserved up to the rows' limits as they join, rows added from 1 (a decoder-only model's: see the
+    # module's docstring and `_more`).
+    reserve: bool = False
     # Memory of buffers a reallocation let go, reused by the next one (`_buffer`): a buffer in fresh memory costs a
     # page fault per 4 KB page on its first write, which on this project's 2-core VM made a batch that grew back to
     # 46 rows after shrinking take 72-156 ms for it (46 sentences' cross-attention K/V, 68 MB); memory already
@@ -54,14 +65,14 @@ class CacheSlots:
     low_steps: int = 0  # steps in a row with the rows or sentences at most a quarter used (`_shrink`)
 
     @classmethod
-    def like(cls, self_kv: Sequence[np.ndarray], text: Cache) -> CacheSlots:
+    def like(cls, self_kv: Sequence[np.ndarray], text: Cache, reserve: bool = False) -> CacheSlots:
         """Empty buffers shaped like `self_kv` (per layer key, value: (any rows, heads, positions, head_dim)) and
-        like `text`'s source (an encoded text, as `add` takes it)."""
+        like `text`'s source (an encoded text, as `add` takes it); `reserve`: a decoder-only model's."""
         assert text.cross_kv is not None
         kv = [np.zeros((0, *a.shape[1:]), a.dtype) for a in self_kv]
         cross = [np.zeros((0, *a.shape[1:]), a.dtype) for a in text.cross_kv]
         mask = np.zeros((0, text.mask.shape[1]), text.mask.dtype)
-        return cls(kv, cross, mask, np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return cls(kv, cross, mask, np.zeros(0, np.int64), np.zeros(0, np.int64), reserve=reserve)
 
     @property
     def capacity(self) -> tuple[int, int, int, int]:
@@ -75,18 +86,20 @@ class CacheSlots:
     def add(self, texts: Sequence[Cache], beams: int = 1, max_positions: int | None = None) -> None:
         """Append encoded texts (`running.encode_texts`: one row each, cut to its own width), each a sentence with
         `beams` decoder rows that have decoded nothing yet (or hold a decoder-only prompt: the text's `self_len`
-        positions of its `self_kv`) and will step at most `max_positions` positions more. Each
-        text's source is written straight into the buffers; what lies past its width, and in its rows' positions,
-        is masked (stale values are never read)."""
+        positions of its `self_kv`) and will step at most `max_positions` positions more (with `reserve`, its rows
+        have room for them from now on). Each text's source is written straight into the buffers; what lies past
+        its width, and in its rows' positions, is masked (stale values are never read)."""
         rows, sentences = len(texts) * beams, len(texts)
         # A decoder-only text comes with its prompt in its own cache (`self_len` positions), copied to its rows.
         held = np.array([0 if t.self_len is None else int(t.self_len[0]) for t in texts], dtype=np.int64)
+        wanted = int(held.max()) + (max_positions or 0) if self.reserve else int(held.max())
+        least = 1 if self.reserve else 8
         cap_rows, cap_sentences, cap_width, cap_positions = self.capacity
         self._reshape(
-            rows=_more(cap_rows, self.rows + rows),
-            sentences=_more(cap_sentences, self.sentences + sentences),
+            rows=_more(cap_rows, self.rows + rows, least),
+            sentences=_more(cap_sentences, self.sentences + sentences, least),
             width=_wider(cap_width, max(aligned(text.mask.shape[1]) for text in texts)),
-            positions=max(cap_positions, 1, aligned(int(held.max()))),
+            positions=max(cap_positions, 1, aligned(wanted)),
         )
         for j, (s, text) in enumerate(enumerate(texts, start=self.sentences)):
             assert text.cross_kv is not None
@@ -155,12 +168,14 @@ class CacheSlots:
     def _shrink(self) -> None:
         """Buffers at most a quarter used (rows, sentences: for SHRINK_AFTER steps in a row) or half (source width,
         positions: the decoder reads those whole, at once) are reallocated: at twice the rows used, the width used, a
-        chunk past the longest row; so that a batch that was once large does not keep its memory nor read spare
-        positions."""
+        chunk past the longest row (with `reserve`, the longest limit); so that a batch that was once large does not
+        keep its memory nor read spare positions."""
         used = self.mask[: self.sentences].any(axis=0)
         width = int(np.flatnonzero(used)[-1]) + 1 if used.any() else 1
         filled = int(self.lengths[: self.rows].max(initial=0))
-        wanted = (2 * self.rows, 2 * self.sentences, aligned(width), aligned(filled + SELF_KV_CHUNK))
+        # With `reserve`, the positions the rows have reserved (up to their limits).
+        reach = max(filled, int(self.limits[: self.rows].max(initial=0))) if self.reserve else filled + SELF_KV_CHUNK
+        wanted = (2 * self.rows, 2 * self.sentences, aligned(width), aligned(reach))
         small = [2 * want <= cap and cap > 16 for want, cap in zip(wanted, self.capacity, strict=True)]
         self.low_steps = self.low_steps + 1 if small[0] or small[1] else 0
         if self.low_steps < SHRINK_AFTER:
@@ -188,31 +203,43 @@ class CacheSlots:
         if not shrink:
             new = [max(a, b) for a, b in zip(new, now, strict=True)]
         cap_rows, cap_sentences, cap_width, cap_positions = new
-        released: list[np.ndarray] = []
+        # Buffers let go by a shrink are kept as spare memory, for the batch to grow back into (`_buffer`); those
+        # let go by a growth are freed: smaller than the new ones, they would hold a second cache for nothing.
+        released: list[np.ndarray] | None = [] if shrink else None
         if (cap_rows, cap_positions) != (now[0], now[3]):
-            released += self.kv
-            self.kv = self._copied(self.kv, cap_rows, cap_positions, self.rows, min(cap_positions, now[3]))
+            old, self.kv = self.kv, []
+            self.kv = self._copied(old, cap_rows, cap_positions, self.rows, min(cap_positions, now[3]), released)
         if cap_rows != now[0]:
             self.lengths = _resized(self.lengths, cap_rows, self.rows)
             self.limits = _resized(self.limits, cap_rows, self.rows)
         if (cap_sentences, cap_width) != (now[1], now[2]):
             keep_width = min(cap_width, now[2])
-            released += self.cross
-            self.cross = self._copied(self.cross, cap_sentences, cap_width, self.sentences, keep_width)
+            old, self.cross = self.cross, []
+            self.cross = self._copied(old, cap_sentences, cap_width, self.sentences, keep_width, released)
             mask = np.zeros((cap_sentences, cap_width), self.mask.dtype)
             mask[: self.sentences, :keep_width] = self.mask[: self.sentences, :keep_width]
             self.mask = mask
-        self._release(released)
+        if released is not None:
+            self._release(released)
 
-    def _copied(self, arrays: list[np.ndarray], rows: int, places: int, live: int, keep: int) -> list[np.ndarray]:
+    def _copied(
+        self, arrays: list[np.ndarray], rows: int, places: int, live: int, keep: int, released: list[np.ndarray] | None
+    ) -> list[np.ndarray]:
         """Each of `arrays` (rows, heads, places, head_dim) in a buffer of `rows` rows and `places` places, holding
-        its first `live` rows and first `keep` places; the rest holds zeros or stale values (never read)."""
+        its first `live` rows and first `keep` places; the rest holds zeros or stale values (never read). `arrays`
+        (referenced nowhere else) is emptied as they are copied, each let go once copied, or put in `released` if
+        given: so a reallocation holds the new buffers and one old one at a time."""
         index = (slice(0, live), slice(None), slice(0, keep))
         copies = []
-        for a in arrays:
+        arrays.reverse()  # popped from the end: in their order
+        while arrays:
+            a = arrays.pop()
             out = self._buffer((rows, a.shape[1], places, a.shape[3]), a.dtype)
             out[index] = a[index]
             copies.append(out)
+            if released is not None:
+                released.append(a)
+            del a
         return copies
 
     def _buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -265,10 +292,12 @@ def _wider(capacity: int, needed: int) -> int:
     return capacity if needed <= capacity else max(needed, aligned(capacity + WIDTH_STEP))
 
 
-def _more(capacity: int, needed: int) -> int:
-    """A capacity of at least `needed`: half as much again as now when it must grow, so that appending rows one
-    cohort at a time copies each row a bounded number of times."""
-    return capacity if needed <= capacity else max(needed, capacity + capacity // 2, 8)
+def _more(capacity: int, needed: int, least: int = 8) -> int:
+    """A capacity of at least `needed`: half as much again as now when it must grow, and at least `least`, so that
+    appending rows one cohort at a time copies each row a bounded number of times. A decoder-only model's start
+    from 1: each spare row holds the longest row's positions, a long prompt's, and eight rows for one prompt alone
+    would be eight times its cache."""
+    return capacity if needed <= capacity else max(needed, capacity + capacity // 2, least)
 
 
 def _memory(buffer: np.ndarray) -> np.ndarray:
