@@ -44,14 +44,43 @@ def test_help_lists_every_command_in_80_columns() -> None:
     assert unknown.returncode == 2 and "unknown command 'nosuch'" in unknown.stderr
 
 
+# `bench.py NAME --help` for every command in one fresh process (one python start and one import of numpy and onnxmt
+# for all of them): each command's exit code, output and error output, what its own process would give.
+HELPS = """
+import contextlib, io, json, sys, traceback
+sys.path.insert(0, sys.argv[1])
+import bench
+answers = {}
+for name in bench.COMMANDS:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = bench.main([name, "--help"])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    answers[name] = [code, out.getvalue(), err.getvalue()]
+print(json.dumps(answers))
+"""
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, list]:
+    done = subprocess.run([sys.executable, "-c", HELPS, str(BENCHMARKS)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 @pytest.mark.parametrize("name", list(bench.COMMANDS))
-def test_every_command_answers_help(name: str) -> None:
-    done = subprocess.run([*BENCH, name, "--help"], capture_output=True, text=True)
-    missing = re.search(r"No module named '([\w.]+)'", done.stderr)
+def test_every_command_answers_help(helps: dict[str, list], name: str) -> None:
+    code, out, err = helps[name]
+    missing = re.search(r"No module named '([\w.]+)'", err)
     if missing and not IN_CI:
         pytest.skip(f"{name} needs {missing[1]}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"bench.py {name}" in done.stdout
+    assert code == 0, err[-3000:]
+    assert f"bench.py {name}" in out
 
 
 def test_a_decoder_only_model_is_the_decoder_commands() -> None:

@@ -62,22 +62,25 @@ def test_text_corpus_is_identical_to_translate(
 def test_jsonl_and_parquet_keep_fields_and_order(
     cluster: None, tiny_onnx_dir: Path, lines: list[str], expected: list[str], tmp_path: Path
 ) -> None:
-    records = [{"id": f"s{i}", "src": text, "meta": {"n": i}} for i, text in enumerate(lines[:400])]
+    # 200 lines, the empty one (line 300) among them: two blocks of the jsonl, three row groups of the parquet.
+    texts, translations = lines[200:400], expected[200:400]
+    records = [{"id": f"s{i}", "src": text, "meta": {"n": i}} for i, text in enumerate(texts)]
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     translate_corpus(CorpusJob(source, tmp_path / "out.jsonl", tiny_onnx_dir, field="src", block_rows=150))
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
-    assert out == [{**r, "translation": t} for r, t in zip(records, expected[:400], strict=True)]
+    assert out == [{**r, "translation": t} for r, t in zip(records, translations, strict=True)]
 
-    table = pa.table({"id": list(range(400)), "text": lines[:400], "score": [i / 10 for i in range(400)]})
+    table = pa.table({"id": list(range(200)), "text": texts, "score": [i / 10 for i in range(200)]})
     pq.write_table(table, tmp_path / "in.parquet", row_group_size=97)  # blocks cut short by row groups
     translate_corpus(
         CorpusJob(tmp_path / "in.parquet", tmp_path / "out.parquet", tiny_onnx_dir, workers=2, block_rows=150)
     )
     written = pq.read_table(tmp_path / "out.parquet")
     assert written.column_names == ["id", "text", "score", "translation"]
-    assert written.column("id").to_pylist() == list(range(400))
-    assert written.column("translation").to_pylist() == expected[:400]
+    assert written.column("id").to_pylist() == list(range(200))
+    assert written.column("translation").to_pylist() == translations
+    assert "" in texts and translations[texts.index("")] == ""
 
 
 @pytest.mark.timeout(600)
