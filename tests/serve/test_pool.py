@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from onnxmt.runtime.options import BatchLimits
 from onnxmt.runtime.translator import Translation
 from onnxmt.serve.batcher import MicroBatcher
 from onnxmt.serve.metrics import Metrics
+from onnxmt.serve.options import ServeOptions
 from onnxmt.serve.pool import ModelEntry, ModelPool
 from onnxmt.serve.protocol import Languages
 from onnxmt.testing import generate_corpus
@@ -210,21 +212,33 @@ def _echo(texts: list[str], options: DecodeOptions, tokens: object, on_batch: ob
     return [Translation(text, [], 0.0) for text in texts]
 
 
-def _pool(model_dir: Path, names: list[str], **budget: int) -> ModelPool:
-    manifest = load_manifest(model_dir)
-    entries = [ModelEntry(name, model_dir, manifest, Languages(manifest), bytes=100) for name in names]
+@dataclass(frozen=True)
+class _Opener:
+    """Opens stand-ins for translators: loading is not what is tested here, choosing what to unload is."""
 
-    def make_batcher(entry: ModelEntry) -> MicroBatcher:
+    options: ServeOptions
+    executor: Any = None  # the event loop's default executor
+    metrics: Metrics = field(default_factory=Metrics)
+
+    def check(self, entry: ModelEntry) -> None:
+        pass
+
+    def load(self, entry: ModelEntry) -> Any:
+        return object()
+
+    def make_batcher(self, entry: ModelEntry) -> MicroBatcher:
         return MicroBatcher(_echo, None, limits=BatchLimits(4), window=0, max_queue=8)
 
-    # A stand-in for a translator: loading is not what is tested here, choosing what to unload is.
-    return ModelPool(
-        entries, load=lambda e: object(), make_batcher=make_batcher, executor=None, metrics=Metrics(), **budget
-    )
+
+def _pool(model_dir: Path, names: list[str], **budget: float) -> ModelPool:
+    """A pool of models of 100 bytes each; `budget`: ServeOptions' max_loaded_models, max_loaded_mb."""
+    manifest = load_manifest(model_dir)
+    entries = [ModelEntry(name, model_dir, manifest, Languages(manifest), bytes=100) for name in names]
+    return ModelPool(entries, _Opener(ServeOptions(**budget)))
 
 
 def test_size_budget_unloads_the_least_recently_used(tiny_onnx_dir: Path) -> None:
-    pool = _pool(tiny_onnx_dir, ["a", "b", "c"], max_bytes=250)  # two models of 100 bytes fit, three do not
+    pool = _pool(tiny_onnx_dir, ["a", "b", "c"], max_loaded_mb=250 / 2**20)  # two models of 100 bytes fit, three do not
     a, b, c = pool.entries
 
     async def main() -> list[list[str]]:
@@ -241,7 +255,7 @@ def test_size_budget_unloads_the_least_recently_used(tiny_onnx_dir: Path) -> Non
 
 
 def test_a_model_in_use_is_unloaded_only_once_its_requests_are_answered(tiny_onnx_dir: Path) -> None:
-    pool = _pool(tiny_onnx_dir, ["a", "b"], max_models=1)
+    pool = _pool(tiny_onnx_dir, ["a", "b"], max_loaded_models=1)
     a, b = pool.entries
 
     async def main() -> None:
@@ -315,7 +329,7 @@ def test_page_chooses_source_and_target_swaps_and_copies(
 def test_two_models_under_a_budget_of_one_take_turns_without_livelock(tiny_onnx_dir: Path) -> None:
     # Requests for a and b at once: each load hands the model to the requests that waited for it before another
     # load may unload it, so every request is answered and the models are loaded a bounded number of times.
-    pool = _pool(tiny_onnx_dir, ["a", "b"], max_models=1)
+    pool = _pool(tiny_onnx_dir, ["a", "b"], max_loaded_models=1)
     answered: list[str] = []
 
     async def request(entry: ModelEntry) -> None:

@@ -24,15 +24,17 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from ..manifest import Manifest
 from ..runtime.translator import Translator
 from .batcher import Batcher
 from .metrics import Metrics
+from .options import ServeOptions
 from .protocol import ApiError, Languages
 
 log = logging.getLogger("onnxmt.serve")
@@ -84,36 +86,43 @@ def without_paths(message: str, directory: Path, name: str) -> str:
     return _FOLDERS.sub("", message)
 
 
-class ModelPool:
-    """Loads models on demand within a budget. `load` builds a model's translator (called on the inference thread
-    through `executor`); `make_batcher` its batcher (started here)."""
+class Opener(Protocol):
+    """What the pool opens models with (serve/loading.py's `Loader`): the service's options, which hold the
+    budget; the inference thread; the metrics; and for each model its checks, its load and its batcher."""
 
-    def __init__(
-        self,
-        entries: list[ModelEntry],
-        *,
-        load: Callable[[ModelEntry], Translator],
-        make_batcher: Callable[[ModelEntry], Batcher],
-        executor: Any,
-        metrics: Metrics,
-        max_models: int = 0,
-        max_bytes: int = 0,
-        check: Callable[[ModelEntry], None] | None = None,
-        retry_seconds: float = 0.0,
-    ) -> None:
+    @property
+    def options(self) -> ServeOptions: ...
+
+    @property
+    def executor(self) -> Executor: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    def check(self, entry: ModelEntry) -> None:
+        """On a thread of its own, before `load`."""
+
+    def load(self, entry: ModelEntry) -> Translator:
+        """On the inference thread (`executor`)."""
+
+    def make_batcher(self, entry: ModelEntry) -> Batcher:
+        """The loaded model's batcher, which the pool starts."""
+
+
+class ModelPool:
+    """Loads models on demand within the budget of `opener.options` (--max-loaded-models, --max-loaded-mb,
+    --load-retry-seconds)."""
+
+    def __init__(self, entries: list[ModelEntry], opener: Opener) -> None:
         self.entries = entries
-        self._load_fn = load
-        self._check_fn = check
-        self.retry_seconds = retry_seconds
-        self._make_batcher = make_batcher
-        self._executor = executor
-        self._metrics = metrics
-        self.max_models = max_models
-        self.max_bytes = max_bytes
+        self._opener = opener
+        self.max_models = opener.options.max_loaded_models
+        self.max_bytes = int(opener.options.max_loaded_mb * 2**20)
+        self.retry_seconds = opener.options.load_retry_seconds
         self._lock = asyncio.Lock()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         for entry in entries:
-            metrics.add_model(entry.name)
+            opener.metrics.add_model(entry.name)
 
     @property
     def loaded(self) -> list[ModelEntry]:
@@ -195,9 +204,8 @@ class ModelPool:
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         try:
-            if self._check_fn is not None:
-                await asyncio.to_thread(self._check_fn, entry)
-            translator = await loop.run_in_executor(self._executor, self._load_fn, entry)
+            await asyncio.to_thread(self._opener.check, entry)
+            translator = await loop.run_in_executor(self._opener.executor, self._opener.load, entry)
         except Exception as e:  # ModelDirError, ValueError, OSError, onnxruntime's own errors
             log.error("cannot load the model from %s: %s", entry.directory, e)
             entry.error = f"cannot load the model {entry.name}: {without_paths(str(e), entry.directory, entry.name)}"
@@ -214,12 +222,12 @@ class ModelPool:
         """`entry` is loaded now, with `translator`: its batcher starts."""
         entry.error = None
         entry.translator = translator
-        entry.batcher = self._make_batcher(entry)
+        entry.batcher = self._opener.make_batcher(entry)
         entry.batcher.start()
         entry.loads += 1
         entry.last_used = time.monotonic()
-        self._metrics.model_loads.labels(entry.name).inc()
-        self._metrics.model_loaded.labels(entry.name).set(1)
+        self._opener.metrics.model_loads.labels(entry.name).inc()
+        self._opener.metrics.model_loaded.labels(entry.name).set(1)
 
     async def _make_room(self, entry: ModelEntry) -> None:
         """Unload the least recently used models until `entry` fits the budget (all others, if it alone is over
@@ -252,9 +260,9 @@ class ModelPool:
         finally:
             entry.evicting = False
         entry.unloads += 1
-        self._metrics.model_unloads.labels(entry.name).inc()
-        self._metrics.model_loaded.labels(entry.name).set(0)
-        self._metrics.queue_depth.labels(entry.name).set(0)
+        self._opener.metrics.model_unloads.labels(entry.name).inc()
+        self._opener.metrics.model_loaded.labels(entry.name).set(0)
+        self._opener.metrics.queue_depth.labels(entry.name).set(0)
         gc.collect()  # the sessions' memory goes back now, not at some later collection
         log.info("model %s unloaded (least recently used)", entry.name)
 

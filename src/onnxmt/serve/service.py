@@ -135,17 +135,7 @@ class Service:
             self.public_error = f"cannot load the model: {shown}"
             self.on_fatal(self.error)
             return
-        self.pool = ModelPool(
-            entries,
-            load=self.loader.load,
-            make_batcher=self.loader.make_batcher,
-            executor=self._executor,
-            metrics=self.metrics,
-            max_models=self.options.max_loaded_models,
-            max_bytes=int(self.options.max_loaded_mb * 2**20),
-            check=self.loader.check,
-            retry_seconds=self.options.load_retry_seconds,
-        )
+        self.pool = ModelPool(entries, self.loader)
         catalog = Catalog(entries, self.options.pivot)
         self._listings = await asyncio.to_thread(listings, catalog, self.options)  # off the event loop
         self.catalog = catalog
