@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import sys
 import threading
 import time
 from collections import Counter
@@ -89,11 +87,6 @@ IDLE_POLL = 0.01
 # set it (vLLM's max_num_batched_tokens) would make every step as long as the chunk; a share of the time keeps the
 # steps coming whatever the chunk's size, and prompts still progress at half the thread's speed under any load.
 PREFILL_SHARE = 0.5
-# The encoder thread's niceness above the inference thread's (Linux: a thread's own). Encoding beside the steps
-# on the same cores slowed each step by more than the encoder's share (a step's work is split over the decoder's
-# threads, and waits for the slowest); at a lower priority the encoder runs mostly while a step leaves a core idle
-# (its search, its joins, the decoder's single-threaded kernels), and still gets a share when both are busy.
-ENCODER_NICENESS = 5
 # Texts of requests of more than one text per encoder call: on opus-mt's architecture in int8, 2 threads, a call of
 # 8 texts is short enough that a one-text request queued behind it stays within a few steps of its idle latency.
 BIG_REQUEST_CALL = 8
@@ -187,7 +180,7 @@ class InflightBatcher(Batcher):
         self._on_step = on_step
         self._entries: dict[int, _Entry] = {}  # id(job) -> its entry, while it waits or runs
         self._batches: dict[int, RunningBatch] = {}  # beam width -> its running batch
-        self._encoder = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-encoder", initializer=_below_steps)
+        self._encoder = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-encoder")
         # A decoder-only model's encoder calls are prefills, run on the inference thread between steps (`_steps`).
         self._prefills = translator.graphs.decoder_only
         self._prefill_credit = 0.0  # seconds the prefills may still take before the next step (`_prefill_beside`)
@@ -635,16 +628,6 @@ class InflightBatcher(Batcher):
             if not entry.job.future.done():
                 entry.job.future.set_exception(error)
         self._batches.clear()
-
-
-def _below_steps() -> None:
-    """On the encoder thread as it starts: ENCODER_NICENESS below the inference thread (where threads have their
-    own priority: Linux; elsewhere nothing changes)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            os.setpriority(
-                os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + ENCODER_NICENESS
-            )
 
 
 def _without(joins: list[_Join], gone: set[Key]) -> list[_Join]:
