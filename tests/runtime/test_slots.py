@@ -212,3 +212,44 @@ def test_rows_and_sentences_shrink_only_after_a_while_at_a_quarter_and_an_empty_
         [[0, *(np.zeros((HEADS, 0, DIM), np.float32) for _ in empty)] for _ in range(3)],
         [(t.mask[0], *(a[0] for a in t.cross_kv or ())) for t in texts[:3]],
     )
+
+
+def _wide_and_narrow(rng: np.random.Generator, wide: int, narrow: int) -> list[Cache]:
+    """`wide` texts of 39 source positions, then `narrow` texts of 5."""
+    texts = []
+    for width in [39] * wide + [5] * narrow:
+        cross = tuple(rng.standard_normal((1, HEADS, width, DIM)).astype(np.float32) for _ in range(2 * LAYERS))
+        texts.append(Cache(mask=np.ones((1, width), np.int64), self_kv=(), cross_kv=cross, per_sentence=True))
+    return texts
+
+
+def test_a_batch_at_a_quarter_keeps_its_source_width_with_its_rows_and_a_fuller_one_narrows_at_once() -> None:
+    """When the wide texts of a batch leave and a few narrow ones stay (a closed loop of clients between two waves
+    of texts), the source width is kept while the rows are (the next texts would widen it again, copying every
+    running sentence's K/V), and cut with them after SHRINK_AFTER steps; a batch more than a quarter used whose
+    texts are all narrow is cut to their width at the next step, as before."""
+    rng = np.random.default_rng(4)
+    empty = tuple(np.zeros((0, HEADS, 1, DIM), np.float32) for _ in range(2 * LAYERS))
+    texts = _wide_and_narrow(rng, 36, 4)
+    slots = CacheSlots.like(empty, texts[0])
+    slots.add(texts, max_positions=200)
+    full = slots.capacity
+    assert full[2] >= 39
+    rows: list[list] = [[0, *(np.zeros((HEADS, 0, DIM), np.float32) for _ in empty)] for _ in range(4)]
+    sentences = [(t.mask[0], *(a[0] for a in t.cross_kv or ())) for t in texts[36:]]
+    keep = np.arange(36, 40)
+    slots.keep(keep, keep)  # the 36 wide texts finish
+    for _ in range(SHRINK_AFTER - 1):
+        assert slots.capacity[:3] == full[:3]
+        _step(slots, rng, rows)
+        slots.keep(np.arange(4), np.arange(4))
+        _same_live(slots, rows, sentences)
+    assert slots.capacity[:3] == (8, 8, 8)  # rows, sentences and width together
+    _same_live(slots, rows, sentences)
+    fuller = CacheSlots.like(empty, texts[0])
+    fuller.add(_wide_and_narrow(rng, 8, 0) + texts[36:], max_positions=200)
+    assert fuller.capacity[:3] == (12, 12, full[2])
+    kept = np.arange(8, 12)
+    fuller.keep(kept, kept)  # 4 of 12 stay: a third used
+    assert fuller.capacity[:3] == (12, 12, 8)
+    _same_live(fuller, [[0, *(np.zeros((HEADS, 0, DIM), np.float32) for _ in empty)] for _ in range(4)], sentences)
