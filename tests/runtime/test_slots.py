@@ -253,23 +253,3 @@ def test_a_batch_at_a_quarter_keeps_its_source_width_with_its_rows_and_a_fuller_
     fuller.keep(kept, kept)  # 4 of 12 stay: a third used
     assert fuller.capacity[:3] == (12, 12, 8)
     _same_live(fuller, [[0, *(np.zeros((HEADS, 0, DIM), np.float32) for _ in empty)] for _ in range(4)], sentences)
-
-
-def test_buffers_that_must_grow_grow_to_the_callers_room_at_once() -> None:
-    """With `room` (the most rows and sentences the caller runs at once), texts joining one cohort after another
-    reallocate the buffers once, to the room, not by halves (each growth copies every running row into fresh
-    memory); past the room they grow by halves again; the live rows stay what they were."""
-    rng = np.random.default_rng(5)
-    empty = tuple(np.zeros((0, HEADS, 1, DIM), np.float32) for _ in range(2 * LAYERS))
-    texts = _wide_and_narrow(rng, 0, 30)
-    slots = CacheSlots.like(empty, texts[0])
-    slots.room = (25, 25)
-    reallocated = []
-    for cohort in range(6):  # 5 texts at a time, up to 30
-        kv = slots.kv
-        slots.add(texts[5 * cohort : 5 * cohort + 5], max_positions=200)
-        reallocated.append(slots.kv is not kv)
-    assert reallocated == [True, False, False, False, False, True]
-    assert slots.capacity[:2] == (37, 37)  # past the room: half as much again
-    rows = [[0, *(np.zeros((HEADS, 0, DIM), np.float32) for _ in empty)] for _ in range(30)]
-    _same_live(slots, rows, [(t.mask[0], *(a[0] for a in t.cross_kv or ())) for t in texts])

@@ -179,15 +179,12 @@ class RunningBatch:
     >>> while batch.rows: done = batch.step().finished       # doctest: +SKIP
     """
 
-    def __init__(self, graphs: Graphs, beams: int, pad: int, room: int = 0) -> None:
-        """`room`: the most texts the caller runs at once, which the cache buffers grow to at once
-        (`CacheSlots.room`)."""
+    def __init__(self, graphs: Graphs, beams: int, pad: int) -> None:
         if not graphs.per_row or not graphs.per_sentence:
             raise ValueError("in-flight batching needs a decoder that takes one cache length per row (format 4)")
         self.graphs = graphs
         self.beams = beams
         self.pad = pad
-        self.room = room
         self.cohorts: list[Rows] = []
         self.slots: CacheSlots | None = None
         self._joining: list[_Joining] = []
@@ -241,7 +238,6 @@ class RunningBatch:
             texts = join.caches or []
             if self.slots is None:
                 self.slots = CacheSlots.like(self.graphs.empty_self_kv(0, capacity=1), texts[0])
-                self.slots.room = (self.room * self.beams, self.room)
             self.slots.add(texts, self.beams, max_positions=settings.max_length - 1)
         self._joining = []
 

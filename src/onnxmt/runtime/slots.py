@@ -52,10 +52,6 @@ class CacheSlots:
     # written is copied into at memory speed. Let go with the buffers (`RunningBatch.release`).
     spare: list[np.ndarray] = field(default_factory=list)
     low_steps: int = 0  # steps in a row with the rows or sentences at most a quarter used (`_shrink`)
-    # Rows and sentences the buffers grow to at once when they must grow (`_more`): the most a caller runs at once
-    # (the service's batch size and reserved places). Growing by halves up to it copies every running row into
-    # fresh memory at each growth, and fresh memory costs a page fault per 4 KB page on its first write.
-    room: tuple[int, int] = (0, 0)
 
     @classmethod
     def like(cls, self_kv: Sequence[np.ndarray], text: Cache) -> CacheSlots:
@@ -87,8 +83,8 @@ class CacheSlots:
         held = np.array([0 if t.self_len is None else int(t.self_len[0]) for t in texts], dtype=np.int64)
         cap_rows, cap_sentences, cap_width, cap_positions = self.capacity
         self._reshape(
-            rows=_more(cap_rows, self.rows + rows, self.room[0]),
-            sentences=_more(cap_sentences, self.sentences + sentences, self.room[1]),
+            rows=_more(cap_rows, self.rows + rows),
+            sentences=_more(cap_sentences, self.sentences + sentences),
             width=_wider(cap_width, max(aligned(text.mask.shape[1]) for text in texts)),
             positions=max(cap_positions, 1, aligned(int(held.max()))),
         )
@@ -274,10 +270,10 @@ def _wider(capacity: int, needed: int) -> int:
     return capacity if needed <= capacity else max(needed, aligned(capacity + WIDTH_STEP))
 
 
-def _more(capacity: int, needed: int, room: int = 0) -> int:
-    """A capacity of at least `needed`: when it must grow, `room` at least, and half as much again as now, so that
-    appending rows one cohort at a time copies each row a bounded number of times."""
-    return capacity if needed <= capacity else max(needed, capacity + capacity // 2, 8, room)
+def _more(capacity: int, needed: int) -> int:
+    """A capacity of at least `needed`: half as much again as now when it must grow, so that appending rows one
+    cohort at a time copies each row a bounded number of times."""
+    return capacity if needed <= capacity else max(needed, capacity + capacity // 2, 8)
 
 
 def _memory(buffer: np.ndarray) -> np.ndarray:

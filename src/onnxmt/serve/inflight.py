@@ -562,10 +562,7 @@ class InflightBatcher(Batcher):
         settings = job.settings
         batch = self._batches.get(settings.num_beams)
         if batch is None:
-            room = self.limits.batch_size + self.limits.reserved
-            batch = RunningBatch(
-                self.translator.graphs, settings.num_beams, self.translator.manifest.tokens["pad"], room
-            )
+            batch = RunningBatch(self.translator.graphs, settings.num_beams, self.translator.manifest.tokens["pad"])
             self._batches[settings.num_beams] = batch
         caches = [entry.caches.pop(t, None) for t in join.texts]
         prepared = [job.texts[entry.todo[t]] for t in join.texts]
