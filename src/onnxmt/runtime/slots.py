@@ -154,8 +154,7 @@ class CacheSlots:
 
     def _shrink(self) -> None:
         """Buffers at most a quarter used (rows, sentences: for SHRINK_AFTER steps in a row) or half (source width,
-        positions: the decoder reads those whole, at once; but the width of a batch at most a quarter used, only with
-        its rows) are reallocated: at twice the rows used, the width used, a
+        positions: the decoder reads those whole, at once) are reallocated: at twice the rows used, the width used, a
         chunk past the longest row; so that a batch that was once large does not keep its memory nor read spare
         positions."""
         used = self.mask[: self.sentences].any(axis=0)
@@ -166,10 +165,6 @@ class CacheSlots:
         self.low_steps = self.low_steps + 1 if small[0] or small[1] else 0
         if self.low_steps < SHRINK_AFTER:
             small[0] = small[1] = False
-            # A batch mostly empty keeps its source width as well: its next texts decide it, and the few running
-            # sentences read the spare positions at little cost, where cutting it to their width would copy every
-            # running sentence's cross-attention K/V back up, once per WIDTH_STEP, as wider texts join.
-            small[2] = small[2] and not self.low_steps
         else:  # low for SHRINK_AFTER steps (so small[0] or small[1]): shrinking now, counted again from 0
             self.low_steps = 0
         new = [want if s else cap for want, s, cap in zip(wanted, small, self.capacity, strict=True)]
