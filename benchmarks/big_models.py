@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -135,10 +136,11 @@ def source_model(model: str, decoder_cache: Path) -> Path:
     """The model's random checkpoint, built once (in a child: Linux carries a parent's peak RSS over to the
     children it forks, ru_maxrss, and the build holds the whole model)."""
     if model in DECODER_ONLY:
-        spec = DECODER_ONLY[model].spec
-        key = {"spec": asdict(spec), "builder": models._hash_files(REPO / "src" / "onnxmt" / "testing")}
+        decoder = DECODER_ONLY[model]
+        key = decoder_models.hf_key(decoder)
         out = decoder_cache / model / "hf"  # bench.py --model's source
-        return models.cached(out, key, lambda o: models.in_child(decoder_models.build_hf, o, spec), print)
+        build = decoder_models.build_hf
+        return models.cached(out, key, lambda o: models.in_child(build, o, decoder.spec, decoder.dtype), print)
     source = CACHE / f"{model}-random" / "hf"  # the source bench.py's int8 rows of the same model use
     if not (source / "config.json").is_file():
         key = models.source_key(MODELS[model], None)
@@ -191,7 +193,14 @@ def served(model_dir: Path, translate: dict[str, str]) -> dict[str, float]:
 
 
 def weight_bytes(model_dir: Path) -> int:
-    return sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+    """The checkpoint's weights in float32 bytes (4 per parameter), whatever dtype it is saved in: what export
+    holds and writes (TranslateGemma-4B's random checkpoint is saved in bfloat16)."""
+    total = 0
+    for path in model_dir.glob("*.safetensors"):
+        with path.open("rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        total += sum(4 * math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return total
 
 
 def main(argv: list[str] | None = None) -> None:

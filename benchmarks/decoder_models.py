@@ -47,6 +47,10 @@ class DecoderModel:
     target_lang: str = "zh"
     ct2: bool = True  # CTranslate2 has no Hunyuan loader
     gguf_pre: str = "qwen2"  # the llama.cpp pre-tokenizer name the converter is told (module docstring)
+    # The dtype the random checkpoint is saved in, as the real one is (bfloat16 halves a 4B model's 15.6 GB on
+    # disk and while it is built). Every engine's loader is told float32 where it computes in float32 (the
+    # exporter, validate, the transformers row): transformers 5 would otherwise load it in its saved dtype.
+    dtype: str = "float32"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -99,6 +103,7 @@ TRANSLATEGEMMA_4B = DecoderModel(
         config_overrides={"query_pre_attn_scalar": 256, "layer_types": _gemma_layer_types(34)},
     ),
     gguf_pre="default",
+    dtype="bfloat16",
 )
 
 
@@ -139,10 +144,23 @@ class Tools:
     llama_cpp: Path | None  # llama.cpp source tree with build/bin
 
 
-def build_hf(out: Path, spec: DecoderOnlySpec) -> None:
-    """The random model; its generation config made plain greedy (no sampling, no repetition penalty), so every
-    engine decodes the same way without per-engine options."""
-    build_decoder_only(out, spec)
+def hf_key(model: DecoderModel) -> dict[str, Any]:
+    """The random checkpoint's cache key (shared by bench.py decoder and big-models); the dtype only where it is
+    not float32, so that the float32 models' keys stay what they were."""
+    key = {"spec": asdict(model.spec), "builder": _hash_files(REPO / "src" / "onnxmt" / "testing")}
+    return key if model.dtype == "float32" else {**key, "dtype": model.dtype}
+
+
+def build_hf(out: Path, spec: DecoderOnlySpec, dtype: str = "float32") -> None:
+    """The random model, built and saved in `dtype`; its generation config made plain greedy (no sampling, no
+    repetition penalty), so every engine decodes the same way without per-engine options."""
+    import torch
+
+    torch.set_default_dtype(getattr(torch, dtype))  # the model is made in it: never held in float32
+    try:
+        build_decoder_only(out, spec)
+    finally:
+        torch.set_default_dtype(torch.float32)
     path = out / "generation_config.json"
     generation = json.loads(path.read_text(encoding="utf-8"))
     for key in ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty"):
@@ -249,8 +267,8 @@ def prepare(
     """Every row's model, built if missing: (variants in table order, skipped rows and why). `int4`: the
     (block size, accuracy level) pairs of onnxmt's int4 rows; `wanted`: row names to build (None: all)."""
     root = cache / model.name
-    hf_key = {"spec": asdict(model.spec), "builder": _hash_files(REPO / "src" / "onnxmt" / "testing")}
-    hf = cached(root / "hf", hf_key, lambda out: in_child(build_hf, out, model.spec), log)
+    source_key = hf_key(model)
+    hf = cached(root / "hf", source_key, lambda out: in_child(build_hf, out, model.spec, model.dtype), log)
     skipped: dict[str, str] = {}
     variants: list[Variant] = []
 
@@ -270,16 +288,21 @@ def prepare(
             log(f"{variant.name}: {skipped[variant.name]}")
 
     exporter = _hash_files(REPO / "src" / "onnxmt" / "export", REPO / "src" / "onnxmt" / "manifest.py")
-    onnxmt_key = {**hf_key, "exporter": exporter}
-    fp32 = root / "onnxmt-fp32"
-    needs_fp32 = wanted is None or any(n.startswith("onnxmt") for n in wanted)
-    if needs_fp32:
-        fp32 = cached(fp32, onnxmt_key, lambda out: onnxmt_measured(out, "export", str(hf), str(out), "--force"), log)
-        add(Variant("onnxmt-fp32", "onnxmt fp32", "onnxmt", fp32, 32), onnxmt_key, lambda out: None)
+    onnxmt_key = {**source_key, "exporter": exporter}
+
+    def export(out: Path) -> None:
+        onnxmt_measured(out, "export", str(hf), str(out), "--force")
+
+    def fp32() -> Path:
+        # Exported when a quantized row is built, not when one is cached: a 4B model's int8 and int4 rows run
+        # with its 15.6 GB fp32 export deleted.
+        return cached(root / "onnxmt-fp32", onnxmt_key, export, log)
+
+    add(Variant("onnxmt-fp32", "onnxmt fp32", "onnxmt", root / "onnxmt-fp32", 32), onnxmt_key, export)
     add(
         Variant("onnxmt-int8", "onnxmt int8", "onnxmt", root / "onnxmt-int8", 8),
         {**onnxmt_key, "quantize": "int8"},
-        lambda out: onnxmt_measured(out, "quantize", str(fp32), str(out), "--force"),
+        lambda out: onnxmt_measured(out, "quantize", str(fp32()), str(out), "--force"),
     )
     for i, (block, level) in enumerate(int4):
         name = f"onnxmt-int4-b{block}-a{level}"
@@ -290,7 +313,7 @@ def prepare(
             lambda out, b=block, a=level: onnxmt_measured(
                 out,
                 "quantize",
-                str(fp32),
+                str(fp32()),
                 str(out),
                 "--int4",
                 "--block-size",
@@ -304,7 +327,7 @@ def prepare(
     no_llama = no_bench or (None if tools.llama_cpp else "no llama.cpp build (--llama-cpp)")
     gguf_types = ("Q4_0", "Q4_K_M", "Q8_0")
     gguf_dir = root / "gguf"
-    gguf_key = {**hf_key, "llama_cpp": bench_version(tools, "llama_cpp_python"), "types": gguf_types}
+    gguf_key = {**source_key, "llama_cpp": bench_version(tools, "llama_cpp_python"), "types": gguf_types}
     if any(want(f"llama-{t.lower()}") for t in gguf_types) and not no_llama:
         try:
             cached(gguf_dir, gguf_key, lambda out: convert_gguf(tools, hf, out, model.gguf_pre, gguf_types), log)
@@ -319,7 +342,7 @@ def prepare(
                 skipped[variant.name] = no_llama
             else:
                 variants.append(variant)
-    genai_key = {**hf_key, "onnxruntime_genai": bench_version(tools, "onnxruntime-genai")}
+    genai_key = {**source_key, "onnxruntime_genai": bench_version(tools, "onnxruntime-genai")}
     for precision, bits, extra in (
         ("int4", 4, ()),
         ("int8", 8, ()),
@@ -338,7 +361,7 @@ def prepare(
         )
     add(
         Variant("ct2-int8", "CTranslate2 int8", "ctranslate2", root / "ct2-int8", 8),
-        {**hf_key, "ctranslate2": bench_version(tools, "ctranslate2")},
+        {**source_key, "ctranslate2": bench_version(tools, "ctranslate2")},
         lambda out: convert_ct2(tools, hf, out),
         no_bench or (None if model.ct2 else "CTranslate2 has no converter for this architecture"),
     )

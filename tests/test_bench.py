@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -118,6 +119,42 @@ def test_decoder_with_rounds_0_builds_its_rows_only(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "built: onnxmt-fp32;" in done.stderr
     assert len(list(tmp_path.glob("*/onnxmt-fp32/onnxmt.json"))) == 1
+
+
+def test_decoder_quantized_rows_are_kept_without_their_fp32_export(tmp_path: Path) -> None:
+    # TranslateGemma-4B's int8/int4 rows run with its fp32 export deleted (disk): a cached row builds nothing. Its
+    # source is saved in bfloat16, and exported, quantized and run in float32.
+    command = [*BENCH, "decoder", "--model", "translategemma-4b", "--quick", "--rounds", "0", "--engines"]
+    command += ["onnxmt-int8", "--decoder-cache", str(tmp_path), "--bench-python", str(tmp_path / "no-venv" / "py")]
+    first = subprocess.run(command, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "building onnxmt-fp32" in first.stderr and "building onnxmt-int8" in first.stderr
+    root = tmp_path / "translategemma-4b-quick"
+    header = (root / "hf" / "model.safetensors").read_bytes()
+    header = json.loads(header[8 : 8 + int.from_bytes(header[:8], "little")])
+    assert {t["dtype"] for name, t in header.items() if name != "__metadata__"} == {"BF16"}
+    key = (root / "onnxmt-int8" / ".bench-key").stat().st_mtime_ns
+    shutil.rmtree(root / "onnxmt-fp32")
+    again = subprocess.run(command, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "building" not in again.stderr and "built: onnxmt-int8;" in again.stderr
+    assert not (root / "onnxmt-fp32").exists()
+    assert (root / "onnxmt-int8" / ".bench-key").stat().st_mtime_ns == key
+
+
+def test_big_models_counts_a_bfloat16_checkpoints_weights_in_float32_bytes(tmp_path: Path) -> None:
+    import big_models
+    import decoder_models
+
+    spec = decoder_models.quick(decoder_models.TRANSLATEGEMMA_4B).spec
+    decoder_models.build_hf(tmp_path / "bf16", spec, "bfloat16")
+    decoder_models.build_hf(tmp_path / "fp32", spec)
+    fp32_file = (tmp_path / "fp32" / "model.safetensors").stat().st_size
+    bf16_file = (tmp_path / "bf16" / "model.safetensors").stat().st_size
+    assert bf16_file < 0.6 * fp32_file
+    weights = big_models.weight_bytes(tmp_path / "bf16")
+    assert weights == big_models.weight_bytes(tmp_path / "fp32")
+    assert weights <= fp32_file < weights + 100_000  # the file: the weights and a JSON header
 
 
 @pytest.mark.timeout(300)
