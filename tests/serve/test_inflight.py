@@ -428,3 +428,50 @@ def test_a_greedy_request_behind_queued_beam_requests_is_not_held_up_by_them(tin
 
     asyncio.run(run())
     assert order[0] == "greedy"
+
+
+def test_prompts_prefilled_ahead_of_their_place_hold_at_most_the_batch_budget(
+    hy_mt_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decoder-only model's prompts waiting for a place are prefilled ahead (their caches ready when they join),
+    but what they hold counts against the running batch's cost budget (--max-batch-cost, capped by --max-cache-mb):
+    with two places and a budget of one and a half long prompts, four long prompts waiting behind two short texts
+    are prefilled one at a time ahead, never two; every answer is the library's alone."""
+    translator = Translator(hy_mt_onnx_dir)
+    long = [
+        " ".join([f"Paragraph {i}: the committee met in the old town hall to discuss the river."] * 6) for i in range(4)
+    ]
+    short = TEXTS[40:42]
+    options: dict[str, Any] = {"max_new_tokens": 8, "source_lang": "en", "target_lang": "zh"}
+    running = {**options, **LONG}
+    (big,) = translator.prepare([long[0]], **options)
+    budget = big.cost * 3 // 2
+    ahead: list[int] = []  # after each encoder call submitted: the cost of the waiting texts encoded ahead, or being
+    submit = InflightBatcher._submit
+
+    def counted(self: InflightBatcher, texts: list[tuple[Any, int]]) -> None:
+        submit(self, texts)
+        held = [(e, t) for e in self._entries.values() for t in (*e.caches, *e.encoding) if t in e.request.waiting]
+        ahead.append(sum(e.request.costs[t] for e, t in held))
+
+    monkeypatch.setattr(InflightBatcher, "_submit", counted)
+
+    async def run() -> list[str]:
+        executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
+        limits = BatchLimits(batch_size=2, max_batch_cost=budget, reserve=0)
+        batcher = InflightBatcher(translator, executor, limits=limits, max_queue=16)
+        batcher.start()
+        try:
+            first = [asyncio.ensure_future(batcher.translate(translator.prepare([t], **running), None)) for t in short]
+            later = [asyncio.ensure_future(batcher.translate(translator.prepare([t], **options), None)) for t in long]
+            done = await asyncio.wait_for(asyncio.gather(*first, *later), 120)
+            return [d[0].text for d in done]
+        finally:
+            await batcher.stop()
+            executor.shutdown()
+
+    answers = asyncio.run(run())
+    alone = [translator.translate([t], **running)[0].text for t in short]
+    assert answers == alone + [translator.translate([t], **options)[0].text for t in long]
+    assert max(ahead) > 0  # prompts were prefilled ahead of their place
+    assert max(ahead) <= budget, (ahead, budget)

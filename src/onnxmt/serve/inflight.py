@@ -344,15 +344,26 @@ class InflightBatcher(Batcher):
         busy = bool(self._open_calls)
         if self._stopping or (not needed and busy):
             return
-        held = sum(len(e.caches) + len(e.encoding) for e in self._entries.values())  # encoded ahead, or being
-        room = max(self.limits.batch_size - held, 0) if ahead else 0
+        # Texts encoded ahead, or being: at most a batch of them, and of their cost (tokens x beams) at most the
+        # running batch's budget (--max-batch-cost, capped by --max-cache-mb), so that what waits holds at most
+        # what runs may (a decoder-only model's prompt caches are its whole attention caches).
+        held = [(e, t) for e in self._entries.values() for t in (*e.caches, *e.encoding)]
+        room = max(self.limits.batch_size - len(held), 0) if ahead else 0
+        budget = self.limits.max_batch_cost
+        cost = sum(e.request.costs[t] for e, t in held)
+        full = False  # the room ahead is filled by its cost before its number of texts
         upcoming: list[tuple[_Entry, int]] = []
         for entry, text in self._waiting():
             if len(upcoming) >= room:
                 break
             if text not in entry.caches and text not in entry.encoding and (entry, text) not in needed:
+                if budget is not None and (held or upcoming) and cost + entry.request.costs[text] > budget:
+                    full = True
+                    break
+                cost += entry.request.costs[text]
                 upcoming.append((entry, text))
-        if not needed and (not upcoming or len(upcoming) < room or 2 * len(upcoming) < self.limits.batch_size):
+        filled = full or (len(upcoming) >= room and 2 * len(upcoming) >= self.limits.batch_size)
+        if not needed and (not upcoming or not filled):
             return  # waiting texts alone are pooled until they fill the room ahead, if that is half a call
         texts = needed + upcoming
         # Texts of one-text requests pooled in calls of up to a batch (the encoder's batching is throughput); those

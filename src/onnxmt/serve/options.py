@@ -84,8 +84,9 @@ class ServeOptions:
     # MADLAD-400-3B. 65,536 tokens x beams are 1.5 GB of caches in the first and 24-32 GB in the last two.
     max_cache_mb: float = option(
         4096.0,
-        help="Most MB of attention caches (K and V in every decoder layer, fp32) a model's running batch or one "
-        "request may hold: caps --max-batch-cost and --max-request-cost for each model by its cache bytes per token "
+        help="Most MB of attention caches (K and V in every decoder layer, fp32) a model's running batch, the texts "
+        "encoded ahead of their place, or one request may hold: caps --max-batch-cost and --max-request-cost for "
+        "each model by its cache bytes per token "
         "x beam, given in /info (0: no cap).",
         min=0,
     )
