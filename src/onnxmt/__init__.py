@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from .manifest import Manifest, ModelDirError
 from .models import Translator
-from .runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
+from .runtime.options import BatchLimits, CallOptions, DecodeOptions, RuntimeOptions
 from .runtime.translator import ModelInput, Translation
 from .version import __version__
 
 __all__ = [
     "BatchLimits",
+    "CallOptions",
     "DecodeOptions",
     "Manifest",
     "ModelDirError",

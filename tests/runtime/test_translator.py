@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from onnxmt import BatchLimits, DecodeOptions, ModelDirError, RuntimeOptions, Translation, Translator
+from onnxmt import BatchLimits, CallOptions, DecodeOptions, ModelDirError, RuntimeOptions, Translation, Translator
 from onnxmt.manifest import DECODER_FILE, MANIFEST_NAME, WEIGHTS_FILE
 from onnxmt.runtime.cancel import CancelToken
 from onnxmt.testing.marian import OPUS_MT_EN_ZH_TARGETS
@@ -176,6 +176,22 @@ def test_target_language(tiny_multi_onnx_dir: Path, translator: Translator) -> N
     with pytest.raises(ValueError, match="single target language"):
         translator.translate(["Hello"], target_lang="yue_Hant")
     assert translator.target_token("zh") is None  # the single-target model's own language
+
+
+def test_call_options_are_what_keyword_arguments_give(tiny_multi_onnx_dir: Path) -> None:
+    multi = Translator(tiny_multi_onnx_dir, decoding=DecodeOptions(max_new_tokens=6))
+    texts = ["Hello world.", "The river is long."]
+    call = CallOptions(target_lang=["yue_Hant", "cmn_Hans"], options=DecodeOptions(beams=2, max_new_tokens=5))
+    keywords = multi.translate(texts, target_lang=["yue_Hant", "cmn_Hans"], beams=2, max_new_tokens=5)
+    assert multi.translate_prepared(multi.prepare(texts, call)) == keywords
+    assert list(multi.translate_iter(iter(texts), call, batch_size=1)) == keywords
+    assert multi.cost(texts, call) == sum(p.cost for p in multi.prepare(texts, call))
+    # Keyword arguments go over the call's fields and its decoding options.
+    over = multi.prepare(texts, call, target_lang="yue_Hant", max_new_tokens=3)
+    assert [p.prompt for p in over] == [p.prompt for p in multi.prepare(texts, target_lang="yue_Hant")]
+    assert {p.settings.num_beams for p in over} == {2} and {p.settings.max_length for p in over} == {4}
+    with pytest.raises(ValueError, match="target_lang holds 2 codes for 1 texts"):
+        multi.prepare(["Hello"], call)
 
 
 @pytest.mark.filterwarnings("ignore:input of .* truncated")

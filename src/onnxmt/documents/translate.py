@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..architectures import PARAGRAPH, SENTENCE, Prompt, check_text_unit, text_unit
 from ..languages import parse
+from ..runtime.options import CallOptions, Glossary
 from ..tokenization.base import check_unicode
 from .limits import DEFAULT_LIMITS, DocumentLimits
 from .segment import Piece, fit, join, split_sentences
@@ -29,7 +30,7 @@ from .segment import Piece, fit, join, split_sentences
 if TYPE_CHECKING:
     from ..runtime.decoder_only import Prompts
     from ..runtime.options import BatchLimits, DecodeOptions
-    from ..runtime.translator import Glossary, Prepared, Translator
+    from ..runtime.translator import Prepared, Translator
 
 # Sentences per `translate` call when a progress bar is shown: enough to fill many sorted batches.
 PROGRESS_CHUNK = 256
@@ -251,11 +252,11 @@ def prepare_texts(
     and the units prepared for the decoder, with the batch limits to run them by: what `translate_texts` and
     `translate_stream` do first. `options`, `batching` and keyword arguments as `Translator.translate`'s.
     DocumentTooLarge past `limits`; a bad option or language raises here, before any decoding."""
-    options, batching = translator.call_options(overrides, options, batching)
-    request: dict[str, Any] = {"source_lang": source_lang, "target_lang": target_lang}
-    request.update(glossary=glossary, context=context)
-    plan = plan_texts(texts, counting(translator, unit=unit, **request), limits, tokenizer=translator.tokenizer)
-    return plan, translator.prepare(plan.sentences, ids=plan.ids, **request, options=options), batching
+    given = CallOptions(source_lang, target_lang, glossary, context, options)
+    call, batching = translator.call_options(overrides, given, batching)
+    where = counting(translator, source_lang, target_lang, unit=unit, glossary=glossary, context=context)
+    plan = plan_texts(texts, where, limits, tokenizer=translator.tokenizer)
+    return plan, translator.prepare(plan.sentences, call, ids=plan.ids), batching
 
 
 def translate_texts(

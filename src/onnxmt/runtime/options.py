@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -102,6 +102,33 @@ class BatchLimits:
     @property
     def reserved(self) -> int:
         return max(1, self.batch_size // 8) if self.reserve is None else self.reserve
+
+
+# A glossary as a call takes it: (source term, target term) pairs, or a {source: target} mapping.
+Glossary = Sequence[tuple[str, str]] | Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """How one call's texts are translated, apart from how they are batched (`BatchLimits`): what
+    `Translator.prepare` takes, and `Translator.translate`'s keyword arguments of the same names.
+
+    `source_lang`, `target_lang`: one code for all texts, or one per text (None: the model's defaults).
+    `glossary`, `context`: what a family with prompts for them (HY-MT) puts in each text's prompt.
+    `options`: the decoding options (None: the translator's)."""
+
+    source_lang: str | Sequence[str | None] | None = None
+    target_lang: str | Sequence[str | None] | None = None
+    glossary: Glossary = ()
+    context: str | None = None
+    options: DecodeOptions | None = None
+
+    def over(self, keywords: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any]]:
+        """The keyword arguments naming a field of CallOptions over this one, and the others (decoding options,
+        batch limits) apart."""
+        names = {f.name for f in fields(CallOptions)}
+        mine = {name: value for name, value in keywords.items() if name in names}
+        return replace(self, **mine), {name: value for name, value in keywords.items() if name not in names}
 
 
 # The batch limits a call may set by keyword (the scheduler's fairness settings are the service's).

@@ -23,14 +23,12 @@ from .capabilities import Capabilities
 from .decoder_only import DecoderOnlyGraphs, Prompts, check_prompt_lengths
 from .graphs import Graphs, OnnxmtGraphs, OptimumGraphs
 from .modeldir import load_manifest
-from .options import BatchLimits, DecodeOptions, RuntimeOptions, call_options, decode_options
+from .options import BatchLimits, CallOptions, DecodeOptions, Glossary, RuntimeOptions, call_options, decode_options
 from .running import RunningBatch, decode, encode_texts, pad_batch
 from .scheduler import Request, Scheduler
 from .search import Hypothesis, Settings, forced_bos_rows, resolve_settings
 from .tokenizer import load_tokenizer
 
-# A glossary as `Translator.translate` takes it: (source term, target term) pairs, or a {source: target} mapping.
-Glossary = Sequence[tuple[str, str]] | Mapping[str, str]
 # How many texts the streaming variant reads ahead: enough to sort into full batches of similar length.
 STREAM_WINDOW_BATCHES = 8
 
@@ -219,25 +217,22 @@ class Translator:
     def prepare(
         self,
         texts: Sequence[str],
+        call: CallOptions | None = None,
         *,
-        source_lang: str | Sequence[str | None] | None = None,
-        target_lang: str | Sequence[str | None] | None = None,
-        glossary: Glossary = (),
-        context: str | None = None,
         ids: Sequence[Sequence[int] | None] | None = None,
-        options: DecodeOptions | None = None,
-        **overrides: Any,
+        **keywords: Any,
     ) -> list[Prepared]:
         """`texts` made ready for the decoder, each once: checked, its language pair resolved, tokenized, its
         settings and cost known. What `translate` does first; the service prepares a request once and carries
-        the result through its cost check, cache and batcher. Arguments as `translate`'s; `ids`: each text's source
-        ids under its prompt where the caller already has them (a document's sentences, counted when it was cut),
-        which are then not tokenized again; `options`: this call's decoding options (default: this translator's),
-        keyword arguments (any field of DecodeOptions) over them. ValueError naming the valid choices for a bad
-        option or language."""
+        the result through its cost check, cache and batcher. `call`: the language pair, glossary, context and
+        decoding options (default: none, and this translator's options); keyword arguments (a field of
+        `CallOptions` or of `DecodeOptions`, as `translate`'s) over them. `ids`: each text's source ids under its
+        prompt where the caller already has them (a document's sentences, counted when it was cut), which are then
+        not tokenized again. ValueError naming the valid choices for a bad option or language."""
         _check_texts(texts)
-        settings = resolve_settings(self.manifest, decode_options(options or self.decoding, overrides))
-        prompts = self._prompts(len(texts), source_lang, target_lang, glossary, context)
+        call, overrides = (call or CallOptions()).over(keywords)
+        settings = resolve_settings(self.manifest, decode_options(call.options or self.decoding, overrides))
+        prompts = self.prompts(len(texts), call)
         if ids is not None and len(ids) != len(texts):
             raise ValueError(f"ids holds {len(ids)} lists for {len(texts)} texts")
         prepared = []
@@ -289,21 +284,22 @@ class Translator:
         `cancel`: one token for all texts, or one per text. Once a text's token is set, the text leaves its decoder
         batch at the next step (or is never started) and comes back with `cancelled=True`. `on_batch(n)` is called
         with the size of each decoder batch as it starts (the service's batch metrics)."""
-        options, batching = self.call_options(overrides, options, batching)
-        prepared = self.prepare(
-            texts, source_lang=source_lang, target_lang=target_lang, glossary=glossary, context=context, options=options
-        )
-        return self.translate_prepared(prepared, cancel=cancel, on_batch=on_batch, batching=batching)
+        given = CallOptions(source_lang, target_lang, glossary, context, options)
+        call, batching = self.call_options(overrides, given, batching)
+        return self.translate_prepared(self.prepare(texts, call), cancel=cancel, on_batch=on_batch, batching=batching)
 
     def call_options(
         self,
         keywords: Mapping[str, Any],
-        options: DecodeOptions | None = None,
+        call: CallOptions | None = None,
         batching: BatchLimits | None = None,
-    ) -> tuple[DecodeOptions, BatchLimits]:
-        """A call's decoding options and batch limits: `options` and `batching` (default: this translator's) with
-        the call's keyword arguments (`beams=4`, `batch_size=8`) over them; TypeError for an unknown name."""
-        return call_options(options or self.decoding, batching or self.batching, keywords)
+    ) -> tuple[CallOptions, BatchLimits]:
+        """A call's options and batch limits, typed: `call` (default: none) and `batching` (default: this
+        translator's) with the call's keyword arguments (`target_lang="de"`, `beams=4`, `batch_size=8`) over them,
+        its decoding options resolved (default: this translator's); TypeError for an unknown name."""
+        call, overrides = (call or CallOptions()).over(keywords)
+        options, batching = call_options(call.options or self.decoding, batching or self.batching, overrides)
+        return replace(call, options=options), batching
 
     def translate_prepared(
         self,
@@ -320,55 +316,37 @@ class Translator:
                 results[event.index] = event.translation
         return [r for r in results if r is not None]
 
-    def cost(
-        self,
-        texts: Sequence[str],
-        *,
-        source_lang: str | Sequence[str | None] | None = None,
-        target_lang: str | Sequence[str | None] | None = None,
-        options: DecodeOptions | None = None,
-        **overrides: Any,
-    ) -> int:
+    def cost(self, texts: Sequence[str], call: CallOptions | None = None, **keywords: Any) -> int:
         """What translating `texts` may cost, in tokens x beams: the sum over texts of (source tokens + most new
         tokens) x beams. Decoder memory grows with it (the attention caches); the service budgets by it. Options
         as `prepare`'s."""
-        prepared = self.prepare(texts, source_lang=source_lang, target_lang=target_lang, options=options, **overrides)
-        return sum(p.cost for p in prepared)
+        return sum(p.cost for p in self.prepare(texts, call, **keywords))
 
-    def _prompts(
-        self,
-        n: int,
-        source_lang: str | Sequence[str | None] | None,
-        target_lang: str | Sequence[str | None] | None,
-        glossary: Glossary = (),
-        context: str | None = None,
-    ) -> list[Prompt]:
-        """One prompt per text; a pair of codes is resolved once however many texts share it."""
-        sources = _per_text(source_lang, n, "source_lang")
-        targets = _per_text(target_lang, n, "target_lang")
+    def prompts(self, n: int, call: CallOptions) -> list[Prompt]:
+        """The prompts of `n` texts under `call` (`prompt` for each text's language pair); a pair of codes is
+        resolved once however many texts share it."""
+        sources = _per_text(call.source_lang, n, "source_lang")
+        targets = _per_text(call.target_lang, n, "target_lang")
         resolved: dict[tuple[str | None, str | None], Prompt] = {}
         for pair in zip(sources, targets, strict=True):
             if pair not in resolved:
-                resolved[pair] = self.prompt(*pair, glossary=glossary, context=context)
+                resolved[pair] = self.prompt(*pair, glossary=call.glossary, context=call.context)
         return [resolved[pair] for pair in zip(sources, targets, strict=True)]
 
     def translate_iter(
         self,
         texts: Iterable[str],
+        call: CallOptions | None = None,
         *,
-        source_lang: str | None = None,
-        target_lang: str | None = None,
-        options: DecodeOptions | None = None,
         batching: BatchLimits | None = None,
-        **overrides: Any,
+        **keywords: Any,
     ) -> Iterator[Translation]:
-        """Streaming variant: reads `texts` lazily, yields translations in input order. Options as `translate`'s."""
-        options, batching = self.call_options(overrides, options, batching)
+        """Streaming variant: reads `texts` lazily, yields translations in input order. `call` and keyword
+        arguments as `prepare`'s, `batching` and batch limits by keyword as `translate`'s."""
+        call, batching = self.call_options(keywords, call, batching)
         iterator = iter(texts)
         while chunk := list(islice(iterator, batching.batch_size * STREAM_WINDOW_BATCHES)):
-            yield from self.translate(
-                chunk, source_lang=source_lang, target_lang=target_lang, options=options, batching=batching
-            )
+            yield from self.translate_prepared(self.prepare(chunk, call), batching=batching)
 
     def generate(
         self,

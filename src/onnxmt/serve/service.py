@@ -27,7 +27,7 @@ from typing import Any
 from ..architectures import text_unit
 from ..documents.translate import Counting, counting
 from ..manifest import Manifest
-from ..runtime.options import BatchLimits, DecodeOptions, RuntimeOptions
+from ..runtime.options import BatchLimits, CallOptions, DecodeOptions, RuntimeOptions
 from ..runtime.search import names_no_length
 from ..runtime.translator import Prepared, Translation, Translator, resolve_settings, text_cost
 from . import units
@@ -231,10 +231,12 @@ class Service:
         leg = catalog.route(request.source, request.target).legs[0]
         async with pool.use(leg.entry) as (translator, _):
             try:
-                languages = self._languages(translator, leg, request.source)
+                source = translator.source_code(request.source)
                 settings = resolve_settings(translator.manifest, self._decoding(translator, request, 0))
                 unit = self.options.text_unit
-                where = counting(translator, **languages, glossary=request.glossary, context=request.context, unit=unit)
+                where = counting(
+                    translator, source, leg.target_lang, unit=unit, glossary=request.glossary, context=request.context
+                )
             except ValueError as e:
                 raise ApiError(400, str(e)) from e
         return where, partial(text_cost, settings=settings)
@@ -328,10 +330,9 @@ class Service:
         is queued. Tokenizing is done off the event loop (64 texts of 5,000 characters take a second) and off the
         inference thread."""
         try:
-            languages = {**self._languages(translator, leg, source), **_request_prompt(request)}
-            options = self._decoding(translator, request, alternatives)
-            translator.prompt(**languages)  # checked even when there is no text
-            return await asyncio.to_thread(partial(translator.prepare, texts, ids=ids, options=options, **languages))
+            call = self._call(translator, leg, source, request, alternatives)
+            translator.prompts(1, call)  # checked even when there is no text
+            return await asyncio.to_thread(partial(translator.prepare, texts, call, ids=ids))
         except ValueError as e:
             raise ApiError(400, str(e)) from e
 
@@ -362,11 +363,14 @@ class Service:
         assert self.detector is not None
         return await asyncio.to_thread(self.detector.detect, text)
 
-    @staticmethod
-    def _languages(translator: Translator, leg: Leg, source: str | None) -> dict[str, str | None]:
-        """The language pair this model is told: models told their source by a token (NLLB, M2M100) take the
-        request's ("auto": the model's default); ValueError for one it does not read."""
-        return {"source_lang": translator.source_code(source), "target_lang": leg.target_lang}
+    def _call(
+        self, translator: Translator, leg: Leg, source: str | None, request: TranslateRequest, alternatives: int
+    ) -> CallOptions:
+        """What this model is told for the request's texts: the language pair (models told their source by a token,
+        NLLB and M2M100, take the request's, "auto" the model's default; ValueError for one it does not read), the
+        request's glossary and context, and its decoding settings."""
+        decoding = self._decoding(translator, request, alternatives)
+        return CallOptions(translator.source_code(source), leg.target_lang, request.glossary, request.context, decoding)
 
     def _decoding(self, translator: Translator, request: TranslateRequest, alternatives: int) -> DecodeOptions:
         """The request's decoding settings over the service's."""
@@ -441,11 +445,6 @@ def _partials(
             on_partial(i, text)
 
     return told
-
-
-def _request_prompt(request: TranslateRequest) -> dict[str, Any]:
-    """What a request adds to its texts' prompts: a glossary, a context (HY-MT's prompts for them)."""
-    return {"glossary": request.glossary, "context": request.context}
 
 
 def _answer(

@@ -318,18 +318,10 @@ def _hy_mt(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
             pad_token_id=ids[pad],
         )
     )
-    generation = {
-        "bos_token_id": ids[bos],
-        # 1.8B: the end of the assistant turn and of the document; 7B: `stop_token_ids: [127960]` (<|eos|>).
-        "eos_token_id": [ids[eos]] if seven else [ids[HY_EOS], ids[HY_EOD]],
-        "pad_token_id": ids[pad],
-        "do_sample": True,
-        "top_k": 20,
-        "top_p": 0.6,
-        "temperature": 0.7,
-        "repetition_penalty": 1.05,
-    }
-    return HunYuanDenseV1ForCausalLM(config), generation
+    # 1.8B: the end of the assistant turn and of the document; 7B: `stop_token_ids: [127960]` (<|eos|>).
+    stops = [ids[eos]] if seven else [ids[HY_EOS], ids[HY_EOD]]
+    sampling = {"top_k": 20, "top_p": 0.6, "temperature": 0.7, "repetition_penalty": 1.05}
+    return HunYuanDenseV1ForCausalLM(config), _generation(ids[bos], stops, ids[pad], **sampling)
 
 
 def _qwen3(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, Any]]:
@@ -351,15 +343,8 @@ def _qwen3(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
             eos_token_id=ids["<|im_end|>"],
         )
     )
-    generation = {
-        "bos_token_id": ids["<|endoftext|>"],
-        "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
-        "pad_token_id": ids["<|endoftext|>"],
-        "do_sample": True,
-        "temperature": 0.6,
-        "top_k": 20,
-        "top_p": 0.95,
-    }
+    end = ids["<|endoftext|>"]
+    generation = _generation(end, [ids["<|im_end|>"], end], end, temperature=0.6, top_k=20, top_p=0.95)
     return Qwen3ForCausalLM(config), generation
 
 
@@ -387,15 +372,7 @@ def _gemma(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
             bos_token_id=2,
         )
     )
-    generation = {
-        "bos_token_id": 2,
-        "eos_token_id": [1, 106],
-        "pad_token_id": 0,
-        "cache_implementation": "hybrid",
-        "do_sample": True,
-        "top_k": 64,
-        "top_p": 0.95,
-    }
+    generation = _generation(2, [1, 106], 0, cache_implementation="hybrid", top_k=64, top_p=0.95)
     if spec.family == "gemma3_text":
         return Gemma3ForCausalLM(text), generation
     vision = {
@@ -413,6 +390,12 @@ def _gemma(spec: DecoderOnlySpec, ids: dict[str, int]) -> tuple[Any, dict[str, A
         tie_word_embeddings=True,
     )
     return Gemma3ForConditionalGeneration(config), generation
+
+
+def _generation(bos: int, eos: list[int], pad: int, **fields: Any) -> dict[str, Any]:
+    """generation_config.json as the family's vendor ships it: its special ids, and sampling on with the vendor's
+    knobs (`fields`), which an export keeps and greedy and beam search ignore (architectures SAMPLING_FIELDS)."""
+    return {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad, "do_sample": True, **fields}
 
 
 def _config(spec: DecoderOnlySpec, ids: dict[str, int], **fields: Any) -> dict[str, Any]:
