@@ -4,6 +4,7 @@ work in the replica, and what a replica killed under load does to the requests i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -21,7 +22,6 @@ from tests.helpers.skips import importorskip
 ray = importorskip("ray")
 serve = importorskip("ray.serve")
 httpx = importorskip("httpx")
-psutil = importorskip("psutil")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
@@ -78,33 +78,43 @@ def target(local: TestClient) -> str:
     return str(next(t for t in first["targets"] if t != first["code"]))
 
 
-def _replicas() -> list[psutil.Process]:
-    """The replica processes: Ray titles them `ray::ServeReplica:<app>:<deployment>`."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if "ServeReplica:onnxmt:onnxmt" in " ".join(process.info["cmdline"] or []):
-            found.append(process)
-    return found
+def _replica_actors() -> list[Any]:
+    """The replica actors of the `onnxmt` deployment in this test's cluster (Serve names them
+    `SERVE_REPLICA::<app>#<deployment>#<id>`), not those of another Ray cluster on the machine."""
+    actors = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["namespace"] == "serve" and entry["name"].startswith("SERVE_REPLICA::onnxmt#onnxmt#"):
+            with contextlib.suppress(ValueError):  # gone since it was listed
+                actors.append(ray.get_actor(entry["name"], namespace="serve"))
+    return actors
+
+
+def _pid(actor: Any) -> int:
+    return int(ray.get(actor.__ray_call__.remote(lambda _: os.getpid()), timeout=10))
+
+
+def _replica_pids() -> set[int]:
+    """The processes of the replicas that answer (a dead replica, or one still starting, is left out)."""
+    pids = set()
+    for actor in _replica_actors():
+        with contextlib.suppress(ray.exceptions.RayError):
+            pids.add(_pid(actor))
+    return pids
 
 
 def _replica_holding_requests(seconds: float = 60.0) -> tuple[int, int]:
-    """(pid, requests held) of the `onnxmt` replica that holds the most requests, as soon as one holds any: Ray
-    counts the requests each replica actor has been sent and not yet answered (queued or running). Fails after
-    `seconds` without one."""
-    names = [
-        entry["name"]
-        for entry in ray.util.list_named_actors(all_namespaces=True)
-        if entry["namespace"] == "serve" and entry["name"].startswith("SERVE_REPLICA::onnxmt#onnxmt#")
-    ]
-    actors = [ray.get_actor(name, namespace="serve") for name in names]
+    """(pid, requests held) of the replica that holds the most requests, as soon as one holds any: Ray counts the
+    requests each replica actor has been sent and not yet answered (queued or running). Fails after `seconds`
+    without one."""
+    actors = _replica_actors()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         held = ray.get([actor.get_num_ongoing_requests.remote() for actor in actors])
         busiest = max(range(len(actors)), key=held.__getitem__)
         if held[busiest] > 0:
-            return ray.get(actors[busiest].__ray_call__.remote(lambda _: os.getpid())), held[busiest]
+            return _pid(actors[busiest]), held[busiest]
         time.sleep(0.05)
-    pytest.fail(f"no replica of {names} held a request within {seconds} s")
+    pytest.fail(f"none of {len(actors)} replicas held a request within {seconds} s")
 
 
 def _post(base: str, body: dict[str, Any]) -> httpx.Response:
@@ -113,7 +123,7 @@ def _post(base: str, body: dict[str, Any]) -> httpx.Response:
 
 @pytest.mark.timeout(300)
 def test_two_replicas_answer_as_the_single_process_app(deployed: str, local: TestClient, target: str) -> None:
-    assert len(_replicas()) == 2
+    assert len(_replica_pids()) == 2
     bodies = [{"q": text, "target": target, "max_new_tokens": 20} for text in TEXTS[:12]]
     bodies.append({"q": TEXTS[12:16], "source": "en", "target": target, "beams": 2, "max_new_tokens": 20})
     with ThreadPoolExecutor(6) as pool:  # concurrent, so both replicas and their batchers take part
@@ -256,7 +266,7 @@ def test_a_killed_replica_is_replaced(deployed: str, target: str) -> None:
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # Ray notices the dead actor and starts another
-        pids = {p.pid for p in _replicas()}
+        pids = _replica_pids()
         if len(pids) == 2 and victim not in pids:
             break
         time.sleep(1)
