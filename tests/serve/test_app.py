@@ -504,6 +504,14 @@ def test_a_heavy_request_that_times_out_stops_blocking(tiny_onnx_dir: Path) -> N
     assert took < 1 + 1.5, took  # the heavy request's work stopped at its timeout
 
 
+def test_metrics_list_what_runs_at_zero_before_the_first_request(tiny_onnx_dir: Path) -> None:
+    with serve_in_thread(tiny_onnx_dir, ServeOptions(), DecodeOptions()) as url:
+        metrics = httpx.get(f"{url}/metrics").text
+    names = ("onnxmt_queue_depth", "onnxmt_running_rows", "onnxmt_running_requests", "onnxmt_preempted_texts_total")
+    for name in names:
+        assert metric_sample(metrics, name, model="model") == 0
+
+
 def test_a_client_that_disconnects_cancels_its_work(tiny_onnx_dir: Path) -> None:
     options = ServeOptions(timeout=60, max_texts=256, max_request_cost=0, batch_window_ms=0)
     with serve_in_thread(tiny_onnx_dir, options, FORCED) as url:

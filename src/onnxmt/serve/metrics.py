@@ -90,6 +90,7 @@ class Metrics:
         """Every per-model series at zero from the start, so /metrics lists each model before its first batch."""
         labelled: tuple[MetricWrapperBase, ...] = (
             *(self.batch_size, self.batch_requests, self.batch_duration, self.queue_depth, self.model_loaded),
+            *(self.running_rows, self.running_requests, self.preempted),
             *(self.step_rows, self.step_requests, self.step_duration, self.join_wait, self.encoder_texts),
             *(self.generated_tokens, self.texts, self.model_loads, self.model_unloads),
             *(self.cache_hits, self.cache_misses),
