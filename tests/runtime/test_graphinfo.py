@@ -116,11 +116,44 @@ def test_a_file_that_is_not_onnx_is_an_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("onnxmt", "the same as alone, in any batch"),  # fp32
+        ("onnxmt-int8", "can differ from alone: int8 with per-tensor activation scales"),
+        ("onnxmt-int8-per-row", "the same as alone, in any batch"),
+        ("onnxmt-int4", "the same as alone, in any batch"),  # weight-only: activations stay fp32
+    ],
+)
+def test_inspect_says_whether_batching_changes_a_translation(
+    tiny_onnx_dir: Path, onnxmt_quantized: dict[str, Path], tmp_path: Path, name: str, expected: str
+) -> None:
+    """The row reads the directory's capabilities, as the service's /info and start log do."""
+    from onnxmt.export.quantize import QuantizeOptions, quantize
+
+    if name == "onnxmt-int8-per-row":
+        quantize(tiny_onnx_dir, tmp_path / "int8", QuantizeOptions(per_row_scales=True), progress=lambda _: None)
+        directory = tmp_path / "int8"
+    else:
+        directory = tiny_onnx_dir if name == "onnxmt" else onnxmt_quantized[name.removeprefix("onnxmt-")]
+    result = CliRunner().invoke(app, ["inspect", str(directory)], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert re.search(rf"│ batched translations +│ {re.escape(expected)}", result.stdout), result.stdout
+
+
+@pytest.mark.parametrize(
     ("name", "variant", "rows"),
     [
         ("onnxmt", None, {"variant": "fp32", "encoder graph": "fp32", "decoder graph": "fp32"}),
         ("onnxmt-int8", None, {"variant": "int8", "quantization (manifest)": "dynamic int8"}),
-        ("optimum-int8", None, {"variant": "quantized", "decoder_with_past graph": "dynamic uint8 (uint8 weights"}),
+        (
+            "optimum-int8",
+            None,
+            {
+                "variant": "quantized",
+                "decoder_with_past graph": "dynamic uint8 (uint8 weights",
+                "batched translations": "cannot tell: the directory does not record its quantization",
+            },
+        ),
         ("transformersjs", "q4", {"decoder_merged graph": "int4 weight-only (MatMulNBits"}),
         ("transformersjs", "fp16", {"encoder graph": "fp16", "quantization (manifest)": "fp16"}),
     ],

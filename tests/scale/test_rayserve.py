@@ -4,12 +4,13 @@ work in the replica, and what a replica killed under load does to the requests i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,6 @@ from tests.helpers.skips import importorskip
 ray = importorskip("ray")
 serve = importorskip("ray.serve")
 httpx = importorskip("httpx")
-psutil = importorskip("psutil")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
@@ -78,13 +78,43 @@ def target(local: TestClient) -> str:
     return str(next(t for t in first["targets"] if t != first["code"]))
 
 
-def _replicas() -> list[psutil.Process]:
-    """The replica processes: Ray titles them `ray::ServeReplica:<app>:<deployment>`."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if "ServeReplica:onnxmt:onnxmt" in " ".join(process.info["cmdline"] or []):
-            found.append(process)
-    return found
+def _replica_actors() -> list[Any]:
+    """The replica actors of the `onnxmt` deployment in this test's cluster (Serve names them
+    `SERVE_REPLICA::<app>#<deployment>#<id>`), not those of another Ray cluster on the machine."""
+    actors = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["namespace"] == "serve" and entry["name"].startswith("SERVE_REPLICA::onnxmt#onnxmt#"):
+            with contextlib.suppress(ValueError):  # gone since it was listed
+                actors.append(ray.get_actor(entry["name"], namespace="serve"))
+    return actors
+
+
+def _pid(actor: Any) -> int:
+    return int(ray.get(actor.__ray_call__.remote(lambda _: os.getpid()), timeout=10))
+
+
+def _replica_pids() -> set[int]:
+    """The processes of the replicas that answer (a dead replica, or one still starting, is left out)."""
+    pids = set()
+    for actor in _replica_actors():
+        with contextlib.suppress(ray.exceptions.RayError):
+            pids.add(_pid(actor))
+    return pids
+
+
+def _replica_holding_requests(ready: Callable[[], bool], seconds: float = 60.0) -> tuple[int, int]:
+    """(pid, requests held) of the replica that holds the most requests, as soon as `ready()` and one holds any: Ray
+    counts the requests each replica actor has been sent and not yet answered (queued or running). Fails after
+    `seconds` without."""
+    actors = _replica_actors()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        held = ray.get([actor.get_num_ongoing_requests.remote() for actor in actors])
+        busiest = max(range(len(actors)), key=held.__getitem__)
+        if ready() and held[busiest] > 0:
+            return _pid(actors[busiest]), held[busiest]
+        time.sleep(0.05)
+    pytest.fail(f"after {seconds} s, ready: {ready()}; requests held by the {len(actors)} replicas: {held}")
 
 
 def _post(base: str, body: dict[str, Any]) -> httpx.Response:
@@ -93,7 +123,7 @@ def _post(base: str, body: dict[str, Any]) -> httpx.Response:
 
 @pytest.mark.timeout(300)
 def test_two_replicas_answer_as_the_single_process_app(deployed: str, local: TestClient, target: str) -> None:
-    assert len(_replicas()) == 2
+    assert len(_replica_pids()) == 2
     bodies = [{"q": text, "target": target, "max_new_tokens": 20} for text in TEXTS[:12]]
     bodies.append({"q": TEXTS[12:16], "source": "en", "target": target, "beams": 2, "max_new_tokens": 20})
     with ThreadPoolExecutor(6) as pool:  # concurrent, so both replicas and their batchers take part
@@ -197,8 +227,7 @@ def test_a_client_that_disconnects_cancels_its_work_in_the_replica(heavy: str) -
 def test_a_killed_replica_is_replaced(deployed: str, target: str) -> None:
     """A replica SIGKILLed while requests are in flight: every request is answered 200 (the gateway sends those
     the killed replica held to the other one), and Ray starts a new replica that answers."""
-    # Heavy enough (8 texts, 4 beams, to the tiny model's length limit) that each replica always holds requests in
-    # flight: the kill must catch some, or the test would not show what happens to them.
+    # Heavy (8 texts, 4 beams, to the tiny model's length limit), so a request stays in its replica for a while.
     body = {"q": TEXTS[:8], "target": target, "beams": 4, "max_new_tokens": 63}
     statuses: list[int] = []
     errors: list[str] = []
@@ -218,17 +247,19 @@ def test_a_killed_replica_is_replaced(deployed: str, target: str) -> None:
     clients = [threading.Thread(target=load, daemon=True) for _ in range(6)]
     for client in clients:
         client.start()
-    time.sleep(3)
-    victim = _replicas()[0]
+    # Under load (answers have come back), the kill must catch requests in the replica, or the test would not show
+    # what happens to them: how many each replica holds at a given moment depends on the machine's speed and on
+    # Ray's routing.
+    victim, held = _replica_holding_requests(lambda: len(statuses) > 0)
     before = len(statuses)
-    os.kill(victim.pid, signal.SIGKILL)
+    os.kill(victim, signal.SIGKILL)
     time.sleep(8)
     stop.set()
     for client in clients:
         client.join(timeout=60)
     counts = {status: statuses.count(status) for status in set(statuses)}
     repeated = serve.get_deployment_handle("gateway", app_name="onnxmt").repeated_requests.remote().result()
-    print(f"\nkilled replica {victim.pid}: {before} answers before, statuses {counts}, {repeated} sent again")
+    print(f"\nkilled replica {victim} holding {held}: {before} answers before, {counts}, {repeated} sent again")
     assert before > 0 and statuses.count(200) > before  # the other replica kept answering
     assert set(statuses) == {200}, (counts, errors[:3])
     assert repeated >= 1  # the killed replica held requests: the gateway sent them again
@@ -236,11 +267,11 @@ def test_a_killed_replica_is_replaced(deployed: str, target: str) -> None:
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # Ray notices the dead actor and starts another
-        pids = {p.pid for p in _replicas()}
-        if len(pids) == 2 and victim.pid not in pids:
+        pids = _replica_pids()
+        if len(pids) == 2 and victim not in pids:
             break
         time.sleep(1)
-    assert len(pids) == 2 and victim.pid not in pids
+    assert len(pids) == 2 and victim not in pids
     with ThreadPoolExecutor(4) as pool:
         after = list(pool.map(lambda _: _post(deployed, body), range(8)))
     assert {r.status_code for r in after} == {200}

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -502,6 +503,35 @@ def test_a_heavy_request_that_times_out_stops_blocking(tiny_onnx_dir: Path) -> N
     assert "timed out" in assert_error(heavy, 504)
     assert small.status_code == 200, small.text
     assert took < 1 + 1.5, took  # the heavy request's work stopped at its timeout
+
+
+def test_metrics_list_what_runs_at_zero_before_the_first_request(tiny_onnx_dir: Path) -> None:
+    with serve_in_thread(tiny_onnx_dir, ServeOptions(), DecodeOptions()) as url:
+        metrics = httpx.get(f"{url}/metrics").text
+    names = ("onnxmt_queue_depth", "onnxmt_running_rows", "onnxmt_running_requests", "onnxmt_preempted_texts_total")
+    for name in names:
+        assert metric_sample(metrics, name, model="model") == 0
+
+
+def test_a_static_batch_shows_its_rows_and_requests_running(tiny_concat_onnx_dir: Path) -> None:
+    """A model with static batches (its decoder takes one cache length for all rows) shows what runs too, not only
+    what waits: its decoder batch's rows (texts x beams) and its requests while the batch runs, 0 once done."""
+    options = ServeOptions(max_request_cost=0, batch_window_ms=0)
+    body = {"q": TEXTS[:8], "beams": 4}
+    with serve_in_thread(tiny_concat_onnx_dir, options, FORCED) as url:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(httpx.post, f"{url}/translate", json=body, timeout=60)
+            seen = set()
+            while not answer.done():
+                metrics = httpx.get(f"{url}/metrics").text
+                rows = metric_sample(metrics, "onnxmt_running_rows", model="model")
+                seen.add((rows, metric_sample(metrics, "onnxmt_running_requests", model="model")))
+            assert answer.result().status_code == 200, answer.result().text
+        metrics = httpx.get(f"{url}/metrics").text
+    assert (8 * 4, 1) in seen, seen
+    assert seen <= {(0, 0), (8 * 4, 1)}, seen
+    assert metric_sample(metrics, "onnxmt_running_rows", model="model") == 0
+    assert metric_sample(metrics, "onnxmt_running_requests", model="model") == 0
 
 
 def test_a_client_that_disconnects_cancels_its_work(tiny_onnx_dir: Path) -> None:

@@ -132,6 +132,18 @@ def _decoder_form(manifest: Any) -> str:
     return "grown by Concat (static batches)"
 
 
+def _batched(manifest: Any) -> str:
+    """Whether a text's translation is the one it gets alone whatever it is batched with (`/info`'s
+    batch_invariant, for a batch of more than one text)."""
+    from ..runtime.capabilities import Capabilities
+
+    capabilities = Capabilities.of(manifest)
+    invariant = capabilities.batch_invariant(max_batch_size=2)
+    if invariant is None:
+        return "cannot tell: the directory does not record its quantization (onnxmt validate measures it)"
+    return "the same as alone, in any batch" if invariant else f"can differ from alone: {capabilities.variant_batches}"
+
+
 def _output_length(manifest: Any) -> str:
     """The most tokens a translation gets by default, and where that number comes from."""
     from ..runtime.search import DEFAULT_MAX_NEW_TOKENS, names_no_length
@@ -169,6 +181,7 @@ def _summary(manifest: Any, found: dict[str, Any]) -> dict[str, str]:
         "default target": str(langs.get("default_target")),
         "variant": variants(manifest),
         "decoder cache": _decoder_form(manifest),
+        "batched translations": _batched(manifest),
         "quantization (manifest)": str(manifest.quantization.get("method")) if manifest.quantization else "none",
         **{f"{part} graph": contents.quantization() for part, contents in found.items()},
         "files": ", ".join(f"{n} ({size(i.get('bytes'))})" for n, i in manifest.files.items()),

@@ -191,12 +191,17 @@ class MicroBatcher(Batcher):
         max_queue: int,
         on_queue: Callable[[int], None] = lambda depth: None,
         on_batch: Callable[[BatchStats], None] = lambda stats: None,
+        on_running: Callable[[int, int], None] = lambda rows, requests: None,
         on_idle: Callable[[], object] | None = None,
     ) -> None:
+        """`on_running(rows, requests)`: the decoder rows (texts x beams) of each decoder batch as it starts, with
+        the requests of the micro-batch it belongs to; (0, 0) once the micro-batch is done. Called on the
+        inference thread."""
         super().__init__(executor, limits=limits, max_queue=max_queue, on_queue=on_queue, on_idle=on_idle)
         self._translate = translate
         self.window = window
         self._on_batch = on_batch
+        self._on_running = on_running
         self._pending: deque[_Job] = deque()
         self._running: list[_Job] = []
 
@@ -283,13 +288,20 @@ class MicroBatcher(Batcher):
         started = loop.time()
         self._running = jobs
         sizes: list[int] = []  # the decoder batches the translator ran: cut by batch size and by cost
+        beams = jobs[0].settings.num_beams
+
+        def on_batch(size: int) -> None:
+            sizes.append(size)
+            self._on_running(size * beams, len(jobs))
+
         try:
-            results = await loop.run_in_executor(self._executor, self._translate, texts, tokens, sizes.append)
+            results = await loop.run_in_executor(self._executor, self._translate, texts, tokens, on_batch)
         except Exception as e:
             await self._run_alone(jobs, e)
             return
         finally:
             self._running = []
+            self._on_running(0, 0)
         self._on_batch(
             BatchStats(
                 requests=len(jobs),

@@ -120,6 +120,7 @@ class Loader:
             max_queue=o.max_queue,
             on_queue=on_queue,
             on_batch=partial(self.metrics.observe_batch, entry.name),
+            on_running=partial(self.metrics.observe_running, entry.name),
             on_idle=on_idle,
         )
 

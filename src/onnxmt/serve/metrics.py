@@ -90,6 +90,7 @@ class Metrics:
         """Every per-model series at zero from the start, so /metrics lists each model before its first batch."""
         labelled: tuple[MetricWrapperBase, ...] = (
             *(self.batch_size, self.batch_requests, self.batch_duration, self.queue_depth, self.model_loaded),
+            *(self.running_rows, self.running_requests, self.preempted),
             *(self.step_rows, self.step_requests, self.step_duration, self.join_wait, self.encoder_texts),
             *(self.generated_tokens, self.texts, self.model_loads, self.model_unloads),
             *(self.cache_hits, self.cache_misses),
@@ -120,10 +121,14 @@ class Metrics:
             self.batch_size.labels(model).observe(stats.admitted_texts)
             self.texts.labels(model).inc(stats.admitted_texts)
         self.generated_tokens.labels(model).inc(stats.generated_tokens)
-        self.running_rows.labels(model).set(stats.running_rows)
-        self.running_requests.labels(model).set(stats.running_requests)
+        self.observe_running(model, stats.running_rows, stats.running_requests)
         if stats.preempted:
             self.preempted.labels(model).inc(stats.preempted)
+
+    def observe_running(self, model: str, rows: int, requests: int) -> None:
+        """What runs now: decoder rows and the requests they belong to (any thread)."""
+        self.running_rows.labels(model).set(rows)
+        self.running_requests.labels(model).set(requests)
 
     def observe_cache(self, model: str, hits: int, misses: int, entries: int) -> None:
         if hits:
