@@ -430,16 +430,19 @@ def test_a_greedy_request_behind_queued_beam_requests_is_not_held_up_by_them(tin
     assert order[0] == "greedy"
 
 
+@pytest.mark.parametrize("waiting", [4, 8])
 def test_prompts_prefilled_ahead_of_their_place_hold_at_most_the_batch_budget(
-    hy_mt_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch
+    hy_mt_onnx_dir: Path, monkeypatch: pytest.MonkeyPatch, waiting: int
 ) -> None:
     """A decoder-only model's prompts waiting for a place are prefilled ahead (their caches ready when they join),
     but what they hold counts against the running batch's cost budget (--max-batch-cost, capped by --max-cache-mb):
-    with two places and a budget of one and a half long prompts, four long prompts waiting behind two short texts
-    are prefilled one at a time ahead, never two; every answer is the library's alone."""
+    with `waiting` places (room for as many ahead) and a budget of one and a half long prompts, `waiting` long
+    prompts behind two short texts are prefilled one at a time ahead, never two, however many wait (4, then 8);
+    every answer is the library's alone."""
     translator = Translator(hy_mt_onnx_dir)
     long = [
-        " ".join([f"Paragraph {i}: the committee met in the old town hall to discuss the river."] * 6) for i in range(4)
+        " ".join([f"Paragraph {i}: the committee met in the old town hall to discuss the river."] * 6)
+        for i in range(waiting)
     ]
     short = TEXTS[40:42]
     options: dict[str, Any] = {"max_new_tokens": 8, "source_lang": "en", "target_lang": "zh"}
@@ -458,7 +461,7 @@ def test_prompts_prefilled_ahead_of_their_place_hold_at_most_the_batch_budget(
 
     async def run() -> list[str]:
         executor = ThreadPoolExecutor(1, thread_name_prefix="onnxmt-inference")
-        limits = BatchLimits(batch_size=2, max_batch_cost=budget, reserve=0)
+        limits = BatchLimits(batch_size=waiting, max_batch_cost=budget, reserve=0)
         batcher = InflightBatcher(translator, executor, limits=limits, max_queue=16)
         batcher.start()
         try:
